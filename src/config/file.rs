@@ -1,0 +1,185 @@
+//! The config file as written: NVIDIA k8s-device-plugin `version: v1` plus gpu-slicer's
+//! additive extensions. Every struct denies unknown keys so a typo is an error, not a
+//! silently ignored setting. Validation and defaults live in the parent module.
+
+use serde::{Deserialize, Serialize};
+
+/// Top level of a config file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    /// `v1` (empty means `v1`).
+    #[serde(default)]
+    pub version: Option<String>,
+    /// Flags shared with NVIDIA's plugin and GFD.
+    #[serde(default)]
+    pub flags: FileFlags,
+    /// NVIDIA's pattern-based resource naming; the incumbent parses and clears it.
+    #[serde(default)]
+    pub resources: Option<FileResources>,
+    /// Time-slicing and MPS sharing.
+    #[serde(default)]
+    pub sharing: FileSharing,
+    /// IMEX channels (accepted for compatibility; only `[]` or `[0]` are valid upstream).
+    #[serde(default)]
+    pub imex: Option<FileImex>,
+}
+
+/// `flags:`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileFlags {
+    #[serde(default)]
+    pub mig_strategy: Option<String>,
+    #[serde(default)]
+    pub fail_on_init_error: Option<bool>,
+    #[serde(default)]
+    pub mps_root: Option<String>,
+    #[serde(default)]
+    pub nvidia_driver_root: Option<String>,
+    #[serde(default)]
+    pub nvidia_dev_root: Option<String>,
+    #[serde(default)]
+    pub gdrcopy_enabled: Option<bool>,
+    #[serde(default)]
+    pub gds_enabled: Option<bool>,
+    #[serde(default)]
+    pub mofed_enabled: Option<bool>,
+    #[serde(default)]
+    pub device_discovery_strategy: Option<String>,
+    #[serde(default, rename = "useNodeFeatureAPI")]
+    pub use_node_feature_api: Option<bool>,
+    #[serde(default)]
+    pub plugin: FilePluginFlags,
+    /// GPU feature discovery flags: not used by a device plugin (the incumbent drops them too).
+    #[serde(default)]
+    pub gfd: Option<serde_yaml::Value>,
+}
+
+/// `flags.plugin:`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FilePluginFlags {
+    #[serde(default)]
+    pub pass_device_specs: Option<bool>,
+    /// A string or a list of strings.
+    #[serde(default)]
+    pub device_list_strategy: Option<StringOrList>,
+    #[serde(default, rename = "deviceIDStrategy")]
+    pub device_id_strategy: Option<String>,
+    #[serde(default)]
+    pub cdi_annotation_prefix: Option<String>,
+    #[serde(default, rename = "nvidiaCTKPath")]
+    pub nvidia_ctk_path: Option<String>,
+    #[serde(default)]
+    pub container_driver_root: Option<String>,
+    #[serde(default)]
+    pub shared_devices_allocation_policy: Option<String>,
+    /// gpu-slicer extension: CDI kind (`vendor/class`) of the generated spec.
+    #[serde(default)]
+    pub cdi_kind: Option<String>,
+}
+
+/// A YAML value that is either one string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `resources:` (pattern-based naming).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileResources {
+    #[serde(default)]
+    pub gpus: Vec<FileResourcePattern>,
+    #[serde(default)]
+    pub mig: Vec<FileResourcePattern>,
+}
+
+/// One `{pattern, name}` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileResourcePattern {
+    pub pattern: String,
+    pub name: String,
+}
+
+/// `imex:`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileImex {
+    #[serde(default, rename = "channelIDs")]
+    pub channel_ids: Vec<u32>,
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// `sharing:`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileSharing {
+    #[serde(default)]
+    pub time_slicing: Option<FileReplicas>,
+    #[serde(default)]
+    pub mps: Option<FileReplicas>,
+}
+
+/// `sharing.timeSlicing` / `sharing.mps`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileReplicas {
+    #[serde(default)]
+    pub rename_by_default: Option<bool>,
+    #[serde(default)]
+    pub fail_requests_greater_than_one: Option<bool>,
+    #[serde(default)]
+    pub resources: Option<Vec<FileReplicatedResource>>,
+}
+
+/// One entry of `sharing.*.resources`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileReplicatedResource {
+    pub name: String,
+    #[serde(default)]
+    pub rename: Option<String>,
+    #[serde(default)]
+    pub devices: Option<FileDevices>,
+    pub replicas: i64,
+    /// gpu-slicer extension: `none`, `memory`, `mps`, `memory+mps`.
+    #[serde(default)]
+    pub isolation: Option<String>,
+    /// gpu-slicer extension: memory per replica (`10Gi`, `512Mi`, bytes) instead of an even split.
+    #[serde(default)]
+    pub memory: Option<Quantity>,
+    /// gpu-slicer extension: let one request take replicas on several GPUs.
+    #[serde(default)]
+    pub allow_multi_gpu: Option<bool>,
+}
+
+/// `devices:` — `all`, a count, or a list of references.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileDevices {
+    Count(i64),
+    Word(String),
+    List(Vec<DeviceRefValue>),
+}
+
+/// A list entry: an index as a number, or a string (`"1"`, `"0:3"`, `GPU-…`, `MIG-…`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DeviceRefValue {
+    Index(i64),
+    Text(String),
+}
+
+/// A memory quantity: bytes as a number, or a Kubernetes-style string.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Quantity {
+    Bytes(u64),
+    Text(String),
+}
