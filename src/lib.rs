@@ -1,1 +1,18 @@
-//! gpu-slicer
+//! gpu-slicer: a node agent that hands out exactly the GPU share a workload asks for.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! backend (sim | NVML) -> inventory --+
+//!                                     +--> plan --> CDI spec (cdi)
+//! config file ------------------------+      \--> one device-plugin server per resource
+//! ```
+//!
+//! Module map:
+//! - [`inventory`]: domain types for GPUs and MIG devices; the `Backend` trait; sim backend.
+//! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
+//! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
+//! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
+
+pub mod config;
+pub mod inventory;

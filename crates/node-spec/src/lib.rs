@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 mod products;
 
-pub use products::{MigProfileInfo, Product, lookup_product, profile_name_from_memory};
+pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
 
 /// Errors reading or validating a node description.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,168 @@
+//! Config parser tests on real NVIDIA-format files.
+
+use super::*;
+
+fn parse_ok(text: &str) -> Config {
+    parse(text, "test.yaml", &Overrides::default()).unwrap()
+}
+
+fn parse_err(text: &str) -> String {
+    parse(text, "test.yaml", &Overrides::default())
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn nvidia_time_slicing_example() {
+    // The shape of NVIDIA's documented time-slicing ConfigMap.
+    let cfg = parse_ok(
+        r#"
+version: v1
+flags:
+  migStrategy: none
+  failOnInitError: true
+  nvidiaDriverRoot: /
+  plugin:
+    passDeviceSpecs: false
+    deviceListStrategy: envvar
+    deviceIDStrategy: uuid
+  gfd:
+    oneshot: false
+    noTimestamp: false
+    outputFile: /etc/kubernetes/node-feature-discovery/features.d/gfd
+    sleepInterval: 60s
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+"#,
+    );
+    assert_eq!(cfg.sharing.len(), 1);
+    let s = &cfg.sharing[0];
+    assert_eq!(s.name, "nvidia.com/gpu");
+    assert_eq!(s.advertised_name, "nvidia.com/gpu");
+    assert_eq!(s.replicas, 10);
+    assert!(!s.fail_requests_greater_than_one);
+    assert_eq!(s.isolation, Isolation::None);
+    assert_eq!(cfg.device_list_strategy, vec![DeviceListStrategy::Envvar]);
+}
+
+#[test]
+fn json_and_rename_by_default_and_mps_defaults() {
+    let cfg = parse_ok(
+        r#"{"version":"v1","flags":{"migStrategy":"mixed","mpsRoot":"/run/nvidia/mps"},
+            "sharing":{"mps":{"renameByDefault":true,"resources":[{"name":"gpu","replicas":4}]}}}"#,
+    );
+    assert_eq!(cfg.mig_strategy, MigStrategy::Mixed);
+    let s = &cfg.sharing[0];
+    assert_eq!(s.advertised_name, "nvidia.com/gpu.shared");
+    assert!(s.fail_requests_greater_than_one, "MPS defaults to true");
+    assert_eq!(s.isolation, Isolation::Mps);
+}
+
+#[test]
+fn device_list_strategy_string_or_list() {
+    let cfg = parse_ok(
+        "flags:\n  plugin:\n    deviceListStrategy: [cdi-cri, envvar, cdi-cri]\n",
+    );
+    assert_eq!(
+        cfg.device_list_strategy,
+        vec![DeviceListStrategy::Envvar, DeviceListStrategy::CdiCri]
+    );
+}
+
+#[test]
+fn per_gpu_devices_and_extensions() {
+    let cfg = parse_ok(
+        r#"
+version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      rename: gpu.shared
+      devices: [3, "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02", "0:1"]
+      replicas: 4
+      isolation: memory
+      memory: 10Gi
+"#,
+    );
+    let s = &cfg.sharing[0];
+    assert_eq!(s.advertised_name, "nvidia.com/gpu.shared");
+    assert_eq!(
+        s.devices,
+        DeviceSelector::List(vec![
+            DeviceRef::Index(3),
+            DeviceRef::Uuid("GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02".into()),
+            DeviceRef::MigIndex(0, 1),
+        ])
+    );
+    assert_eq!(s.memory_per_replica, Some(10 << 30));
+    assert_eq!(s.isolation, Isolation::Memory);
+}
+
+#[test]
+fn unknown_key_names_field_and_file() {
+    let err = parse_err("flags:\n  migStrategyy: mixed\n");
+    assert!(err.contains("test.yaml"), "{err}");
+    assert!(err.contains("migStrategyy"), "{err}");
+    assert!(err.contains("flags"), "{err}");
+}
+
+#[test]
+fn wrong_type_names_field() {
+    let err = parse_err("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: lots\n");
+    assert!(err.contains("sharing.timeSlicing.resources[0].replicas"), "{err}");
+}
+
+#[test]
+fn replicas_below_two_rejected() {
+    let err = parse_err("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 1\n");
+    assert!(err.contains("sharing.timeSlicing.resources[0].replicas"), "{err}");
+    assert!(err.contains(">= 2"), "{err}");
+    assert!(err.contains("`1`") || err.contains("= 1"), "{err}");
+}
+
+#[test]
+fn empty_sharing_section_rejected() {
+    let err = parse_err("sharing:\n  timeSlicing: {}\n");
+    assert!(err.contains("no resources specified"), "{err}");
+}
+
+#[test]
+fn bad_enum_values_rejected() {
+    let err = parse_err("flags:\n  migStrategy: half\n");
+    assert!(err.contains("flags.migStrategy") && err.contains("half"), "{err}");
+    let err = parse_err("version: v2\n");
+    assert!(err.contains("version"), "{err}");
+    let err = parse_err("flags:\n  plugin:\n    cdiKind: x/gpu\n");
+    assert!(err.contains("cdiKind") && err.contains("2 characters"), "{err}");
+}
+
+#[test]
+fn overrides_beat_file() {
+    let ov = Overrides {
+        mig_strategy: Some("single".into()),
+        ..Overrides::default()
+    };
+    let cfg = parse("flags:\n  migStrategy: mixed\n", "t", &ov).unwrap();
+    assert_eq!(cfg.mig_strategy, MigStrategy::Single);
+    let cfg = parse("flags:\n  migStrategy: mixed\n", "t", &Overrides::default()).unwrap();
+    assert_eq!(cfg.mig_strategy, MigStrategy::Mixed);
+}
+
+#[test]
+fn quantities() {
+    assert_eq!(parse_quantity(&file::Quantity::Text("512Mi".into())), Ok(512 << 20));
+    assert_eq!(parse_quantity(&file::Quantity::Text("2G".into())), Ok(2_000_000_000));
+    assert!(parse_quantity(&file::Quantity::Text("2GB".into())).is_err());
+    assert!(parse_quantity(&file::Quantity::Bytes(0)).is_err());
+}
+
+#[test]
+fn nothing_panics_on_garbage() {
+    for text in ["[", "- a\n- b", "flags: 3", "sharing:\n  mps:\n    resources: 7", "\u{0}"] {
+        let _ = parse(text, "t", &Overrides::default());
+    }
+}
