@@ -16,3 +16,4 @@
 
 pub mod config;
 pub mod inventory;
+pub mod plan;
