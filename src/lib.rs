@@ -14,6 +14,9 @@
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 
+pub mod cli;
+pub mod commands;
 pub mod config;
+pub mod error;
 pub mod inventory;
 pub mod plan;

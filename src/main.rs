@@ -1,1 +1,35 @@
-fn main() {}
+//! The `gpu-slicer` binary: parse the command line, set up logging, run the library, map
+//! the error to an exit code. Everything else lives in the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpu_slicer::cli::{Cli, Command, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let mut stdout = std::io::stdout().lock();
+    let result = match &cli.command {
+        Command::Inventory(args) => gpu_slicer::commands::inventory::run(args, &mut stdout),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpu-slicer: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
