@@ -17,3 +17,13 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi
+
+# Python validators used by the tests (kubernetes-validate, yamllint, check-jsonschema).
+py_missing=()
+for tool in kubernetes-validate yamllint check-jsonschema; do
+  command -v "$tool" >/dev/null 2>&1 || py_missing+=("$tool")
+done
+if ((${#py_missing[@]})); then
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    kubernetes-validate==1.37.0 yamllint==1.38.0 check-jsonschema==0.39.0
+fi

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 hack/install-deps.sh
 cargo test --workspace 2>&1
+hack/validate-manifests.sh
 if [ -x hack/e2e-podman.sh ]; then
   hack/e2e-podman.sh
 fi
