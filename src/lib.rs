@@ -18,5 +18,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod inventory;
+pub mod metrics;
 pub mod plan;
