@@ -421,3 +421,67 @@ fn bad_input_writes_nothing_and_keeps_the_good_spec() {
         );
     }
 }
+
+/// `--dev-root`: hostPath under the root, type/major/minor from the host node (a symlink to
+/// /dev/null stands in for a GPU, no root needed), absent control nodes left out.
+#[test]
+fn dev_root_fills_nodes_from_the_host_and_omits_missing_control_nodes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dev = root.path().join("dev");
+    fs::create_dir_all(&dev).expect("mkdir");
+    for n in ["nvidia0", "nvidiactl"] {
+        std::os::unix::fs::symlink("/dev/null", dev.join(n)).expect("symlink");
+    }
+    let r = root.path().to_str().expect("utf8");
+    let out = bin(&[
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--dev-root",
+        r,
+        "--output",
+        "-",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec: Spec = serde_json::from_slice(&out.stdout).expect("json spec");
+    assert_eq!(spec.cdi_version, "0.5.0");
+    let ctl: Vec<_> = spec
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    assert_eq!(ctl, ["/dev/nvidiactl"]);
+    let gpu0 = &spec
+        .devices
+        .iter()
+        .find(|d| d.name == "0")
+        .expect("0")
+        .container_edits;
+    let n = &gpu0.device_nodes[0];
+    assert_eq!(
+        n.host_path.as_deref(),
+        Some(format!("{r}/dev/nvidia0").as_str())
+    );
+    assert_eq!(
+        (n.node_type.as_deref(), n.major, n.minor),
+        (Some("c"), Some(1), Some(3))
+    );
+    let gpu1 = &spec
+        .devices
+        .iter()
+        .find(|d| d.name == "1")
+        .expect("1")
+        .container_edits;
+    assert_eq!(
+        gpu1.device_nodes[0].node_type, None,
+        "absent node: path only"
+    );
+}
