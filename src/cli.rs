@@ -33,6 +33,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Show the node's GPUs, MIG slices and the resources the config turns them into.
     Inventory(InventoryArgs),
+    /// Generate, check, list and remove CDI specs.
+    #[command(subcommand)]
+    Cdi(crate::commands::cdi::CdiCommand),
 }
 
 /// Where the inventory comes from.

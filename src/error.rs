@@ -15,6 +15,9 @@ pub enum Error {
     /// Planning.
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
+    /// CDI spec generation, checks or writing.
+    #[error(transparent)]
+    Cdi(#[from] crate::cdi::CdiError),
     /// Writing output.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
@@ -31,6 +34,7 @@ impl Error {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Error::Config(_) | Error::Plan(_) => ExitCode::from(2),
+            Error::Cdi(e) => e.exit_code(),
             Error::Inventory(crate::inventory::InventoryError::NodeFile(_))
             | Error::Inventory(crate::inventory::InventoryError::UnknownProfile { .. })
             | Error::Inventory(crate::inventory::InventoryError::UnknownBackend(_)) => {

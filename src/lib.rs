@@ -12,8 +12,10 @@
 //! - [`inventory`]: domain types for GPUs and MIG devices; the `Backend` trait; sim backend.
 //! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
+//! - [`cdi`]: CDI spec model, pure `Inventory → Spec` generator, checks, atomic writer.
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 
+pub mod cdi;
 pub mod cli;
 pub mod commands;
 pub mod config;

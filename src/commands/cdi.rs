@@ -1,0 +1,229 @@
+//! `gpu-slicer cdi generate | validate | list | remove`.
+//!
+//! Loads the inventory (sim backend for now) and the config, calls [`crate::cdi`] to build,
+//! check and write specs, and prints one line per result to the writer it is given.
+//! Argument structs live here so the top-level `crate::cli` only nests them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+
+use crate::cdi::{
+    self, CdiError, Format, GenerateOptions, HostProbe, Result, WriteOutcome, spec_file_name,
+};
+use crate::config::{self, Config, Overrides};
+use crate::inventory::sim::SimBackend;
+use crate::inventory::{Backend, Inventory};
+
+/// `gpu-slicer cdi …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CdiCommand {
+    /// Generate the CDI spec for this node's GPUs and MIG devices.
+    Generate(CdiGenerateArgs),
+    /// Check spec files against the rules every supported runtime enforces.
+    Validate(CdiValidateArgs),
+    /// Print the qualified device names (`vendor/class=name`) spec files offer.
+    List(CdiListArgs),
+    /// Remove the spec file `generate` would write.
+    Remove(CdiRemoveArgs),
+}
+
+/// Arguments of `cdi generate`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiGenerateArgs {
+    /// GPU backend: `sim:<profile>` or `sim:<node file>` (NVML comes later).
+    #[arg(long, env = "GPU_SLICER_BACKEND")]
+    pub backend: String,
+    /// Config file (NVIDIA `version: v1` format); its `flags.plugin.cdiKind` and
+    /// `flags.nvidiaDevRoot` are used.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// CDI kind `vendor/class` (overrides the config).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
+    #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
+    pub output: String,
+    /// Encoding: yaml or json.
+    #[arg(long, default_value = "yaml")]
+    pub format: Format,
+    /// Host root under which `/dev` is found (hostPath = DIR + /dev/…); nodes found there
+    /// get their type and numbers, missing control nodes are left out.
+    #[arg(long)]
+    pub dev_root: Option<PathBuf>,
+}
+
+/// Arguments of `cdi validate`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiValidateArgs {
+    /// Spec files to check.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// Arguments of `cdi list`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiListArgs {
+    /// Spec files to read.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// Arguments of `cdi remove`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiRemoveArgs {
+    /// Config file whose CDI kind names the spec.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// CDI kind `vendor/class` (overrides the config).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Directory holding the spec.
+    #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
+    pub output: PathBuf,
+    /// Encoding the spec was written in.
+    #[arg(long, default_value = "yaml")]
+    pub format: Format,
+}
+
+/// Run one `cdi` subcommand.
+pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> Result<()> {
+    match cmd {
+        CdiCommand::Generate(a) => generate(a, out),
+        CdiCommand::Validate(a) => validate(a, out),
+        CdiCommand::List(a) => list(a, out),
+        CdiCommand::Remove(a) => remove(a, out),
+    }
+}
+
+fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
+    let overrides = Overrides {
+        cdi_kind: kind.cloned(),
+        ..Overrides::default()
+    };
+    Ok(config::load(path, &overrides)?)
+}
+
+/// Discover the inventory behind `--backend`.
+pub fn load_inventory(backend: &str) -> Result<Inventory> {
+    match backend.strip_prefix("sim:") {
+        Some(profile) => Ok(SimBackend::open(profile)?.discover()?),
+        None => Err(CdiError::UnsupportedBackend {
+            backend: backend.to_string(),
+        }),
+    }
+}
+
+fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
+    out.write_fmt(text)
+        .and_then(|()| out.flush())
+        .map_err(|source| CdiError::Io {
+            path: PathBuf::from("<stdout>"),
+            source,
+        })
+}
+
+/// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
+/// check fails, so an existing good spec stays in place.
+pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
+    let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
+    // The config's default dev root `/` means "the real /dev": no hostPath needed.
+    let dev_root = args
+        .dev_root
+        .clone()
+        .or_else(|| (cfg.dev_root != Path::new("/")).then(|| cfg.dev_root.clone()));
+    if let Some(root) = &dev_root {
+        HostProbe::check_root(root)?;
+    }
+    let inv = load_inventory(&args.backend)?;
+    let opts = GenerateOptions {
+        kind: cfg.cdi_kind.clone(),
+        dev_root,
+    };
+    let spec = cdi::generate(&inv, &opts, &HostProbe)?;
+    let bytes = spec.to_bytes(args.format)?;
+    if args.output == "-" {
+        out.write_all(&bytes).map_err(|source| CdiError::Io {
+            path: PathBuf::from("<stdout>"),
+            source,
+        })?;
+        return Ok(());
+    }
+    let dir = PathBuf::from(&args.output);
+    let name = spec_file_name(&spec.kind, args.format);
+    let what = match cdi::write_spec(&dir, &name, &bytes)? {
+        WriteOutcome::Written => "wrote",
+        WriteOutcome::Unchanged => "unchanged",
+    };
+    written(
+        out,
+        format_args!(
+            "{what} {} ({} devices, cdiVersion {})\n",
+            dir.join(&name).display(),
+            spec.devices.len(),
+            spec.cdi_version
+        ),
+    )
+}
+
+/// `cdi validate`: one line per file; an error when any file is invalid.
+pub fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
+    let mut failures = Vec::new();
+    for path in &args.files {
+        match cdi::validate::validate_file(path) {
+            Ok(spec) => written(
+                out,
+                format_args!(
+                    "ok {}: {}, {} devices, cdiVersion {}\n",
+                    path.display(),
+                    spec.kind,
+                    spec.devices.len(),
+                    spec.cdi_version
+                ),
+            )?,
+            Err(e) => failures.push(e),
+        }
+    }
+    match failures.len() {
+        0 => Ok(()),
+        1 if args.files.len() == 1 => Err(failures.remove(0)),
+        failed => {
+            for e in &failures {
+                written(out, format_args!("invalid: {e}\n"))?;
+            }
+            Err(CdiError::SomeInvalid {
+                failed,
+                total: args.files.len(),
+            })
+        }
+    }
+}
+
+/// `cdi list`: the qualified names of every device in the (valid) files, sorted.
+pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
+    let mut names = Vec::new();
+    for path in &args.files {
+        names.extend(cdi::validate::validate_file(path)?.qualified_names());
+    }
+    names.sort();
+    for n in names {
+        written(out, format_args!("{n}\n"))?;
+    }
+    Ok(())
+}
+
+/// `cdi remove`: delete the spec file for the configured kind, if present.
+pub fn remove(args: &CdiRemoveArgs, out: &mut dyn Write) -> Result<()> {
+    let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
+    let name = spec_file_name(&cfg.cdi_kind, args.format);
+    let what = if cdi::remove_spec(&args.output, &name)? {
+        "removed"
+    } else {
+        "absent"
+    };
+    written(
+        out,
+        format_args!("{what} {}\n", args.output.join(&name).display()),
+    )
+}

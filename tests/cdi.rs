@@ -1,0 +1,487 @@
+//! CDI provider through the public API and the real binary: golden specs in `cdi-specs/`,
+//! the official JSON schema, the rules learnt from the 51 Podman 4.3.1 cases, the invalid
+//! examples in `../shared/cdi/examples/`, and the bad-input contract of `cdi generate`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpu_slicer::cdi::{
+    self, Format, GenerateOptions, NoProbe, Spec, qualified_name, spec_file_name,
+    validate::validate_file,
+};
+use gpu_slicer::inventory::Backend;
+use gpu_slicer::inventory::sim::{BUILTIN_PROFILES, SimBackend};
+
+const SHARED_CDI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/cdi");
+const KIND: &str = "gpu-slicer.io/gpu";
+
+fn bin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(args)
+        .output()
+        .expect("run gpu-slicer")
+}
+
+fn spec_for(profile: &str) -> Spec {
+    let inv = SimBackend::open(profile)
+        .and_then(|b| b.discover())
+        .expect("built-in profile");
+    cdi::generate(&inv, &GenerateOptions::new(KIND), &NoProbe).expect("generate")
+}
+
+fn schema_validator() -> jsonschema::Validator {
+    #[derive(Debug)]
+    struct Defs(serde_json::Value);
+    impl jsonschema::Retrieve for Defs {
+        fn retrieve(
+            &self,
+            uri: &jsonschema::Uri<String>,
+        ) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
+            if uri.as_str().ends_with("/defs.json") {
+                Ok(self.0.clone())
+            } else {
+                Err(format!("unexpected schema reference {uri}").into())
+            }
+        }
+    }
+    let read = |name: &str| -> serde_json::Value {
+        let path = format!("{SHARED_CDI}/schema/{name}");
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    jsonschema::options()
+        .with_base_uri("file:///cdi-schema/schema.json")
+        .with_retriever(Defs(read("defs.json")))
+        .build(&read("schema.json"))
+        .expect("official CDI schema compiles")
+}
+
+fn assert_schema_valid(v: &jsonschema::Validator, doc: &serde_json::Value, what: &str) {
+    let errors: Vec<String> = v.iter_errors(doc).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{what} fails the CDI schema: {errors:?}");
+}
+
+/// Specs of every built-in profile, in both encodings and with/without a dev root.
+fn all_generated() -> Vec<(String, Spec)> {
+    let mut out = Vec::new();
+    for (name, _) in BUILTIN_PROFILES {
+        out.push((name.to_string(), spec_for(name)));
+        let inv = SimBackend::open(name)
+            .and_then(|b| b.discover())
+            .expect("profile");
+        let opts = GenerateOptions {
+            kind: "example-vendor.com/gpu_x".into(),
+            dev_root: Some(PathBuf::from("/run/nvidia/driver")),
+        };
+        let spec = cdi::generate(&inv, &opts, &NoProbe).expect("generate with dev root");
+        out.push((format!("{name} (dev root)"), spec));
+    }
+    out
+}
+
+#[test]
+fn cdi_specs_dir_matches_generator() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cdi-specs");
+    for (name, _) in BUILTIN_PROFILES {
+        let bytes = spec_for(name).to_bytes(Format::Yaml).expect("yaml");
+        let path = dir.join(format!("{name}.yaml"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            fs::create_dir_all(&dir).expect("mkdir cdi-specs");
+            fs::write(&path, &bytes).expect("write golden");
+        }
+        let want = fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+        assert!(
+            want == bytes,
+            "{} drifted; run `UPDATE_GOLDEN=1 cargo test --test cdi` and review the diff",
+            path.display()
+        );
+        // The checked-in file is itself a valid spec.
+        validate_file(&path).expect("golden spec validates");
+    }
+}
+
+#[test]
+fn generated_specs_pass_the_official_schema_in_both_encodings() {
+    let v = schema_validator();
+    for (what, spec) in all_generated() {
+        for format in [Format::Json, Format::Yaml] {
+            let bytes = spec.to_bytes(format).expect("serialise");
+            let text = String::from_utf8(bytes).expect("utf8");
+            let doc: serde_json::Value = match format {
+                Format::Json => serde_json::from_str(&text).expect("json"),
+                Format::Yaml => serde_yaml::from_str(&text).expect("yaml"),
+            };
+            assert_schema_valid(&v, &doc, &format!("{what} as {format}"));
+            let back = Spec::parse(&text, Path::new("x.yaml")).expect("parse back");
+            assert_eq!(back, spec, "{what} round-trips through {format}");
+        }
+    }
+}
+
+#[test]
+fn schema_check_catches_what_it_should() {
+    // Guard against a schema that silently accepts everything (e.g. an unresolved $ref).
+    let v = schema_validator();
+    let bad = serde_json::json!({"cdiVersion": "0.5.0", "kind": "a.com/bb",
+        "devices": [{"name": "d", "containerEdits": {"deviceNodes": [{"hostPath": "/x"}]}}]});
+    assert!(!v.is_valid(&bad), "deviceNode without path must fail");
+    assert!(!v.is_valid(&serde_json::json!({})));
+}
+
+/// What the 51 Podman 4.3.1 cases taught, asserted on everything we emit.
+#[test]
+fn generated_specs_avoid_every_pattern_podman_rejected() {
+    for (what, spec) in all_generated() {
+        let json = String::from_utf8(spec.to_bytes(Format::Json).expect("json")).expect("utf8");
+        let yaml = String::from_utf8(spec.to_bytes(Format::Yaml).expect("yaml")).expect("utf8");
+        // Versions: exactly one Podman 4.3.1 loads, no `v` prefix, no newer than 0.5.0.
+        assert!(
+            ["0.3.0", "0.4.0", "0.5.0"].contains(&spec.cdi_version.as_str()),
+            "{what}"
+        );
+        assert_eq!(
+            spec.cdi_version,
+            cdi::minimum_version(&spec),
+            "{what}: lowest version"
+        );
+        assert!(yaml.starts_with(&format!("cdiVersion: \"{}\"\n", spec.cdi_version)));
+        // Fields Podman 4.3.1's strict parser does not know.
+        for key in [
+            "annotations",
+            "additionalGids",
+            "additionalGIDs",
+            "intelRdt",
+            "netDevices",
+            "enableCMT",
+            "enableMBM",
+            "schemata",
+            "enableMonitoring",
+            "\"permissions\"",
+        ] {
+            assert!(!json.contains(key), "{what} emits {key}");
+        }
+        // Kind: vendor and class at least 2 chars, class without dots, no extra `/`.
+        let (vendor, class) = spec.kind.split_once('/').expect("kind has a slash");
+        assert!(
+            vendor.len() >= 2 && class.len() >= 2,
+            "{what}: {}",
+            spec.kind
+        );
+        assert!(!class.contains('.') && !class.contains('/'), "{what}");
+        // Devices: at least one, unique names, no empty edits, `all` defined explicitly.
+        assert!(!spec.devices.is_empty());
+        let mut names: Vec<_> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+        assert!(names.contains(&"all"), "{what}");
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len(), "{what}: duplicate device names");
+        for d in &spec.devices {
+            assert!(
+                !d.container_edits.is_empty(),
+                "{what}: {} has no edits",
+                d.name
+            );
+            for n in &d.container_edits.device_nodes {
+                assert!(n.path.starts_with("/dev/"), "{what}: {}", n.path);
+            }
+        }
+        // Env: KEY=VALUE, and the void guard is there.
+        for e in &spec.container_edits.env {
+            assert!(e.find('=').is_some_and(|i| i > 0), "{what}: {e}");
+        }
+        assert!(
+            spec.container_edits
+                .env
+                .contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string())
+        );
+        // File names runtimes scan.
+        for f in [Format::Yaml, Format::Json] {
+            let n = spec_file_name(&spec.kind, f);
+            assert!(n.ends_with(".yaml") || n.ends_with(".json"), "{n}");
+        }
+        // The default kind must not collide with NVIDIA's.
+        assert_ne!(KIND, "nvidia.com/gpu");
+        assert_ne!(KIND, "k8s.device-plugin.nvidia.com/gpu");
+    }
+}
+
+#[test]
+fn every_uuid_has_a_stable_device_name() {
+    let inv = SimBackend::open("dgx-h100")
+        .and_then(|b| b.discover())
+        .expect("profile");
+    let spec = spec_for("dgx-h100");
+    let names = spec.qualified_names();
+    for g in &inv.gpus {
+        assert!(names.contains(&qualified_name(KIND, &g.uuid)), "{}", g.uuid);
+        for m in &g.mig_devices {
+            assert!(names.contains(&qualified_name(KIND, &m.uuid)), "{}", m.uuid);
+        }
+    }
+    assert_eq!(
+        qualified_name(KIND, "GPU-1"),
+        "gpu-slicer.io/gpu=GPU-1".to_string()
+    );
+}
+
+/// Files under `../shared/cdi/examples/` that `cdi validate` must reject: the invalid
+/// examples, the CDI-RS invalid fixtures, and every Podman case file Podman rejected for a
+/// reason inside the file (not for host state such as a missing /dev node or a conflict
+/// between two files).
+fn must_reject() -> Vec<PathBuf> {
+    let ex = Path::new(SHARED_CDI).join("examples");
+    let mut files = Vec::new();
+    for d in ["invalid", "rust-crate-fixtures/invalid"] {
+        for e in fs::read_dir(ex.join(d)).expect("examples dir") {
+            files.push(e.expect("entry").path());
+        }
+    }
+    let cases = ex.join("podman-4.3.1-debian12/cases");
+    for rel in [
+        "ver-0.6.0/etc/t.json",
+        "ver-0.7.0/etc/t.json",
+        "ver-0.8.0/etc/t.json",
+        "ver-1.0.0/etc/t.json",
+        "ver-1.1.0/etc/t.json",
+        "ver-v0.5.0/etc/t.json",
+        "ver-0.5/etc/t.json",
+        "ver-empty/etc/t.json",
+        "f-perm-none/etc/t.json",
+        "f-hook-badname/etc/t.json",
+        "f-env-invalid/etc/t.json",
+        "f-empty-device-edits/etc/t.json",
+        "f-annotations-0.5.0/etc/t.json",
+        "f-annotations-0.6.0/etc/t.json",
+        "f-additionalgids-0.5.0/etc/t.json",
+        "f-unknown-field/etc/t.json",
+        "dup-in-file/etc/t.json",
+        "n-class-dot/etc/t.json",
+        "n-vendor-single-char/etc/t.json",
+        "n-class-single-char/etc/t.json",
+        "n-single-char-class-in-other-file/etc/bad.json",
+        "broken-file-isolated/etc/bad.json",
+        "file-yml/etc/t.yml",
+        "file-noext/etc/t",
+    ] {
+        files.push(cases.join(rel));
+    }
+    files
+}
+
+#[test]
+fn validate_rejects_every_invalid_example() {
+    let files = must_reject();
+    assert!(files.len() >= 30, "{files:?}");
+    for f in &files {
+        assert!(f.exists(), "{} missing", f.display());
+        let err = validate_file(f).expect_err(&f.display().to_string());
+        assert!(!err.to_string().is_empty());
+    }
+    // Through the binary: non-zero exit, one reason per file.
+    let args: Vec<&str> = files.iter().map(|p| p.to_str().expect("utf8")).collect();
+    let mut argv = vec!["cdi", "validate"];
+    argv.extend(args);
+    let out = bin(&argv);
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("invalid:")).count(),
+        files.len()
+    );
+}
+
+#[test]
+fn validate_accepts_what_podman_loaded() {
+    let ex = Path::new(SHARED_CDI).join("examples");
+    let cases = ex.join("podman-4.3.1-debian12/cases");
+    let mut files = vec![ex.join("valid/minimal.json")];
+    for rel in [
+        "ver-0.3.0/etc/t.json",
+        "ver-0.5.0/etc/t.json",
+        "f-hostpath-0.5.0/etc/t.json",
+        "f-devnode-full/etc/t.json",
+        "f-hooks/etc/t.json",
+        "f-mount-type-0.4.0/etc/t.json",
+        "f-spec-level-edits/etc/t.json",
+        "n-device-digit/etc/t.json",
+        "n-device-colon/etc/t.json",
+        "n-vendor-mixed/etc/t.json",
+        "file-yaml/etc/t.yaml",
+        "file-yaml-unquoted-version/etc/t.yaml",
+        "file-yaml-content-in-json-ext/etc/t.json",
+    ] {
+        files.push(cases.join(rel));
+    }
+    for f in files {
+        validate_file(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    }
+}
+
+#[test]
+fn generate_writes_lists_and_removes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf8");
+    let out = bin(&[
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--output",
+        d,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = dir.path().join("gpu-slicer.io-gpu.yaml");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("wrote "));
+    let again = bin(&[
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--output",
+        d,
+    ]);
+    assert!(String::from_utf8_lossy(&again.stdout).starts_with("unchanged "));
+    let list = bin(&["cdi", "list", file.to_str().expect("utf8")]);
+    assert!(list.status.success());
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(text.lines().count(), 31);
+    assert!(text.contains("gpu-slicer.io/gpu=0:6\n") && text.contains("gpu-slicer.io/gpu=all\n"));
+    let rm = bin(&["cdi", "remove", "--output", d]);
+    assert!(rm.status.success());
+    assert!(!file.exists());
+}
+
+/// Bad input: a clear error naming the culprit, nothing written, a good spec left alone.
+#[test]
+fn bad_input_writes_nothing_and_keeps_the_good_spec() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf8");
+    let ok = bin(&[
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--output",
+        d,
+    ]);
+    assert!(ok.status.success());
+    let good = dir.path().join("gpu-slicer.io-gpu.yaml");
+    let before = fs::read(&good).expect("good spec");
+
+    let node = dir.path().join("node.yaml");
+    let dup = "driverVersion: \"570.124.06\"\ncudaDriverVersion: 12080\ngpus:\n  - {index: 0, uuid: GPU-bad name, product: NVIDIA A100-SXM4-80GB, pciBusId: \"00000000:07:00.0\"}\n";
+    fs::write(&node, dup).expect("node file");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--kind".into(), "x/gpu".into()], "x/gpu"),
+        (
+            vec!["--kind".into(), "gpu-slicer.io/gpu.v2".into()],
+            "gpu.v2",
+        ),
+        (
+            vec!["--dev-root".into(), "/does/not/exist".into()],
+            "/does/not/exist",
+        ),
+        (
+            vec!["--backend".into(), format!("sim:{}", node.display())],
+            "GPU-bad name",
+        ),
+    ];
+    for (extra, culprit) in cases {
+        let mut argv: Vec<String> = ["cdi", "generate", "--output", d]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if !extra.contains(&"--backend".to_string()) {
+            argv.extend(["--backend".into(), "sim:mixed-a100".into()]);
+        }
+        argv.extend(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+            .args(&argv)
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{argv:?}: {stderr}");
+        assert!(stderr.contains(culprit), "{argv:?}: {stderr}");
+        assert_eq!(fs::read(&good).expect("still there"), before, "{argv:?}");
+        let files: Vec<_> = fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            files.len(),
+            2,
+            "only the good spec and node.yaml: {files:?}"
+        );
+    }
+}
+
+/// `--dev-root`: hostPath under the root, type/major/minor from the host node (a symlink to
+/// /dev/null stands in for a GPU, no root needed), absent control nodes left out.
+#[test]
+fn dev_root_fills_nodes_from_the_host_and_omits_missing_control_nodes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dev = root.path().join("dev");
+    fs::create_dir_all(&dev).expect("mkdir");
+    for n in ["nvidia0", "nvidiactl"] {
+        std::os::unix::fs::symlink("/dev/null", dev.join(n)).expect("symlink");
+    }
+    let r = root.path().to_str().expect("utf8");
+    let out = bin(&[
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--dev-root",
+        r,
+        "--output",
+        "-",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec: Spec = serde_json::from_slice(&out.stdout).expect("json spec");
+    assert_eq!(spec.cdi_version, "0.5.0");
+    let ctl: Vec<_> = spec
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    assert_eq!(ctl, ["/dev/nvidiactl"]);
+    let gpu0 = &spec
+        .devices
+        .iter()
+        .find(|d| d.name == "0")
+        .expect("0")
+        .container_edits;
+    let n = &gpu0.device_nodes[0];
+    assert_eq!(
+        n.host_path.as_deref(),
+        Some(format!("{r}/dev/nvidia0").as_str())
+    );
+    assert_eq!(
+        (n.node_type.as_deref(), n.major, n.minor),
+        (Some("c"), Some(1), Some(3))
+    );
+    let gpu1 = &spec
+        .devices
+        .iter()
+        .find(|d| d.name == "1")
+        .expect("1")
+        .container_edits;
+    assert_eq!(
+        gpu1.device_nodes[0].node_type, None,
+        "absent node: path only"
+    );
+}
