@@ -18,6 +18,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod http;
 pub mod inventory;
 pub mod metrics;

@@ -156,3 +156,144 @@ gpus:
     );
     assert!(message.contains("fell off the bus"), "{message}");
 }
+
+// ------------------------------------------------------------------ NVML event watcher
+
+use std::time::Duration;
+
+use gpu_slicer::health::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher, reprobe};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const EVENT_NODE: &str = r#"
+gpus:
+  - index: 0
+    uuid: GPU-00000000-0000-0000-0000-000000000000
+    product: NVIDIA A100-SXM4-80GB
+    pciBusId: "0000:07:00.0"
+  - index: 1
+    uuid: GPU-00000000-0000-0000-0000-000000000001
+    product: NVIDIA A100-SXM4-80GB
+    pciBusId: "0000:08:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {uuid: MIG-00000000-0000-0000-0000-000000000002, profile: 3g.40gb, gpuInstanceId: 2}
+events:
+  - {gpu: 0, kind: xid, xid: 79, afterMs: 50}
+  - {gpu: 1, kind: xid, xid: 94, gpuInstanceId: 2, computeInstanceId: 0, afterMs: 100}
+"#;
+
+impl Fake {
+    fn inject(&self, json: &str) {
+        let text = CString::new(json).expect("no NUL");
+        // SAFETY: control symbol `int (const char*)`; `text` lives across the call.
+        let rc = unsafe {
+            let inject: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> = self
+                ._lib
+                .get(b"fakeNvmlInjectEvent")
+                .expect("control symbol");
+            inject(text.as_ptr())
+        };
+        assert_eq!(rc, 0, "fake rejected {json}");
+    }
+}
+
+async fn next(rx: &mut UnboundedReceiver<HealthEvent>) -> HealthEvent {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a health event within 10 s")
+        .expect("watcher alive")
+}
+
+#[tokio::test]
+async fn watcher_delivers_scheduled_xids_with_mig_attribution() {
+    let fake = Fake::new(Some(EVENT_NODE));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let path = fake.path.clone();
+    let watcher = tokio::task::spawn_blocking(move || {
+        NvmlEventWatcher::start(Some(path), Duration::from_millis(200), tx)
+    })
+    .await
+    .expect("join")
+    .expect("watcher starts");
+
+    let first = next(&mut rx).await;
+    assert_eq!(
+        first,
+        HealthEvent {
+            gpu_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            kind: HealthEventKind::Xid(79),
+        }
+    );
+    let second = next(&mut rx).await;
+    assert_eq!(
+        second,
+        HealthEvent {
+            gpu_uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
+            gpu_instance_id: Some(2),
+            compute_instance_id: Some(0),
+            kind: HealthEventKind::Xid(94),
+        }
+    );
+    tokio::task::spawn_blocking(move || watcher.stop())
+        .await
+        .expect("stop joins");
+}
+
+#[tokio::test]
+async fn watcher_reports_gpu_loss_and_reprobe_sees_recovery() {
+    let node = EVENT_NODE.split("events:").next().expect("node part");
+    let fake = Fake::new(Some(node));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let path = fake.path.clone();
+    let watcher = tokio::task::spawn_blocking(move || {
+        NvmlEventWatcher::start(Some(path), Duration::from_millis(200), tx)
+    })
+    .await
+    .expect("join")
+    .expect("watcher starts");
+    let gpu1 = "GPU-00000000-0000-0000-0000-000000000001";
+
+    fake.inject(r#"{"gpu":0,"kind":"doubleBitEcc"}"#);
+    let ev = next(&mut rx).await;
+    assert_eq!(ev.kind, HealthEventKind::DoubleBitEcc);
+
+    fake.inject(r#"{"gpu":1,"kind":"gpuLost"}"#);
+    let ev = next(&mut rx).await;
+    assert_eq!(
+        (ev.gpu_uuid.as_str(), ev.kind),
+        (gpu1, HealthEventKind::GpuLost)
+    );
+
+    let (lib, u) = (fake.path.clone(), gpu1.to_string());
+    let (lost_probe, watcher) = tokio::task::spawn_blocking(move || {
+        let r = (reprobe(Some(&lib), &u), watcher.reprobe(&u));
+        (r, watcher)
+    })
+    .await
+    .expect("join");
+    assert_eq!(lost_probe, (false, false));
+
+    fake.inject(r#"{"gpu":1,"kind":"recover"}"#);
+    let u = gpu1.to_string();
+    let watcher = tokio::task::spawn_blocking(move || {
+        assert!(watcher.reprobe(&u), "GPU answers again after recovery");
+        watcher
+    })
+    .await
+    .expect("join");
+    tokio::task::spawn_blocking(move || drop(watcher))
+        .await
+        .expect("drop joins");
+}
+
+#[test]
+fn watcher_start_fails_clearly_without_driver() {
+    let fake = Fake::new(None);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let err = NvmlEventWatcher::start(Some(fake.path.clone()), Duration::from_millis(100), tx)
+        .unwrap_err();
+    assert!(err.to_string().contains("libnvidia-ml.so.1"), "{err}");
+}
