@@ -297,3 +297,67 @@ fn watcher_start_fails_clearly_without_driver() {
         .unwrap_err();
     assert!(err.to_string().contains("libnvidia-ml.so.1"), "{err}");
 }
+
+// ------------------------------------------------------------------ memory limits (raw ABI)
+
+#[repr(C)]
+struct SetLimits {
+    name_space: *const c_char,
+    soft: u64,
+    hard: u64,
+}
+
+#[repr(C)]
+struct GetLimits {
+    name_space: *const c_char,
+    soft: u64,
+    hard: u64,
+    used: u64,
+}
+
+#[test]
+fn fake_records_memory_limits_per_cgroup() {
+    let fake = Fake::new(Some(EVENT_NODE));
+    let cg = CString::new("/sys/fs/cgroup/pod-a").expect("no NUL");
+    let other = CString::new("/sys/fs/cgroup/pod-b").expect("no NUL");
+    type Dev = *mut std::ffi::c_void;
+    // SAFETY: symbols have the nvml.h signatures declared here; every pointer passed lives
+    // across its call.
+    unsafe {
+        let lib = &fake._lib;
+        let init: libloading::Symbol<unsafe extern "C" fn() -> u32> =
+            lib.get(b"nvmlInit_v2").expect("init");
+        let by_index: libloading::Symbol<unsafe extern "C" fn(u32, *mut Dev) -> u32> =
+            lib.get(b"nvmlDeviceGetHandleByIndex_v2").expect("by index");
+        let set: libloading::Symbol<unsafe extern "C" fn(Dev, *mut SetLimits) -> u32> =
+            lib.get(b"nvmlDeviceSetMemoryLimits_v1").expect("set");
+        let get: libloading::Symbol<unsafe extern "C" fn(Dev, *mut GetLimits) -> u32> =
+            lib.get(b"nvmlDeviceGetMemoryLimits_v1").expect("get");
+        let shutdown: libloading::Symbol<unsafe extern "C" fn() -> u32> =
+            lib.get(b"nvmlShutdown").expect("shutdown");
+        assert_eq!(init(), 0);
+        let mut dev: Dev = std::ptr::null_mut();
+        assert_eq!(by_index(0, &mut dev), 0);
+        let mut req = SetLimits {
+            name_space: cg.as_ptr(),
+            soft: 4 << 30,
+            hard: 8 << 30,
+        };
+        assert_eq!(set(dev, &mut req), 0);
+        let mut out = GetLimits {
+            name_space: cg.as_ptr(),
+            soft: 0,
+            hard: 0,
+            used: 7,
+        };
+        assert_eq!(get(dev, &mut out), 0);
+        assert_eq!((out.soft, out.hard, out.used), (4 << 30, 8 << 30, 0));
+        out.name_space = other.as_ptr();
+        assert_eq!(
+            get(dev, &mut out),
+            6,
+            "NOT_FOUND for a cgroup without limits"
+        );
+        assert_eq!(shutdown(), 0);
+    }
+}

@@ -50,6 +50,17 @@
 //! `nvmlEventSetWait_v2` sleeps in 5 ms steps on the caller's thread until an event is due or
 //! the timeout passes (`TIMEOUT`, 10). The library starts no threads: its consumer `dlclose`s it.
 //!
+//! # Memory limits (cgroup partitions)
+//!
+//! `nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1` use the nvml.h 13.x structs
+//! `{const char *nameSpace; unsigned long long softLimit, hardLimit}` (+ `currentUsed` for the
+//! getter; no version field). GPU handles only (`NOT_SUPPORTED` on MIG handles). Limits are kept
+//! per GPU UUID and cgroup path, in the JSON file named by `FAKE_NVML_LIMITS_FILE` when set
+//! (`{"GPU-…": {"/sys/fs/cgroup/…": {"softLimit": n, "hardLimit": n}}}`, rewritten through a
+//! temp file and a rename, so another process can check them), else in memory. The getter
+//! answers `NOT_FOUND` for a path without limits. `FAKE_NVML_LIMITS_UNSUPPORTED=1` makes both
+//! return `NOT_SUPPORTED`.
+//!
 //! Every export is `extern "C"`, catches panics (→ `UNKNOWN`, 999) and follows the pointer
 //! contract of `nvml.h`; the `# Safety` of each export is that contract.
 #![allow(clippy::missing_safety_doc)]
@@ -190,6 +201,8 @@ struct State {
     lost: BTreeSet<usize>,
     sets: BTreeMap<usize, EventSet>,
     next_set: usize,
+    /// Memory limits when `FAKE_NVML_LIMITS_FILE` is unset.
+    limits: LimitStore,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -199,6 +212,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     lost: BTreeSet::new(),
     sets: BTreeMap::new(),
     next_set: 0,
+    limits: BTreeMap::new(),
 });
 
 fn state() -> MutexGuard<'static, State> {
@@ -1239,6 +1253,165 @@ pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
     })
 }
 
+// ---------------------------------------------------------------- memory limits
+
+/// `nvmlSetMemoryLimits_v1_t` (nvml.h 13.x; not in nvml-wrapper-sys 0.10).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_snake_case, non_camel_case_types, reason = "names mirror nvml.h")]
+pub struct nvmlSetMemoryLimits_v1_t {
+    /// Full path of the cgroup directory.
+    pub nameSpace: *const c_char,
+    /// Soft limit in bytes.
+    pub softLimit: c_ulonglong,
+    /// Hard limit in bytes.
+    pub hardLimit: c_ulonglong,
+}
+
+/// `nvmlGetMemoryLimits_v1_t` (nvml.h 13.x).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_snake_case, non_camel_case_types, reason = "names mirror nvml.h")]
+pub struct nvmlGetMemoryLimits_v1_t {
+    /// Full path of the cgroup directory (input).
+    pub nameSpace: *const c_char,
+    /// Soft limit in bytes (output).
+    pub softLimit: c_ulonglong,
+    /// Hard limit in bytes (output).
+    pub hardLimit: c_ulonglong,
+    /// Memory in use in bytes (output; always 0 here).
+    pub currentUsed: c_ulonglong,
+}
+
+const _: () = assert!(size_of::<nvmlSetMemoryLimits_v1_t>() == 24);
+const _: () = assert!(offset_of!(nvmlSetMemoryLimits_v1_t, softLimit) == 8);
+const _: () = assert!(size_of::<nvmlGetMemoryLimits_v1_t>() == 32);
+const _: () = assert!(offset_of!(nvmlGetMemoryLimits_v1_t, currentUsed) == 24);
+
+/// Limits of one cgroup on one GPU, as stored in `FAKE_NVML_LIMITS_FILE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Limits {
+    soft_limit: u64,
+    hard_limit: u64,
+}
+
+/// GPU UUID → cgroup path → limits.
+type LimitStore = BTreeMap<String, BTreeMap<String, Limits>>;
+
+fn limits_unsupported() -> bool {
+    std::env::var_os("FAKE_NVML_LIMITS_UNSUPPORTED").is_some_and(|v| v == "1")
+}
+
+fn read_limits_file(path: &std::path::Path) -> Result<LimitStore, nvmlReturn_t> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => Ok(LimitStore::new()),
+        Ok(text) => serde_json::from_str(&text).map_err(|e| {
+            eprintln!("fake-nvml: bad limits file {}: {e}", path.display());
+            code::UNKNOWN
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LimitStore::new()),
+        Err(_) => Err(code::UNKNOWN),
+    }
+}
+
+/// Record limits in `file` (read-modify-write, atomic rename) or in `mem`.
+fn store_limit(
+    file: Option<&std::path::Path>,
+    mem: &mut LimitStore,
+    gpu: &str,
+    cgroup: &str,
+    limits: Limits,
+) -> Ret {
+    let Some(path) = file else {
+        mem.entry(gpu.to_string())
+            .or_default()
+            .insert(cgroup.to_string(), limits);
+        return Ok(());
+    };
+    let mut all = read_limits_file(path)?;
+    all.entry(gpu.to_string())
+        .or_default()
+        .insert(cgroup.to_string(), limits);
+    let text = serde_json::to_string_pretty(&all).map_err(|_| code::UNKNOWN)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|_| code::UNKNOWN)?;
+    std::fs::rename(&tmp, path).map_err(|_| code::UNKNOWN)
+}
+
+fn load_limit(
+    file: Option<&std::path::Path>,
+    mem: &LimitStore,
+    gpu: &str,
+    cgroup: &str,
+) -> Result<Limits, nvmlReturn_t> {
+    let found = match file {
+        Some(path) => read_limits_file(path)?
+            .get(gpu)
+            .and_then(|m| m.get(cgroup).copied()),
+        None => mem.get(gpu).and_then(|m| m.get(cgroup).copied()),
+    };
+    found.ok_or(code::NOT_FOUND)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
+    h: nvmlDevice_t,
+    limits: *mut nvmlSetMemoryLimits_v1_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        let mut st = state();
+        let (dev, gpu) = st.dev(h, "nvmlDeviceSetMemoryLimits_v1")?;
+        gpu_only(dev)?;
+        if limits_unsupported() {
+            return Err(code::NOT_SUPPORTED);
+        }
+        if limits.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller passes a valid struct (nvml.h).
+        let req = unsafe { *limits };
+        // SAFETY: `nameSpace` is null or a NUL-terminated path (nvml.h).
+        let cgroup = unsafe { get_str(req.nameSpace) }?.to_string();
+        let uuid = gpu.uuid.clone();
+        let file = std::env::var_os("FAKE_NVML_LIMITS_FILE").map(PathBuf::from);
+        let value = Limits {
+            soft_limit: req.softLimit,
+            hard_limit: req.hardLimit,
+        };
+        store_limit(file.as_deref(), &mut st.limits, &uuid, &cgroup, value)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
+    h: nvmlDevice_t,
+    limits: *mut nvmlGetMemoryLimits_v1_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        let st = state();
+        let (dev, gpu) = st.dev(h, "nvmlDeviceGetMemoryLimits_v1")?;
+        gpu_only(dev)?;
+        if limits_unsupported() {
+            return Err(code::NOT_SUPPORTED);
+        }
+        if limits.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller passes a valid struct with `nameSpace` set (nvml.h).
+        let mut out = unsafe { *limits };
+        // SAFETY: `nameSpace` is null or a NUL-terminated path (nvml.h).
+        let cgroup = unsafe { get_str(out.nameSpace) }?;
+        let file = std::env::var_os("FAKE_NVML_LIMITS_FILE").map(PathBuf::from);
+        let found = load_limit(file.as_deref(), &st.limits, &gpu.uuid, cgroup)?;
+        out.softLimit = found.soft_limit;
+        out.hardLimit = found.hard_limit;
+        out.currentUsed = 0;
+        // SAFETY: checked non-null above.
+        unsafe { put(limits, out) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1269,6 +1442,28 @@ mod tests {
         assert_eq!((ev.gpu, ev.xid, ev.gpu_instance_id), (1, Some(79), Some(3)));
         assert!(parse_injection(r#"{"gpu":1,"kind":"xid"}"#).is_err());
         assert!(parse_injection(r#"{"gpu":1,"kind":"boom"}"#).is_err());
+    }
+
+    #[test]
+    fn limits_round_trip_through_file_and_memory() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("limits.json");
+        let _ = std::fs::remove_file(&file);
+        let mut mem = LimitStore::new();
+        let l = Limits {
+            soft_limit: 1 << 30,
+            hard_limit: 2 << 30,
+        };
+        for f in [Some(file.as_path()), None] {
+            assert_eq!(load_limit(f, &mem, "GPU-a", "/cg/x"), Err(code::NOT_FOUND));
+            store_limit(f, &mut mem, "GPU-a", "/cg/x", l).unwrap();
+            assert_eq!(load_limit(f, &mem, "GPU-a", "/cg/x"), Ok(l));
+            assert_eq!(load_limit(f, &mem, "GPU-b", "/cg/x"), Err(code::NOT_FOUND));
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains("\"softLimit\": 1073741824"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
