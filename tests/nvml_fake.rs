@@ -361,3 +361,116 @@ fn fake_records_memory_limits_per_cgroup() {
         assert_eq!(shutdown(), 0);
     }
 }
+
+// ------------------------------------------------------------------ env-driven fake (spawned)
+
+/// Set in the child process spawned by `env_configured_fake_serves_node_and_event_file`.
+const CHILD_ENV: &str = "GPU_SLICER_NVML_FAKE_CHILD";
+
+/// Parent half: the env vars a spawned `gpu-slicer` would get (`FAKE_NVML_NODE`,
+/// `FAKE_NVML_EVENT_FILE`) configure the fake; they cannot be set in-process safely, so the
+/// test re-runs this binary with them, executing only `env_child`.
+#[test]
+fn env_configured_fake_serves_node_and_event_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = dir.path().join("node.yaml");
+    std::fs::write(&node, EVENT_NODE.split("events:").next().expect("node")).expect("write");
+    let out = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "env_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, dir.path())
+        .env("FAKE_NVML_NODE", &node)
+        .env("FAKE_NVML_EVENT_FILE", dir.path().join("events.jsonl"))
+        .output()
+        .expect("spawn child");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+/// Child half (a no-op unless spawned by the test above).
+#[test]
+fn env_child() {
+    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let lib = dir.join("libnvidia-ml.so.1");
+    std::fs::copy(fake_lib(), &lib).expect("copy fake");
+    let inv = NvmlBackend::new(Some(lib.clone()), dir.join("proc"))
+        .with_sys_root(dir.join("sys"))
+        .discover()
+        .expect("discover from FAKE_NVML_NODE");
+    assert_eq!(inv.gpus.len(), 2);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let watcher =
+        NvmlEventWatcher::start(Some(lib), Duration::from_millis(200), tx).expect("watcher starts");
+    // Writers create the file whole: temp file + rename.
+    let tmp = dir.join("events.tmp");
+    std::fs::write(&tmp, "{\"gpu\":1,\"kind\":\"xid\",\"xid\":48}\n").expect("write");
+    std::fs::rename(&tmp, dir.join("events.jsonl")).expect("rename");
+    let ev = rt.block_on(next(&mut rx));
+    assert_eq!(ev.kind, HealthEventKind::Xid(48));
+    assert_eq!(ev.gpu_uuid, "GPU-00000000-0000-0000-0000-000000000001");
+    assert!(
+        !dir.join("events.jsonl").exists(),
+        "the fake consumes the file"
+    );
+    watcher.stop();
+}
+
+/// Every NVML symbol the backend and the watcher call (directly or through nvml-wrapper 0.13),
+/// plus the two the wrapper's `Drop`s need. A missing one would only fail at run time.
+#[test]
+fn fake_exports_every_symbol_the_agent_calls() {
+    let fake = Fake::new(None);
+    let symbols = [
+        "nvmlInit_v2",
+        "nvmlInitWithFlags",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetCudaComputeCapability",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetAttributes_v2",
+        "nvmlDeviceGetNumaNodeId",
+        "nvmlEventSetCreate",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceRegisterEvents",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetFree",
+        "nvmlDeviceSetMemoryLimits_v1",
+        "nvmlDeviceGetMemoryLimits_v1",
+        "fakeNvmlSetNodeJson",
+        "fakeNvmlInjectEvent",
+    ];
+    let missing: Vec<&str> = symbols
+        .iter()
+        .copied()
+        // SAFETY: only looks the address up; nothing is called.
+        .filter(|s| unsafe { fake._lib.get::<*const ()>(s.as_bytes()) }.is_err())
+        .collect();
+    assert!(missing.is_empty(), "missing exports: {missing:?}");
+}
