@@ -271,8 +271,17 @@ fn register_all<'n>(
 
 /// The GPU at `index` with the mask to register, or `None` if it supports none of it.
 fn candidate(nvml: &Nvml, index: u32, tx: &UnboundedSender<HealthEvent>) -> Option<Registered> {
-    let dev = nvml.device_by_index(index).ok()?;
-    let uuid = dev.uuid().ok()?;
+    let found = nvml
+        .device_by_index(index)
+        .and_then(|dev| dev.uuid().map(|uuid| (dev, uuid)));
+    let (dev, uuid) = match found {
+        Ok(f) => f,
+        Err(e) => {
+            // Without a UUID there is nobody to report to; the inventory reports this GPU.
+            tracing::warn!(index, error = %e, "cannot identify GPU for health events");
+            return None;
+        }
+    };
     match dev.supported_event_types() {
         Ok(supported) => {
             let mask = supported & wanted();
@@ -355,7 +364,14 @@ fn wait_loop(
             Ok(Some(ev)) => event_to_health(nvml, ev).into_iter().collect(),
             Ok(None) => continue,
             Err(NvmlError::GpuLost) => {
-                let lost = lost_gpus(nvml, gpus, &mut reported_lost);
+                let mut lost = lost_gpus(nvml, gpus, &mut reported_lost);
+                if lost.is_empty() && reported_lost.is_empty() {
+                    // Lost, but every GPU still answers: health unknown for all of them.
+                    lost = gpus
+                        .iter()
+                        .map(|g| wait_error(&g.uuid, NvmlError::GpuLost.to_string()))
+                        .collect();
+                }
                 backoff(stop);
                 lost
             }
