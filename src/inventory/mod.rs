@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+pub mod nvml;
 pub mod sim;
 
 pub use node_spec::NodeSpec;
