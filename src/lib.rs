@@ -14,6 +14,8 @@
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 
+pub mod allocate;
 pub mod config;
 pub mod inventory;
 pub mod plan;
+pub mod proto;
