@@ -15,7 +15,12 @@
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 
 pub mod allocate;
+pub mod app;
+pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod inventory;
+pub mod kubelet;
 pub mod plan;
+pub mod plugin;
 pub mod proto;
