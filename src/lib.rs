@@ -13,14 +13,21 @@
 //! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
+//! - [`allocate`]: pure enforcement rules, preferred-allocation policies, responses, live health.
+//! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
+//! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
+//! - [`app`]: the daemon's wiring and ordered shutdown; [`proto`]: generated kubelet APIs.
 
 pub mod allocate;
 pub mod app;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod error;
+pub mod http;
 pub mod inventory;
 pub mod kubelet;
+pub mod metrics;
 pub mod plan;
 pub mod plugin;
 pub mod proto;

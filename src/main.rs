@@ -1,5 +1,5 @@
 //! The `gpu-slicer` binary: parse the command line, set up logging, run the library, map
-//! the error to an exit code. (Temporary on branch `plugin`; main's version wins at merge.)
+//! the error to an exit code. Everything else lives in the library.
 
 use std::process::ExitCode;
 
@@ -9,34 +9,49 @@ use gpu_slicer::cli::{Cli, Command, LogFormat};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
+    let mut stdout = std::io::stdout().lock();
+    let result = match &cli.command {
+        Command::Inventory(args) => gpu_slicer::commands::inventory::run(args, &mut stdout),
+        Command::Run(args) => {
+            return run_async(|| gpu_slicer::commands::run::run(args), |e| e.exit_code());
+        }
+        Command::Demo => {
+            return run_async(
+                || gpu_slicer::commands::demo::demo(&mut stdout),
+                |_| ExitCode::from(1),
+            );
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpu-slicer: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Run an async command on a multi-threaded runtime and map its error to an exit code.
+fn run_async<F, E>(command: impl FnOnce() -> F, exit_code: impl FnOnce(&E) -> ExitCode) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("gpu-slicer: error: cannot start runtime: {e}");
+            eprintln!("gpu-slicer: error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
-    let result: Result<(), Box<dyn std::error::Error>> = runtime.block_on(async {
-        match &cli.command {
-            Command::Run(args) => gpu_slicer::commands::run::run(args)
-                .await
-                .map_err(Into::into),
-            Command::Demo => {
-                let mut out = std::io::stdout();
-                gpu_slicer::commands::demo::demo(&mut out)
-                    .await
-                    .map_err(Into::into)
-            }
-        }
-    });
-    match result {
+    match runtime.block_on(command()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpu-slicer: error: {e}");
-            ExitCode::from(1)
+            exit_code(&e)
         }
     }
 }

@@ -1,5 +1,24 @@
-//! Subcommand implementations: each takes parsed arguments, calls the library and returns
-//! its error; `main` maps errors to exit codes.
+//! Subcommand implementations: each takes parsed arguments and a writer, calls the
+//! library, and returns the crate error. `main` maps that error to an exit code.
+
+use std::sync::Arc;
+
+use crate::cli::BackendArgs;
+use crate::inventory::{Backend, InventoryError, sim::SimBackend};
 
 pub mod demo;
+pub mod inventory;
 pub mod run;
+
+/// Open the backend named by `--backend`.
+pub fn open_backend(args: &BackendArgs) -> Result<Arc<dyn Backend>, InventoryError> {
+    if let Some(profile) = args.backend.strip_prefix("sim:") {
+        return Ok(Arc::new(SimBackend::open(profile)?));
+    }
+    match args.backend.as_str() {
+        "nvml" => Err(InventoryError::Nvml {
+            message: "the NVML backend is not available in this build".into(),
+        }),
+        other => Err(InventoryError::UnknownBackend(other.to_string())),
+    }
+}

@@ -3,13 +3,13 @@
 //! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, AppError, RunSettings};
-use crate::config::{self, ConfigError, Overrides};
-use crate::inventory::{Backend, InventoryError, sim::SimBackend};
+use crate::cli::{BackendArgs, ConfigArgs};
+use crate::config::ConfigError;
+use crate::inventory::InventoryError;
 
 /// Errors of `gpu-slicer run` before or while the daemon runs.
 #[derive(Debug, thiserror::Error)]
@@ -28,15 +28,16 @@ pub enum RunError {
     App(#[from] AppError),
 }
 
-/// Flags of `gpu-slicer run`.
+/// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
+/// `LOG_FORMAT` is global on the command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// `nvml`, `sim:<built-in profile>` (dgx-h100, mixed-a100) or `sim:<node file>`.
-    #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml")]
-    pub backend: String,
-    /// Config file (NVIDIA k8s-device-plugin `version: v1` format, YAML or JSON).
-    #[arg(long, env = "CONFIG_FILE")]
-    pub config: Option<PathBuf>,
+    /// `--backend` and NVML settings.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// `--config` and the flags that override it.
+    #[command(flatten)]
+    pub config: ConfigArgs,
     /// Directory of device-plugin sockets.
     #[arg(long, env = "DEVICE_PLUGIN_DIR", default_value = crate::proto::DEFAULT_DEVICE_PLUGIN_DIR)]
     pub device_plugin_dir: PathBuf,
@@ -51,7 +52,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// The daemon settings these flags describe (config loaded and validated).
     pub fn settings(&self) -> Result<RunSettings, RunError> {
-        let config = config::load(self.config.as_deref(), &Overrides::default())?;
+        let config = self.config.load()?;
         let mut settings = RunSettings::new(config, &self.device_plugin_dir, &self.cdi_dir);
         if let Some(socket) = &self.kubelet_socket {
             settings.kubelet_socket.clone_from(socket);
@@ -60,23 +61,24 @@ impl RunArgs {
     }
 }
 
-/// Open the backend named by `--backend`.
-pub fn open_backend(spec: &str) -> Result<Arc<dyn Backend>, InventoryError> {
-    if let Some(profile) = spec.strip_prefix("sim:") {
-        return Ok(Arc::new(SimBackend::open(profile)?));
-    }
-    match spec {
-        "nvml" => Err(InventoryError::Nvml {
-            message: "the NVML backend is not available in this build".into(),
-        }),
-        other => Err(InventoryError::UnknownBackend(other.to_string())),
+impl RunError {
+    /// Exit code: 2 for bad input (config, backend name, plan), 1 for runtime failures.
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        match self {
+            RunError::Config(_)
+            | RunError::Backend(InventoryError::UnknownBackend(_))
+            | RunError::Backend(InventoryError::UnknownProfile { .. })
+            | RunError::Backend(InventoryError::NodeFile(_))
+            | RunError::App(AppError::Plan(_)) => std::process::ExitCode::from(2),
+            _ => std::process::ExitCode::from(1),
+        }
     }
 }
 
 /// Run the daemon until SIGTERM or SIGINT.
 pub async fn run(args: &RunArgs) -> Result<(), RunError> {
     let settings = args.settings()?;
-    let backend = open_backend(&args.backend)?;
+    let backend = super::open_backend(&args.backend)?;
     let shutdown = CancellationToken::new();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(RunError::Signal)?;

@@ -340,20 +340,23 @@ pub fn parse_file(text: &str, origin: &str) -> Result<FileConfig> {
     let de = serde_yaml::Deserializer::from_str(text);
     serde_path_to_error::deserialize::<_, FileConfig>(de).map_err(|e| {
         let field = e.path().to_string();
-        let field = if field == "." { "(top level)".into() } else { field };
+        let field = if field == "." {
+            "(top level)".into()
+        } else {
+            field
+        };
         parse_err(field, e.into_inner().to_string())
     })
 }
 
 fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Config> {
-    let invalid = |field: &str, value: &dyn std::fmt::Display, message: &str| {
-        ConfigError::Invalid {
+    let invalid =
+        |field: &str, value: &dyn std::fmt::Display, message: &str| ConfigError::Invalid {
             path: origin.to_string(),
             field: field.to_string(),
             value: format!("`{value}`"),
             message: message.to_string(),
-        }
-    };
+        };
     let mut cfg = Config {
         source: origin.to_string(),
         ..Config::default()
@@ -382,15 +385,19 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
     if let Some(b) = ov.fail_on_init_error.or(flags.fail_on_init_error) {
         cfg.fail_on_init_error = b;
     }
-    if let Some(s) = ov.mps_root.as_ref().or(flags.mps_root.as_ref()) {
-        if !s.is_empty() {
-            if !s.starts_with('/') {
-                return Err(invalid("flags.mpsRoot", s, "must be an absolute path"));
-            }
-            cfg.mps_root = Some(PathBuf::from(s));
+    if let Some(s) = ov.mps_root.as_ref().or(flags.mps_root.as_ref())
+        && !s.is_empty()
+    {
+        if !s.starts_with('/') {
+            return Err(invalid("flags.mpsRoot", s, "must be an absolute path"));
         }
+        cfg.mps_root = Some(PathBuf::from(s));
     }
-    if let Some(s) = ov.driver_root.as_ref().or(flags.nvidia_driver_root.as_ref()) {
+    if let Some(s) = ov
+        .driver_root
+        .as_ref()
+        .or(flags.nvidia_driver_root.as_ref())
+    {
         cfg.driver_root = PathBuf::from(s);
         cfg.dev_root = PathBuf::from(s);
     }
@@ -489,22 +496,22 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
         check_cdi_kind(s).map_err(|m| invalid("flags.plugin.cdiKind", s, &m))?;
         cfg.cdi_kind = s.clone();
     }
-    if let Some(imex) = &raw.imex {
-        if !(imex.channel_ids.is_empty() || imex.channel_ids == [0]) {
-            return Err(invalid(
-                "imex.channelIDs",
-                &format!("{:?}", imex.channel_ids),
-                "only [] or [0] are valid",
-            ));
-        }
+    if let Some(imex) = &raw.imex
+        && !(imex.channel_ids.is_empty() || imex.channel_ids == [0])
+    {
+        return Err(invalid(
+            "imex.channelIDs",
+            &format!("{:?}", imex.channel_ids),
+            "only [] or [0] are valid",
+        ));
     }
-    if let Some(res) = &raw.resources {
-        if !res.gpus.is_empty() || !res.mig.is_empty() {
-            tracing::warn!(
-                config = origin,
-                "the `resources` field (pattern-based naming) is accepted but ignored, as by NVIDIA's plugin; use sharing.*.resources[].rename"
-            );
-        }
+    if let Some(res) = &raw.resources
+        && (!res.gpus.is_empty() || !res.mig.is_empty())
+    {
+        tracing::warn!(
+            config = origin,
+            "the `resources` field (pattern-based naming) is accepted but ignored, as by NVIDIA's plugin; use sharing.*.resources[].rename"
+        );
     }
 
     let mut sharing = Vec::new();
@@ -586,14 +593,11 @@ fn shared_resources(
             Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
                 parse_device_ref(w).map_err(|m| invalid(field("devices"), format!("`{w}`"), m))?,
             ]),
-            Some(FileDevices::Count(n)) => DeviceSelector::Count(
-                u32::try_from(*n)
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| {
-                        invalid(field("devices"), n.to_string(), "must be positive".into())
-                    })?,
-            ),
+            Some(FileDevices::Count(n)) => {
+                DeviceSelector::Count(u32::try_from(*n).ok().filter(|n| *n > 0).ok_or_else(
+                    || invalid(field("devices"), n.to_string(), "must be positive".into()),
+                )?)
+            }
             Some(FileDevices::List(list)) => {
                 if list.is_empty() {
                     return Err(invalid(
@@ -645,9 +649,9 @@ fn shared_resources(
         }
         let memory_per_replica = match &r.memory {
             None => None,
-            Some(q) => Some(parse_quantity(q).map_err(|m| {
-                invalid(field("memory"), format!("{q:?}"), m)
-            })?),
+            Some(q) => {
+                Some(parse_quantity(q).map_err(|m| invalid(field("memory"), format!("{q:?}"), m))?)
+            }
         };
         out.push(SharedResource {
             kind,
@@ -686,7 +690,8 @@ pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
     let dns_ok = !domain.is_empty()
         && domain.split('.').all(|l| {
             !l.is_empty()
-                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         });
@@ -697,8 +702,14 @@ pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
         && rest
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && rest.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && rest.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+        && rest
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && rest
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
     if !name_ok {
         return Err(format!(
             "name `{rest}` must be alphanumeric with `-`, `_` or `.` inside"
@@ -717,8 +728,7 @@ pub fn check_cdi_kind(kind: &str) -> std::result::Result<(), String> {
     let ok_chars = |s: &str, dot: bool| {
         s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
             && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
-            && s
-                .chars()
+            && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || (dot && c == '.'))
     };
     if vendor.len() < 2 || !ok_chars(vendor, true) {
@@ -774,7 +784,11 @@ pub fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
         "M" => 1_000_000,
         "G" => 1_000_000_000,
         "T" => 1_000_000_000_000,
-        other => return Err(format!("unknown suffix `{other}` (use Ki, Mi, Gi, Ti, k, M, G, T)")),
+        other => {
+            return Err(format!(
+                "unknown suffix `{other}` (use Ki, Mi, Gi, Ti, k, M, G, T)"
+            ));
+        }
     };
     nonzero(
         num.checked_mul(mult)

@@ -63,9 +63,7 @@ fn json_and_rename_by_default_and_mps_defaults() {
 
 #[test]
 fn device_list_strategy_string_or_list() {
-    let cfg = parse_ok(
-        "flags:\n  plugin:\n    deviceListStrategy: [cdi-cri, envvar, cdi-cri]\n",
-    );
+    let cfg = parse_ok("flags:\n  plugin:\n    deviceListStrategy: [cdi-cri, envvar, cdi-cri]\n");
     assert_eq!(
         cfg.device_list_strategy,
         vec![DeviceListStrategy::Envvar, DeviceListStrategy::CdiCri]
@@ -112,14 +110,23 @@ fn unknown_key_names_field_and_file() {
 
 #[test]
 fn wrong_type_names_field() {
-    let err = parse_err("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: lots\n");
-    assert!(err.contains("sharing.timeSlicing.resources[0].replicas"), "{err}");
+    let err = parse_err(
+        "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: lots\n",
+    );
+    assert!(
+        err.contains("sharing.timeSlicing.resources[0].replicas"),
+        "{err}"
+    );
 }
 
 #[test]
 fn replicas_below_two_rejected() {
-    let err = parse_err("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 1\n");
-    assert!(err.contains("sharing.timeSlicing.resources[0].replicas"), "{err}");
+    let err =
+        parse_err("sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 1\n");
+    assert!(
+        err.contains("sharing.timeSlicing.resources[0].replicas"),
+        "{err}"
+    );
     assert!(err.contains(">= 2"), "{err}");
     assert!(err.contains("`1`") || err.contains("= 1"), "{err}");
 }
@@ -133,11 +140,17 @@ fn empty_sharing_section_rejected() {
 #[test]
 fn bad_enum_values_rejected() {
     let err = parse_err("flags:\n  migStrategy: half\n");
-    assert!(err.contains("flags.migStrategy") && err.contains("half"), "{err}");
+    assert!(
+        err.contains("flags.migStrategy") && err.contains("half"),
+        "{err}"
+    );
     let err = parse_err("version: v2\n");
     assert!(err.contains("version"), "{err}");
     let err = parse_err("flags:\n  plugin:\n    cdiKind: x/gpu\n");
-    assert!(err.contains("cdiKind") && err.contains("2 characters"), "{err}");
+    assert!(
+        err.contains("cdiKind") && err.contains("2 characters"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -154,15 +167,27 @@ fn overrides_beat_file() {
 
 #[test]
 fn quantities() {
-    assert_eq!(parse_quantity(&file::Quantity::Text("512Mi".into())), Ok(512 << 20));
-    assert_eq!(parse_quantity(&file::Quantity::Text("2G".into())), Ok(2_000_000_000));
+    assert_eq!(
+        parse_quantity(&file::Quantity::Text("512Mi".into())),
+        Ok(512 << 20)
+    );
+    assert_eq!(
+        parse_quantity(&file::Quantity::Text("2G".into())),
+        Ok(2_000_000_000)
+    );
     assert!(parse_quantity(&file::Quantity::Text("2GB".into())).is_err());
     assert!(parse_quantity(&file::Quantity::Bytes(0)).is_err());
 }
 
 #[test]
 fn nothing_panics_on_garbage() {
-    for text in ["[", "- a\n- b", "flags: 3", "sharing:\n  mps:\n    resources: 7", "\u{0}"] {
+    for text in [
+        "[",
+        "- a\n- b",
+        "flags: 3",
+        "sharing:\n  mps:\n    resources: 7",
+        "\u{0}",
+    ] {
         let _ = parse(text, "t", &Overrides::default());
     }
 }

@@ -13,7 +13,10 @@ use super::{Backend, Gpu, Inventory, InventoryError, MigDevice, MigMode, Result}
 /// Built-in node profiles: (name, file contents).
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ("dgx-h100", include_str!("../../hack/nodes/dgx-h100.yaml")),
-    ("mixed-a100", include_str!("../../hack/nodes/mixed-a100.yaml")),
+    (
+        "mixed-a100",
+        include_str!("../../hack/nodes/mixed-a100.yaml"),
+    ),
 ];
 
 /// Names of the built-in profiles.
@@ -167,6 +170,9 @@ mod tests {
     #[test]
     fn unknown_profile_names_builtins() {
         let err = SimBackend::open("no-such-node").unwrap_err().to_string();
-        assert!(err.contains("dgx-h100") && err.contains("no-such-node"), "{err}");
+        assert!(
+            err.contains("dgx-h100") && err.contains("no-such-node"),
+            "{err}"
+        );
     }
 }

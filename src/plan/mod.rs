@@ -56,9 +56,7 @@ pub enum PlanError {
         available: String,
     },
     /// Two sharing entries replicate the same device.
-    #[error(
-        "invalid config {path}: field `{field}`: device {device} is already shared by {other}"
-    )]
+    #[error("invalid config {path}: field `{field}`: device {device} is already shared by {other}")]
     SharedTwice {
         path: String,
         field: String,
@@ -460,17 +458,16 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
                 second: describe(c.kind, sharing.is_some()),
             });
         }
-        if let (Some(a), Some(b)) = (&entry.sharing, &sharing) {
-            if a != b {
-                return Err(PlanError::Sharing {
-                    path: path(),
-                    field: "sharing".into(),
-                    message: format!(
-                        "resource {name} is produced by entries with different sharing rules ({:?} vs {:?}); give them different names",
-                        a, b
-                    ),
-                });
-            }
+        if let (Some(a), Some(b)) = (&entry.sharing, &sharing)
+            && a != b
+        {
+            return Err(PlanError::Sharing {
+                path: path(),
+                field: "sharing".into(),
+                message: format!(
+                    "resource {name} is produced by entries with different sharing rules ({a:?} vs {b:?}); give them different names"
+                ),
+            });
         }
         entry.devices.extend(devices);
     }
@@ -569,10 +566,8 @@ fn candidates<'a>(inv: &'a Inventory, cfg: &Config) -> Result<Vec<Candidate<'a>>
                         uuid: g.uuid.clone(),
                     });
                 }
-                let profiles: BTreeSet<&str> = inv
-                    .migs()
-                    .map(|(_, m)| m.profile.as_str())
-                    .collect();
+                let profiles: BTreeSet<&str> =
+                    inv.migs().map(|(_, m)| m.profile.as_str()).collect();
                 if profiles.len() > 1 {
                     return Err(PlanError::SingleMixedProfiles {
                         path: cfg.source.clone(),

@@ -85,7 +85,10 @@ fn single_strategy_uniform_mig() {
     let mut inventory = inv("mixed-a100");
     inventory.gpus.truncate(2);
     let err = build(&inventory, &cfg("flags: {migStrategy: single}")).unwrap_err();
-    assert!(err.to_string().contains("1g.10gb, 2g.20gb, 3g.40gb"), "{err}");
+    assert!(
+        err.to_string().contains("1g.10gb, 2g.20gb, 3g.40gb"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -159,7 +162,13 @@ fn mig_replicas_and_mig_index_selection() {
     .unwrap();
     let r = plan.resource("nvidia.com/mig-1g.10gb.shared").unwrap();
     assert_eq!(r.devices[0].physical.index_name(), "0:1");
-    assert_eq!(plan.resource("nvidia.com/mig-1g.10gb").unwrap().devices.len(), 8);
+    assert_eq!(
+        plan.resource("nvidia.com/mig-1g.10gb")
+            .unwrap()
+            .devices
+            .len(),
+        8
+    );
 }
 
 #[test]
@@ -185,7 +194,11 @@ fn mps_replica_limit() {
 fn arb_config() -> impl Strategy<Value = String> {
     (
         prop_oneof![Just("none"), Just("mixed")],
-        proptest::option::of((2u32..9, proptest::collection::btree_set(0u32..4, 0..3), any::<bool>())),
+        proptest::option::of((
+            2u32..9,
+            proptest::collection::btree_set(0u32..4, 0..3),
+            any::<bool>(),
+        )),
         proptest::option::of(2u32..5),
     )
         .prop_map(|(strategy, gpu_share, mig_share)| {
@@ -197,11 +210,20 @@ fn arb_config() -> impl Strategy<Value = String> {
                 } else {
                     format!(
                         ", devices: [{}]",
-                        devs.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                        devs.iter()
+                            .map(|d| d.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 };
-                let rename = if rename || !devs.is_empty() { ", rename: gpu.shared" } else { "" };
-                entries.push(format!("    - {{name: gpu, replicas: {replicas}{devices}{rename}}}\n"));
+                let rename = if rename || !devs.is_empty() {
+                    ", rename: gpu.shared"
+                } else {
+                    ""
+                };
+                entries.push(format!(
+                    "    - {{name: gpu, replicas: {replicas}{devices}{rename}}}\n"
+                ));
             }
             if let (Some(r), "mixed") = (mig_share, strategy) {
                 entries.push(format!("    - {{name: mig-1g.10gb, replicas: {r}}}\n"));

@@ -262,14 +262,20 @@ impl NodeSpec {
         for (pos, gpu) in self.gpus.iter().enumerate() {
             let f = |name: &str| format!("gpus[{pos}].{name}");
             if !indices.insert(gpu.index) {
-                return Err(invalid(f("index"), format!("duplicate GPU index {}", gpu.index)));
+                return Err(invalid(
+                    f("index"),
+                    format!("duplicate GPU index {}", gpu.index),
+                ));
             }
             check_uuid(&gpu.uuid, "GPU-").map_err(|m| invalid(f("uuid"), m))?;
             if !uuids.insert(gpu.uuid.clone()) {
                 return Err(invalid(f("uuid"), format!("duplicate UUID {}", gpu.uuid)));
             }
             if !minors.insert(gpu.minor()) {
-                return Err(invalid(f("minor"), format!("duplicate minor {}", gpu.minor())));
+                return Err(invalid(
+                    f("minor"),
+                    format!("duplicate minor {}", gpu.minor()),
+                ));
             }
             check_bus_id(&gpu.pci_bus_id).map_err(|m| invalid(f("pciBusId"), m))?;
             if !buses.insert(gpu.bus_id()) {
@@ -479,8 +485,7 @@ impl GpuSpec {
             return m;
         }
         let total = self.memory_mib();
-        match lookup_product(&self.product).and_then(|p| p.profile(&dev.profile).map(|i| (p, i)))
-        {
+        match lookup_product(&self.product).and_then(|p| p.profile(&dev.profile).map(|i| (p, i))) {
             Some((p, info)) => total * u64::from(info.memory_slices) / u64::from(p.memory_slices),
             None => 0,
         }
@@ -552,7 +557,10 @@ gpus:
         let gpu = &spec.gpus[0];
         assert_eq!(gpu.bus_id(), "0000:07:00.0");
         assert_eq!(gpu.memory_mib(), 81920);
-        assert_eq!(gpu.mig_memory_mib(&gpu.mig.as_ref().unwrap().devices[0]), 40960);
+        assert_eq!(
+            gpu.mig_memory_mib(&gpu.mig.as_ref().unwrap().devices[0]),
+            40960
+        );
     }
 
     #[test]

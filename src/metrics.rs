@@ -1,0 +1,293 @@
+//! Metrics: every figure an operator graphs, in one explicitly owned Prometheus registry
+//! (no globals).
+//!
+//! The device plugin records RPC latencies and rule violations, the supervisor records
+//! reloads and registrations, the health loop and the ledger publish per-device and per-pod
+//! state. The HTTP server (`crate::http`) only encodes this registry.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels naming a resource.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResourceLabels {
+    /// Extended resource name, e.g. `nvidia.com/gpu`.
+    pub resource: String,
+}
+
+/// Labels naming one allocatable device.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DeviceLabels {
+    /// Extended resource name.
+    pub resource: String,
+    /// Kubelet device ID.
+    pub device: String,
+    /// Why it is unhealthy (`xid-79`, `gpu-lost`, `mps-daemon-down`), empty when healthy.
+    pub reason: String,
+}
+
+/// Labels naming an allocation held by a container (from the PodResources ledger).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PodLabels {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Extended resource name.
+    pub resource: String,
+    /// Kubelet device ID.
+    pub device: String,
+}
+
+/// Labels of a rejected Allocate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RuleLabels {
+    /// Extended resource name.
+    pub resource: String,
+    /// The rule that was broken (`unknown-device`, `unhealthy`, `duplicate`, …).
+    pub rule: String,
+}
+
+/// Labels of a reload outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `ok` or `failed`.
+    pub outcome: String,
+}
+
+/// All metrics of one agent.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Devices the kubelet can allocate, per resource.
+    pub allocatable: Family<ResourceLabels, Gauge>,
+    /// Devices held by containers, per resource (from the ledger, else from Allocate).
+    pub allocated: Family<ResourceLabels, Gauge>,
+    /// Unhealthy devices, per resource.
+    pub unhealthy: Family<ResourceLabels, Gauge>,
+    /// 1 when healthy, 0 when not, per device, with the reason.
+    pub device_healthy: Family<DeviceLabels, Gauge>,
+    /// 1 per device a container holds.
+    pub pod_allocation: Family<PodLabels, Gauge>,
+    /// Allocate latency in seconds.
+    pub allocate_seconds: Family<ResourceLabels, Histogram>,
+    /// GetPreferredAllocation latency in seconds.
+    pub preferred_seconds: Family<ResourceLabels, Histogram>,
+    /// Allocate requests refused, by rule.
+    pub allocate_errors: Family<RuleLabels, Counter>,
+    /// Config reloads by outcome.
+    pub reloads: Family<OutcomeLabels, Counter>,
+    /// Registrations with the kubelet, per resource (the first and every re-registration).
+    pub registrations: Family<ResourceLabels, Counter>,
+    /// 1 while the PodResources ledger can reach the kubelet.
+    pub ledger_up: Gauge,
+    /// Allocations seen by the ledger that no longer match the plan.
+    pub ledger_drift: Gauge,
+    /// Serialises encoding so a scrape sees one consistent snapshot per family.
+    encode_lock: Mutex<()>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 µs … ~330 ms: Allocate targets are in the hundreds of microseconds.
+    Histogram::new(exponential_buckets(1e-5, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Create and register every metric under the `gpu_slicer` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpu_slicer");
+        let allocatable = Family::<ResourceLabels, Gauge>::default();
+        let allocated = Family::<ResourceLabels, Gauge>::default();
+        let unhealthy = Family::<ResourceLabels, Gauge>::default();
+        let device_healthy = Family::<DeviceLabels, Gauge>::default();
+        let pod_allocation = Family::<PodLabels, Gauge>::default();
+        let allocate_seconds = Family::<ResourceLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let preferred_seconds = Family::<ResourceLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let allocate_errors = Family::<RuleLabels, Counter>::default();
+        let reloads = Family::<OutcomeLabels, Counter>::default();
+        let registrations = Family::<ResourceLabels, Counter>::default();
+        let ledger_up = Gauge::default();
+        let ledger_drift = Gauge::default();
+        registry.register(
+            "allocatable_devices",
+            "Devices advertised to the kubelet as healthy",
+            allocatable.clone(),
+        );
+        registry.register(
+            "allocated_devices",
+            "Devices held by containers",
+            allocated.clone(),
+        );
+        registry.register(
+            "unhealthy_devices",
+            "Devices advertised as unhealthy",
+            unhealthy.clone(),
+        );
+        registry.register(
+            "device_healthy",
+            "1 if the device is healthy, 0 if not; the reason label says why",
+            device_healthy.clone(),
+        );
+        registry.register(
+            "pod_device_allocation",
+            "1 for each device a container holds, from the kubelet's PodResources API",
+            pod_allocation.clone(),
+        );
+        registry.register(
+            "allocate_duration_seconds",
+            "Time to answer Allocate",
+            allocate_seconds.clone(),
+        );
+        registry.register(
+            "preferred_allocation_duration_seconds",
+            "Time to answer GetPreferredAllocation",
+            preferred_seconds.clone(),
+        );
+        registry.register(
+            "allocate_rejections",
+            "Allocate requests refused, by the rule they broke",
+            allocate_errors.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Config reloads by outcome",
+            reloads.clone(),
+        );
+        registry.register(
+            "kubelet_registrations",
+            "Registrations with the kubelet",
+            registrations.clone(),
+        );
+        registry.register(
+            "ledger_up",
+            "1 while the PodResources ledger reaches the kubelet",
+            ledger_up.clone(),
+        );
+        registry.register(
+            "ledger_drift_devices",
+            "Devices the kubelet reports allocated that this agent does not advertise",
+            ledger_drift.clone(),
+        );
+        Self {
+            registry,
+            allocatable,
+            allocated,
+            unhealthy,
+            device_healthy,
+            pod_allocation,
+            allocate_seconds,
+            preferred_seconds,
+            allocate_errors,
+            reloads,
+            registrations,
+            ledger_up,
+            ledger_drift,
+            encode_lock: Mutex::new(()),
+        }
+    }
+
+    /// Encode in the OpenMetrics text format.
+    pub fn encode_openmetrics(&self) -> String {
+        let _guard = self.encode_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Encode in the classic Prometheus text format (0.0.4), which every scraper and
+    /// `promtool check metrics` read.
+    pub fn encode_prometheus(&self) -> String {
+        openmetrics_to_prometheus(&self.encode_openmetrics())
+    }
+}
+
+/// Convert OpenMetrics text to the classic Prometheus format: counter families are named
+/// with their `_total` suffix (OpenMetrics names the family without it), and the `# EOF`
+/// and `# UNIT` lines, which the classic format lacks, are dropped.
+pub fn openmetrics_to_prometheus(text: &str) -> String {
+    let counters: std::collections::HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let rewritten = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match rewritten {
+            Some(l) => out.push_str(&l),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_families_with_labels() {
+        let m = Metrics::new();
+        m.allocatable
+            .get_or_create(&ResourceLabels {
+                resource: "nvidia.com/gpu".into(),
+            })
+            .set(8);
+        m.allocate_seconds
+            .get_or_create(&ResourceLabels {
+                resource: "nvidia.com/gpu".into(),
+            })
+            .observe(0.000_05);
+        let text = m.encode_openmetrics();
+        assert!(
+            text.contains("gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 8"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_slicer_allocate_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        m.reloads
+            .get_or_create(&OutcomeLabels {
+                outcome: "ok".into(),
+            })
+            .inc();
+        let classic = m.encode_prometheus();
+        assert!(
+            classic.contains("# TYPE gpu_slicer_config_reloads_total counter"),
+            "{classic}"
+        );
+        assert!(classic.contains("gpu_slicer_config_reloads_total{outcome=\"ok\"} 1"));
+        assert!(!classic.contains("# EOF"));
+    }
+}

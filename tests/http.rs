@@ -1,0 +1,81 @@
+//! The HTTP endpoint over a real TCP socket: routes, readiness, and a `promtool check
+//! metrics` of a real scrape.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gpu_slicer::http::{self, Readiness};
+use gpu_slicer::metrics::{Metrics, ResourceLabels, RuleLabels};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let status = buf[9..12].parse().unwrap();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn routes_readiness_and_promtool() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let metrics = Arc::new(Metrics::new());
+        let readiness = Arc::new(Readiness::default());
+        let listener = http::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(http::serve(listener, metrics.clone(), readiness.clone(), stop.clone()));
+
+        let gpu = ResourceLabels { resource: "nvidia.com/gpu".into() };
+        metrics.allocatable.get_or_create(&gpu).set(8);
+        metrics.allocate_seconds.get_or_create(&gpu).observe(0.0001);
+        metrics
+            .allocate_errors
+            .get_or_create(&RuleLabels { resource: "nvidia.com/gpu".into(), rule: "unknown-device".into() })
+            .inc();
+
+        assert_eq!(request(addr, "GET", "/healthz").await.0, 200);
+        let (code, body) = request(addr, "GET", "/readyz").await;
+        assert_eq!(code, 503);
+        assert!(body.contains("CDI spec not written"), "{body}");
+        readiness.spec_written.store(true, Ordering::Release);
+        readiness.registered.store(true, Ordering::Release);
+        assert_eq!(request(addr, "GET", "/readyz").await.0, 200);
+        assert_eq!(request(addr, "GET", "/nope").await.0, 404);
+        assert_eq!(request(addr, "POST", "/metrics").await.0, 405);
+
+        let (code, body) = request(addr, "GET", "/metrics").await;
+        assert_eq!(code, 200);
+        assert!(body.contains("gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 8"));
+        let dir = tempfile::tempdir().unwrap();
+        let scrape = dir.path().join("scrape.txt");
+        std::fs::write(&scrape, &body).unwrap();
+        let out = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::fs::File::open(&scrape).unwrap())
+            .output()
+            .expect("promtool (Debian package `prometheus`) must be installed: run hack/install-deps.sh");
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        stop.cancel();
+        server.await.unwrap();
+    })
+    .await
+    .unwrap();
+}
