@@ -3,18 +3,20 @@
 //! - Whole GPUs: NUMA-aware — keep the answer on one NUMA node (the must-include devices'
 //!   node first, else the node that fits the request most tightly), spilling over only when
 //!   no node has enough.
-//! - Replicas and MIG devices: `packed` fills the physical device with the most allocated
-//!   (and picked) units first; `distributed` takes from the least loaded one. Replicas of a
-//!   resource without `allowMultiGpu` are kept on one physical device when one has room, so
-//!   the hint never leads to an Allocate that the rules refuse.
+//! - Replicas and MIG devices: `packed` fills the physical device (GPU for MIG slices) with
+//!   the most allocated-or-picked units first; `distributed` takes from the least loaded one.
+//!   Replicas of a resource without `allowMultiGpu` are kept on one physical device when one
+//!   has room, so the hint never leads to an Allocate that the rules refuse.
 //!
 //! The answer is a hint and an error fails pod admission, so [`preferred`] never fails: it
 //! always returns the must-include IDs, then the best picks, then any other available ID.
+//! Work is index-based (one binary search per ID, no per-call string hashing) because the
+//! kubelet sends every free ID on each call.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 
 use crate::config::AllocationPolicy;
-use crate::plan::{Device, ResourceKind};
+use crate::plan::ResourceKind;
 
 use super::state::ResourceView;
 
@@ -29,90 +31,103 @@ pub fn preferred<S: AsRef<str>>(
     must_include: &[S],
     size: usize,
 ) -> Vec<String> {
+    let n = view.resource.devices.len();
     let mut out: Vec<String> = Vec::with_capacity(size.max(must_include.len()));
-    let mut taken: HashSet<&str> = HashSet::with_capacity(size + must_include.len());
+    // Known devices already in the answer or queued, by index; unknown IDs by name.
+    let mut taken = vec![false; n];
+    let mut taken_unknown: HashSet<&str> = HashSet::new();
+    let mut must: Vec<usize> = Vec::with_capacity(must_include.len());
     for id in must_include {
         let id = id.as_ref();
-        if taken.insert(id) {
+        let fresh = match view.index_of(id) {
+            Some(i) => {
+                must.push(i);
+                !std::mem::replace(&mut taken[i], true)
+            }
+            None => taken_unknown.insert(id),
+        };
+        if fresh {
             out.push(id.to_string());
         }
     }
     if out.len() >= size {
         return out;
     }
-    // Known, healthy candidates (in the view's ID order) and everything else as fallback.
-    let mut known: Vec<(usize, &str)> = Vec::with_capacity(available.len());
+    // Healthy candidates (index order = ID order), in-use counts, and fallbacks.
+    let grouping = &view.grouping;
+    let mut free_in_group = vec![0usize; grouping.sizes.len()];
+    let mut known: Vec<usize> = Vec::with_capacity(available.len());
     let mut fallback: Vec<&str> = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::with_capacity(available.len());
+    let mut seen = vec![false; n];
     for id in available {
         let id = id.as_ref();
-        if taken.contains(id) || !seen.insert(id) {
+        match view.index_of(id) {
+            Some(i) if !std::mem::replace(&mut seen[i], true) => {
+                free_in_group[grouping.of_device[i]] += 1;
+                if !taken[i] && view.unhealthy_reason(i).is_none() {
+                    known.push(i);
+                } else if !taken[i] {
+                    fallback.push(id);
+                }
+            }
+            Some(_) => {}
+            None => {
+                if taken_unknown.insert(id) {
+                    fallback.push(id);
+                }
+            }
+        }
+    }
+    known.sort_unstable();
+    // Load of a group: units allocated elsewhere plus the must-include ones.
+    let mut load: Vec<usize> = grouping
+        .sizes
+        .iter()
+        .zip(&free_in_group)
+        .map(|(size, free)| size.saturating_sub(*free))
+        .collect();
+    for &i in &must {
+        if !seen[i] {
+            // Not listed as available: it was counted as allocated already.
             continue;
         }
-        match view.index_of(id) {
-            Some(i) if view.unhealthy_reason(i).is_none() => known.push((i, id)),
-            _ => fallback.push(id),
-        }
+        load[grouping.of_device[i]] += 1;
     }
-    known.sort_unstable_by_key(|(i, _)| *i);
     let need = size - out.len();
-    let must_devices: Vec<&Device> = out
-        .iter()
-        .filter_map(|id| view.index_of(id).map(|i| &view.resource.devices[i]))
-        .collect();
     let resource = &view.resource;
-    let picks: Vec<&str> = match (&resource.sharing, resource.kind) {
-        (None, ResourceKind::Gpu) => numa_pick(view, &known, &must_devices, need),
+    let picks: Vec<usize> = match (&resource.sharing, resource.kind) {
+        (None, ResourceKind::Gpu) => numa_pick(view, &known, &must, need),
         (Some(sharing), _) if !sharing.allow_multi_gpu && size > 1 => {
-            one_physical_pick(view, policy, &known, &must_devices, need, available).unwrap_or_else(
-                || greedy_pick(view, policy, &known, &must_devices, need, available),
-            )
+            one_group_pick(view, policy, &known, &must, &load, need)
+                .unwrap_or_else(|| greedy_pick(view, policy, &known, &mut load, need))
         }
-        _ => greedy_pick(view, policy, &known, &must_devices, need, available),
+        _ => greedy_pick(view, policy, &known, &mut load, need),
     };
-    for id in picks {
+    for i in picks.into_iter().chain(known.iter().copied()) {
         if out.len() >= size {
             break;
         }
-        if taken.insert(id) {
-            out.push(id.to_string());
-        }
-    }
-    // Top up with whatever is left so the answer has the requested size when possible.
-    for (_, id) in &known {
-        if out.len() >= size {
-            break;
-        }
-        if taken.insert(id) {
-            out.push((*id).to_string());
+        if !std::mem::replace(&mut taken[i], true) {
+            out.push(resource.devices[i].id.clone());
         }
     }
     for id in fallback {
         if out.len() >= size {
             break;
         }
-        if taken.insert(id) {
-            out.push(id.to_string());
-        }
+        out.push(id.to_string());
     }
     out
 }
 
 /// Whole GPUs: stay on one NUMA node where possible.
-fn numa_pick<'a>(
-    view: &ResourceView,
-    known: &[(usize, &'a str)],
-    must: &[&Device],
-    need: usize,
-) -> Vec<&'a str> {
-    let mut by_node: BTreeMap<Option<i64>, Vec<&'a str>> = BTreeMap::new();
-    for &(i, id) in known {
-        by_node
-            .entry(view.resource.devices[i].numa_node)
-            .or_default()
-            .push(id);
+fn numa_pick(view: &ResourceView, known: &[usize], must: &[usize], need: usize) -> Vec<usize> {
+    let devices = &view.resource.devices;
+    let mut by_node: BTreeMap<Option<i64>, Vec<usize>> = BTreeMap::new();
+    for &i in known {
+        by_node.entry(devices[i].numa_node).or_default().push(i);
     }
-    let must_node = must.iter().find_map(|d| d.numa_node);
+    let must_node = must.iter().find_map(|&i| devices[i].numa_node);
     if let Some(node) = must_node
         && let Some(ids) = by_node.get(&Some(node))
         && ids.len() >= need
@@ -128,117 +143,71 @@ fn numa_pick<'a>(
         return ids[..need].to_vec();
     }
     // No node fits: largest groups first to span as few nodes as possible.
-    let mut groups: Vec<&Vec<&'a str>> = by_node.values().collect();
+    let mut groups: Vec<&Vec<usize>> = by_node.values().collect();
     groups.sort_by_key(|ids| std::cmp::Reverse(ids.len()));
     groups.into_iter().flatten().copied().take(need).collect()
 }
 
-/// The grouping key: the physical device for replicas, the GPU for MIG slices (so `packed`
-/// fills one GPU's slices before the next).
-fn key_of(view: &ResourceView, d: &Device) -> String {
-    if view.resource.sharing.is_some() {
-        d.physical.uuid.clone()
-    } else {
-        d.physical.gpu_uuid.clone()
+/// Candidates per group, in ID order.
+fn queues(view: &ResourceView, known: &[usize]) -> Vec<Vec<usize>> {
+    let mut q = vec![Vec::new(); view.grouping.sizes.len()];
+    for &i in known {
+        q[view.grouping.of_device[i]].push(i);
     }
+    q
 }
 
-/// Per key: units allocated elsewhere (total − available) and candidate queues.
-struct Groups<'a> {
-    load: HashMap<String, usize>,
-    queues: BTreeMap<String, VecDeque<&'a str>>,
-}
-
-fn groups<'a, S: AsRef<str>>(
-    view: &ResourceView,
-    known: &[(usize, &'a str)],
-    must: &[&Device],
-    available: &[S],
-) -> Groups<'a> {
-    let mut load: HashMap<String, usize> = HashMap::new();
-    for d in &view.resource.devices {
-        *load.entry(key_of(view, d)).or_default() += 1;
+/// Best group by policy among `groups` (ties: lowest group number, i.e. lowest UUID).
+fn choose(
+    policy: AllocationPolicy,
+    load: &[usize],
+    groups: impl Iterator<Item = usize>,
+) -> Option<usize> {
+    match policy {
+        AllocationPolicy::Packed => groups.max_by_key(|&g| (load[g], std::cmp::Reverse(g))),
+        AllocationPolicy::Distributed => groups.min_by_key(|&g| (load[g], g)),
     }
-    for id in available {
-        if let Some((d, _)) = view.get(id.as_ref())
-            && let Some(n) = load.get_mut(&key_of(view, d))
-        {
-            *n = n.saturating_sub(1);
-        }
-    }
-    // Must-include units are about to be taken: count them as load.
-    for d in must {
-        *load.entry(key_of(view, d)).or_default() += 1;
-    }
-    let mut queues: BTreeMap<String, VecDeque<&'a str>> = BTreeMap::new();
-    for &(i, id) in known {
-        queues
-            .entry(key_of(view, &view.resource.devices[i]))
-            .or_default()
-            .push_back(id);
-    }
-    Groups { load, queues }
 }
 
 /// Replicas without allowMultiGpu: take all units from one physical device.
-fn one_physical_pick<'a, S: AsRef<str>>(
+fn one_group_pick(
     view: &ResourceView,
     policy: AllocationPolicy,
-    known: &[(usize, &'a str)],
-    must: &[&Device],
+    known: &[usize],
+    must: &[usize],
+    load: &[usize],
     need: usize,
-    available: &[S],
-) -> Option<Vec<&'a str>> {
-    let g = groups(view, known, must, available);
-    let mut must_keys: Vec<String> = must.iter().map(|d| key_of(view, d)).collect();
-    must_keys.dedup();
-    let key = match must_keys.as_slice() {
-        [] => {
-            let fits = g.queues.iter().filter(|(_, q)| q.len() >= need);
-            let load = |k: &String| g.load.get(k).copied().unwrap_or(0);
-            match policy {
-                AllocationPolicy::Packed => {
-                    fits.max_by_key(|(k, _)| (load(k), std::cmp::Reverse(*k)))?
-                }
-                AllocationPolicy::Distributed => fits.min_by_key(|(k, _)| (load(k), *k))?,
-            }
-            .0
-            .clone()
-        }
-        [one] => one.clone(),
+) -> Option<Vec<usize>> {
+    let q = queues(view, known);
+    let mut must_groups: Vec<usize> = must.iter().map(|&i| view.grouping.of_device[i]).collect();
+    must_groups.sort_unstable();
+    must_groups.dedup();
+    let group = match must_groups.as_slice() {
+        [] => choose(policy, load, (0..q.len()).filter(|&g| q[g].len() >= need))?,
+        [one] => *one,
         _ => return None,
     };
-    let q = g.queues.get(&key)?;
-    (q.len() >= need).then(|| q.iter().take(need).copied().collect())
+    (q[group].len() >= need).then(|| q[group][..need].to_vec())
 }
 
-/// Greedy by load: `packed` takes from the most loaded key, `distributed` from the least.
-fn greedy_pick<'a, S: AsRef<str>>(
+/// Greedy by load: `packed` takes from the most loaded group, `distributed` from the least.
+fn greedy_pick(
     view: &ResourceView,
     policy: AllocationPolicy,
-    known: &[(usize, &'a str)],
-    must: &[&Device],
+    known: &[usize],
+    load: &mut [usize],
     need: usize,
-    available: &[S],
-) -> Vec<&'a str> {
-    let mut g = groups(view, known, must, available);
+) -> Vec<usize> {
+    let q = queues(view, known);
+    let mut next = vec![0usize; q.len()];
     let mut out = Vec::with_capacity(need);
     while out.len() < need {
-        let load = |k: &String| g.load.get(k).copied().unwrap_or(0);
-        let nonempty = g.queues.iter().filter(|(_, q)| !q.is_empty());
-        let chosen = match policy {
-            AllocationPolicy::Packed => nonempty
-                .max_by_key(|(k, _)| (load(k), std::cmp::Reverse(*k)))
-                .map(|(k, _)| k.clone()),
-            AllocationPolicy::Distributed => nonempty
-                .min_by_key(|(k, _)| (load(k), *k))
-                .map(|(k, _)| k.clone()),
+        let Some(g) = choose(policy, load, (0..q.len()).filter(|&g| next[g] < q[g].len())) else {
+            break;
         };
-        let Some(key) = chosen else { break };
-        if let Some(id) = g.queues.get_mut(&key).and_then(VecDeque::pop_front) {
-            out.push(id);
-            *g.load.entry(key).or_default() += 1;
-        }
+        out.push(q[g][next[g]]);
+        next[g] += 1;
+        load[g] += 1;
     }
     out
 }

@@ -45,6 +45,48 @@ pub struct ResourceView {
     pub health: Vec<DeviceHealth>,
     /// Bumped on every change, so consumers can tell frames apart.
     pub generation: u64,
+    /// Which physical group each device belongs to (for preferred allocation).
+    pub grouping: Arc<Grouping>,
+}
+
+/// Devices grouped by what placement policies balance over: the physical device for
+/// replicas, the GPU for MIG slices and whole GPUs. Group numbers follow the sorted group
+/// keys, so comparing numbers orders groups by UUID. Computed once per resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grouping {
+    /// Group number of `resource.devices[i]`.
+    pub of_device: Vec<usize>,
+    /// Number of devices in each group.
+    pub sizes: Vec<usize>,
+}
+
+impl Grouping {
+    /// Group a resource's devices.
+    pub fn new(r: &Resource) -> Self {
+        fn key(shared: bool, d: &Device) -> &str {
+            if shared {
+                &d.physical.uuid
+            } else {
+                &d.physical.gpu_uuid
+            }
+        }
+        let shared = r.sharing.is_some();
+        let keys: BTreeMap<&str, usize> = r
+            .devices
+            .iter()
+            .map(|d| key(shared, d))
+            .collect::<BTreeSet<&str>>()
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| (k, i))
+            .collect();
+        let of_device: Vec<usize> = r.devices.iter().map(|d| keys[key(shared, d)]).collect();
+        let mut sizes = vec![0; keys.len()];
+        for &g in &of_device {
+            sizes[g] += 1;
+        }
+        Self { of_device, sizes }
+    }
 }
 
 impl ResourceView {
@@ -100,6 +142,7 @@ pub struct HealthUpdate {
 #[derive(Debug, Clone)]
 pub struct NodeHealth {
     resources: Vec<Arc<Resource>>,
+    groupings: Vec<Arc<Grouping>>,
     /// key (physical UUID or device ID) -> (health, reason)
     overrides: BTreeMap<String, (Health, Arc<str>)>,
     generation: u64,
@@ -111,6 +154,11 @@ impl NodeHealth {
     pub fn new(plan: &Plan) -> Self {
         Self {
             resources: plan.resources.iter().cloned().map(Arc::new).collect(),
+            groupings: plan
+                .resources
+                .iter()
+                .map(|r| Arc::new(Grouping::new(r)))
+                .collect(),
             overrides: BTreeMap::new(),
             generation: 0,
         }
@@ -196,11 +244,13 @@ impl NodeHealth {
 
     /// The current view of one resource.
     pub fn view(&self, name: &str) -> Option<ResourceView> {
-        let r = self.resources.iter().find(|r| r.name == name)?;
+        let i = self.resources.iter().position(|r| r.name == name)?;
+        let r = &self.resources[i];
         Some(ResourceView {
             resource: r.clone(),
             health: r.devices.iter().map(|d| self.health_of(d)).collect(),
             generation: self.generation,
+            grouping: self.groupings[i].clone(),
         })
     }
 }
