@@ -129,10 +129,19 @@ fn core_costs(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let (starts, calls, restarts) = if quick { (5, 300, 10) } else { (30, 5000, 100) };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // BENCH_RUNTIME=current: one thread for emulator and daemon (no cross-thread wakeups);
+    // default: the multi-threaded runtime the daemon uses.
+    let current = std::env::var("BENCH_RUNTIME").is_ok_and(|v| v == "current");
+    let rt = if current {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     rt.block_on(async {
         println!(
             "gpu-slicer plugin bench: dgx-h100, 8 GPUs x 64 replicas = 512 devices of {RESOURCE}"

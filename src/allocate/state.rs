@@ -10,7 +10,8 @@
 //! RPC and stream a new ListAndWatch frame whenever it changes; the health subsystem calls
 //! [`HealthMap::set_health`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
@@ -58,6 +59,33 @@ pub struct Grouping {
     pub of_device: Vec<usize>,
     /// Number of devices in each group.
     pub sizes: Vec<usize>,
+    /// Device index by kubelet ID. A hash lookup instead of a binary search: IDs share
+    /// long prefixes (`<uuid>::n`), which makes every comparison of a search slow, and the
+    /// kubelet sends hundreds of IDs per GetPreferredAllocation.
+    pub index: HashMap<String, usize, BuildHasherDefault<Fnv>>,
+}
+
+/// 64-bit FNV-1a: fast for short keys and not exposed to untrusted input sizes that would
+/// need SipHash's flooding resistance (IDs come from the kubelet and are ≤ 63 bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl Grouping {
@@ -85,17 +113,24 @@ impl Grouping {
         for &g in &of_device {
             sizes[g] += 1;
         }
-        Self { of_device, sizes }
+        let index = r
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.id.clone(), i))
+            .collect();
+        Self {
+            of_device,
+            sizes,
+            index,
+        }
     }
 }
 
 impl ResourceView {
     /// Index of a device by kubelet ID.
     pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.resource
-            .devices
-            .binary_search_by(|d| d.id.as_str().cmp(id))
-            .ok()
+        self.grouping.index.get(id).copied()
     }
 
     /// The device and its health, by kubelet ID.
