@@ -144,7 +144,8 @@ fn main() {
     .expect("runtime");
     rt.block_on(async {
         println!(
-            "gpu-slicer plugin bench: dgx-h100, 8 GPUs x 64 replicas = 512 devices of {RESOURCE}"
+            "gpu-slicer plugin bench: dgx-h100, 8 GPUs x 64 replicas = 512 devices of {RESOURCE}; {} runtime",
+            if current { "current-thread" } else { "multi-thread" }
         );
         // Start → all registered.
         let mut start_times = Vec::new();
