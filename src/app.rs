@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::allocate::HealthMap;
+use crate::allocate::{HealthMap, HealthUpdate};
 use crate::config::Config;
 use crate::inventory::{Backend, Inventory, InventoryError};
 use crate::plan::{Plan, PlanError};
@@ -120,6 +120,9 @@ pub struct RunSettings {
     pub spec_writer: Arc<dyn SpecWriter>,
     /// Told once every server is started (before registration completes).
     pub on_ready: Option<oneshot::Sender<Running>>,
+    /// Health events from the health subsystem (NVML event loop, sim scripts). Each is
+    /// applied with [`HealthMap::set_health`]; events for unknown devices are logged.
+    pub health_events: Option<mpsc::Receiver<HealthUpdate>>,
 }
 
 impl RunSettings {
@@ -138,6 +141,7 @@ impl RunSettings {
             backoff: Backoff::default(),
             spec_writer: Arc::new(NoSpecWriter),
             on_ready: None,
+            health_events: None,
         }
     }
 }
@@ -156,6 +160,7 @@ pub async fn run(
         backoff,
         spec_writer,
         on_ready,
+        health_events,
     } = settings;
     // NVML discovery blocks: keep it off the async workers.
     let inventory = tokio::task::spawn_blocking(move || backend.discover())
@@ -213,6 +218,9 @@ pub async fn run(
         });
     }
     drop(fail_tx);
+    if let Some(events) = health_events {
+        tracker.spawn(apply_health_events(events, health.clone(), token.clone()));
+    }
     if let Some(tx) = on_ready {
         // The embedder may have stopped listening; serving goes on regardless.
         let _ = tx.send(Running {
@@ -239,4 +247,29 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Apply health events until the sender goes away or the daemon stops.
+async fn apply_health_events(
+    mut events: mpsc::Receiver<HealthUpdate>,
+    health: HealthMap,
+    token: CancellationToken,
+) {
+    loop {
+        let event = tokio::select! {
+            () = token.cancelled() => return,
+            event = events.recv() => event,
+        };
+        let Some(event) = event else { return };
+        match health.set_health(&event.key, event.health, &event.reason) {
+            Ok(changed) => tracing::info!(
+                device = %event.key,
+                health = %event.health,
+                reason = %event.reason,
+                resources = changed.len(),
+                "health changed"
+            ),
+            Err(e) => tracing::warn!(error = %e, "health event ignored"),
+        }
+    }
 }

@@ -424,3 +424,45 @@ async fn shutdown_removes_sockets() {
     }
     h.emulator.shutdown().await;
 }
+
+#[tokio::test]
+async fn health_events_channel_reaches_list_and_watch() {
+    use gpu_slicer::allocate::HealthUpdate;
+    use gpu_slicer::app::{self, RunSettings};
+    use gpu_slicer::config::{self, Overrides};
+    use gpu_slicer::inventory::sim::SimBackend;
+    use gpu_slicer::kubelet::KubeletEmulator;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let dir = common::short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
+    let config = config::parse(SHARED_CONFIG, "t", &Overrides::default()).unwrap();
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(8);
+    settings.health_events = Some(events_rx);
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(app::run(
+        settings,
+        Arc::new(SimBackend::open("mixed-a100").unwrap()),
+        shutdown.clone(),
+    ));
+    let names = vec!["nvidia.com/gpu".to_string()];
+    within("registration", emulator.wait_registered(&names, 1)).await;
+    let mut gpu = emulator.devices("nvidia.com/gpu").unwrap();
+    gpu.borrow_and_update();
+    events_tx
+        .send(HealthUpdate {
+            key: GPU2.into(),
+            health: Health::Unhealthy,
+            reason: "Xid 79".into(),
+        })
+        .await
+        .unwrap();
+    within("frame", gpu.changed()).await.unwrap();
+    assert_eq!(gpu.borrow().iter().filter(|d| !d.healthy).count(), 4);
+    shutdown.cancel();
+    within("stop", app).await.unwrap().unwrap();
+    emulator.shutdown().await;
+}
