@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::allocate::{HealthMap, HealthUpdate};
+use crate::allocate::{DeviceNodes, HealthMap, HealthUpdate};
 use crate::config::Config;
 use crate::inventory::{Backend, Inventory, InventoryError};
 use crate::plan::{Plan, PlanError};
@@ -198,6 +198,7 @@ pub async fn run(
         }),
         health: health.clone(),
         config,
+        nodes: Arc::new(DeviceNodes::new(&inventory)),
         tracker: tracker.clone(),
     };
     let (fail_tx, mut fail_rx) = mpsc::channel::<PluginError>(plan.resources.len().max(1));

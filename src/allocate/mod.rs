@@ -22,7 +22,9 @@ use std::collections::HashSet;
 use crate::plan::Device;
 
 pub use preferred::preferred;
-pub use response::{ContainerAllocation, DeviceSpecEntry, MountEntry, build_response};
+pub use response::{
+    ContainerAllocation, DeviceNodes, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
+};
 pub use state::{DeviceHealth, HealthMap, HealthUpdate, NodeHealth, ResourceView, StateError};
 
 /// Why a container request was refused. Every variant names the device and the rule.

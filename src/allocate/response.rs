@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy};
+use crate::inventory::Inventory;
 use crate::plan::{Device, Resource};
 
 /// Env var carrying the granted memory in bytes (sum over the request).
@@ -60,8 +61,7 @@ pub struct ContainerAllocation {
     pub mounts: Vec<MountEntry>,
     /// Container annotations.
     pub annotations: BTreeMap<String, String>,
-    /// Device nodes. Empty for now: the plan does not carry device minors, so
-    /// `passDeviceSpecs` is not honoured yet (CDI carries the device nodes instead).
+    /// Device nodes, only with `passDeviceSpecs` (see [`add_device_specs`]).
     pub device_specs: Vec<DeviceSpecEntry>,
 }
 
@@ -165,4 +165,67 @@ fn fnv1a(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5_u32, |h, b| {
         (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
     })
+}
+
+/// Control nodes every CUDA container needs alongside its GPU nodes.
+const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+/// Device nodes of each physical device (GPU or MIG UUID), from the inventory's minors:
+/// GPU `/dev/nvidia<minor>`; MIG the parent's node plus its GI and CI capability nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceNodes {
+    by_uuid: BTreeMap<String, Vec<String>>,
+}
+
+impl DeviceNodes {
+    /// Collect the nodes of every GPU and MIG device of an inventory.
+    pub fn new(inventory: &Inventory) -> Self {
+        let mut by_uuid = BTreeMap::new();
+        for gpu in &inventory.gpus {
+            let gpu_node = format!("/dev/nvidia{}", gpu.minor);
+            by_uuid.insert(gpu.uuid.clone(), vec![gpu_node.clone()]);
+            for mig in &gpu.mig_devices {
+                let mut nodes = vec![gpu_node.clone()];
+                nodes.extend(
+                    [mig.gi_cap_minor, mig.ci_cap_minor]
+                        .into_iter()
+                        .flatten()
+                        .map(|m| format!("/dev/nvidia-caps/nvidia-cap{m}")),
+                );
+                by_uuid.insert(mig.uuid.clone(), nodes);
+            }
+        }
+        Self { by_uuid }
+    }
+}
+
+/// With `passDeviceSpecs`, add DeviceSpecs (`rw`, host path under `devRoot`) for the control
+/// nodes and every node of the granted physical devices, deduplicated. Without it, nothing.
+pub fn add_device_specs(
+    out: &mut ContainerAllocation,
+    cfg: &Config,
+    nodes: &DeviceNodes,
+    devices: &[&Device],
+) {
+    if !cfg.pass_device_specs {
+        return;
+    }
+    let mut seen = HashSet::new();
+    let paths = CONTROL_NODES.iter().map(|p| (*p).to_string()).chain(
+        devices
+            .iter()
+            .filter_map(|d| nodes.by_uuid.get(&d.physical.uuid))
+            .flatten()
+            .cloned(),
+    );
+    for path in paths {
+        if seen.insert(path.clone()) {
+            let host = cfg.dev_root.join(path.trim_start_matches('/'));
+            out.device_specs.push(DeviceSpecEntry {
+                host_path: host.display().to_string(),
+                container_path: path,
+                permissions: "rw".to_string(),
+            });
+        }
+    }
 }

@@ -522,3 +522,39 @@ fn annotation_keys_are_valid_names() {
         );
     }
 }
+
+#[test]
+fn device_specs_only_when_asked() {
+    let inv = SimBackend::open("mixed-a100").unwrap().discover().unwrap();
+    let (plan, mut cfg) = plan_of("mixed-a100", "flags: {migStrategy: mixed}");
+    let nodes = response::DeviceNodes::new(&inv);
+    let v = view(&plan, "nvidia.com/mig-1g.10gb");
+    let devices = validate(&v, &[MIG07]).unwrap();
+    let mut r = build_response(&cfg, &v.resource, &devices);
+    add_device_specs(&mut r, &cfg, &nodes, &devices);
+    assert!(r.device_specs.is_empty());
+    cfg.pass_device_specs = true;
+    cfg.dev_root = "/host".into();
+    add_device_specs(&mut r, &cfg, &nodes, &devices);
+    let paths: Vec<&str> = r
+        .device_specs
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert!(paths.contains(&"/dev/nvidiactl"));
+    let gpu0 = inv.gpus.iter().find(|g| g.index == 0).unwrap();
+    let gpu_node = format!("/dev/nvidia{}", gpu0.minor);
+    assert!(paths.contains(&gpu_node.as_str()), "{paths:?}");
+    let mig = &gpu0.mig_devices[0];
+    if let Some(gi) = mig.gi_cap_minor {
+        assert!(
+            paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi}").as_str()),
+            "{paths:?}"
+        );
+    }
+    assert!(
+        r.device_specs
+            .iter()
+            .all(|d| d.host_path.starts_with("/host/dev/") && d.permissions == "rw")
+    );
+}

@@ -27,7 +27,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::allocate::HealthMap;
+use crate::allocate::{DeviceNodes, HealthMap};
 use crate::config::Config;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 
@@ -130,6 +130,8 @@ pub struct PluginContext {
     pub health: HealthMap,
     /// Config (response formats, allocation policy).
     pub config: Arc<Config>,
+    /// Device nodes for `passDeviceSpecs`.
+    pub nodes: Arc<DeviceNodes>,
     /// Owner of every task spawned for serving.
     pub tracker: TaskTracker,
 }
@@ -166,6 +168,7 @@ pub async fn run_resource(
             &resource,
             view.clone(),
             ctx.config.clone(),
+            ctx.nodes.clone(),
             ctx.tracker.clone(),
             instance.clone(),
         );

@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 
-use crate::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
+use crate::allocate::{
+    self, AllocateError, ContainerAllocation, DeviceNodes, ErrorClass, ResourceView,
+};
 use crate::config::Config;
 use crate::inventory::Health;
 use crate::proto::deviceplugin as pb;
@@ -30,6 +32,7 @@ pub(crate) struct DevicePluginService {
     resource: Arc<str>,
     view: watch::Receiver<Arc<ResourceView>>,
     config: Arc<Config>,
+    nodes: Arc<DeviceNodes>,
     tracker: TaskTracker,
     /// Ends open ListAndWatch streams when this server instance stops; graceful server
     /// shutdown would otherwise wait forever on them.
@@ -41,6 +44,7 @@ impl DevicePluginService {
         resource: &str,
         view: watch::Receiver<Arc<ResourceView>>,
         config: Arc<Config>,
+        nodes: Arc<DeviceNodes>,
         tracker: TaskTracker,
         token: CancellationToken,
     ) -> Self {
@@ -48,6 +52,7 @@ impl DevicePluginService {
             resource: Arc::from(resource),
             view,
             config,
+            nodes,
             tracker,
             token,
         }
@@ -193,11 +198,9 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         let container_responses = validated
             .iter()
             .map(|devices| {
-                to_pb(allocate::build_response(
-                    &self.config,
-                    &view.resource,
-                    devices,
-                ))
+                let mut answer = allocate::build_response(&self.config, &view.resource, devices);
+                allocate::add_device_specs(&mut answer, &self.config, &self.nodes, devices);
+                to_pb(answer)
             })
             .collect();
         tracing::debug!(resource = %self.resource, containers = requests.len(), "allocated");
