@@ -221,3 +221,42 @@ pub async fn run_resource(
         tracing::info!(resource = %resource, "kubelet restarted; serving and registering again");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_names_keep_the_domain() {
+        assert_eq!(
+            socket_name("nvidia.com/gpu"),
+            "gpu-slicer-nvidia.com-gpu.sock"
+        );
+        assert_eq!(
+            socket_name("nvidia.com/mig-1g.10gb"),
+            "gpu-slicer-nvidia.com-mig-1g.10gb.sock"
+        );
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_paths_longer_than_sun_path() {
+        let long = PathBuf::from(format!("/tmp/{}/x.sock", "d".repeat(110)));
+        assert!(matches!(bind(&long), Err(PluginError::PathTooLong { .. })));
+    }
+
+    #[tokio::test]
+    async fn bind_replaces_a_stale_socket_with_mode_0600() {
+        let dir = tempfile::Builder::new()
+            .prefix("gsp")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let stale = std::os::unix::net::UnixListener::bind(&path).expect("stale");
+        drop(stale);
+        let _listener = bind(&path).expect("bind over stale socket");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        remove_socket(&path).expect("remove");
+        remove_socket(&path).expect("already gone is fine");
+    }
+}
