@@ -36,6 +36,10 @@ pub enum Command {
     /// Generate, check, list and remove CDI specs.
     #[command(subcommand)]
     Cdi(crate::commands::cdi::CdiCommand),
+    /// Run the node daemon: serve every resource to the kubelet until SIGTERM/SIGINT.
+    Run(crate::commands::run::RunArgs),
+    /// Show the device plugin at work against an in-process kubelet emulator.
+    Demo,
 }
 
 /// Where the inventory comes from.

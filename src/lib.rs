@@ -14,8 +14,14 @@
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
 //! - [`cdi`]: CDI spec model, pure `Inventory → Spec` generator, checks, atomic writer.
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
+//! - [`allocate`]: pure enforcement rules, preferred-allocation policies, responses, live health.
+//! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
+//! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
+//! - [`app`]: the daemon's wiring and ordered shutdown; [`proto`]: generated kubelet APIs.
 
 pub mod cdi;
+pub mod allocate;
+pub mod app;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -23,5 +29,8 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod inventory;
+pub mod kubelet;
 pub mod metrics;
 pub mod plan;
+pub mod plugin;
+pub mod proto;

@@ -13,12 +13,46 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Inventory(args) => gpu_slicer::commands::inventory::run(args, &mut stdout),
         Command::Cdi(cmd) => gpu_slicer::commands::cdi::run(cmd, &mut stdout).map_err(Into::into),
+        Command::Run(args) => {
+            return run_async(|| gpu_slicer::commands::run::run(args), |e| e.exit_code());
+        }
+        Command::Demo => {
+            return run_async(
+                || gpu_slicer::commands::demo::demo(&mut stdout),
+                |_| ExitCode::from(1),
+            );
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpu-slicer: error: {e}");
             e.exit_code()
+        }
+    }
+}
+
+/// Run an async command on a multi-threaded runtime and map its error to an exit code.
+fn run_async<F, E>(command: impl FnOnce() -> F, exit_code: impl FnOnce(&E) -> ExitCode) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpu-slicer: error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(command()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpu-slicer: error: {e}");
+            exit_code(&e)
         }
     }
 }

@@ -7,7 +7,9 @@ use crate::cli::BackendArgs;
 use crate::inventory::{Backend, InventoryError, sim::SimBackend};
 
 pub mod cdi;
+pub mod demo;
 pub mod inventory;
+pub mod run;
 
 /// Open the backend named by `--backend`.
 pub fn open_backend(args: &BackendArgs) -> Result<Arc<dyn Backend>, InventoryError> {

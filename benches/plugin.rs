@@ -1,0 +1,240 @@
+//! Device plugin benchmarks over real unix sockets with the kubelet emulator, on the
+//! built-in `dgx-h100` node with 64 replicas per GPU (512 devices in one resource):
+//! Allocate and GetPreferredAllocation latency, kubelet restart → re-registered, and
+//! start → every resource registered. Prints medians and percentiles.
+//!
+//! Run: `cargo bench --bench plugin` (`BENCH_QUICK=1` for fewer iterations).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_slicer::app::{self, RunSettings};
+use gpu_slicer::config::{self, Overrides};
+use gpu_slicer::inventory::sim::SimBackend;
+use gpu_slicer::kubelet::KubeletEmulator;
+use gpu_slicer::plugin::Backoff;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+const CONFIG: &str =
+    "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 64}\n";
+const RESOURCE: &str = "nvidia.com/gpu";
+
+struct Stats(Vec<Duration>);
+
+impl Stats {
+    fn pct(&self, q: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        let i = ((v.len() - 1) as f64 * q).round() as usize;
+        v[i]
+    }
+
+    fn report(&self, name: &str, target: &str) {
+        println!(
+            "{name:<44} n={:<5} p50={:>9.1?} p90={:>9.1?} p99={:>9.1?} max={:>9.1?}  (target {target})",
+            self.0.len(),
+            self.pct(0.5),
+            self.pct(0.9),
+            self.pct(0.99),
+            self.pct(1.0),
+        );
+    }
+}
+
+struct Node {
+    _dir: tempfile::TempDir,
+    emulator: KubeletEmulator,
+    shutdown: CancellationToken,
+    app: tokio::task::JoinHandle<Result<(), app::AppError>>,
+    started: Duration,
+}
+
+async fn start_node() -> Node {
+    let dir = tempfile::Builder::new()
+        .prefix("gsb")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(50),
+    };
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let t0 = Instant::now();
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let running = rx.await.expect("ready");
+    let names: Vec<String> = running
+        .plan
+        .resources
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    tokio::time::timeout(Duration::from_secs(10), emulator.wait_registered(&names, 1))
+        .await
+        .expect("registered");
+    let started = t0.elapsed();
+    Node {
+        _dir: dir,
+        emulator,
+        shutdown,
+        app,
+        started,
+    }
+}
+
+async fn stop_node(node: Node) {
+    node.shutdown.cancel();
+    let _ = node.app.await;
+    node.emulator.shutdown().await;
+}
+
+/// Domain-only cost of Allocate and GetPreferredAllocation (no gRPC).
+fn core_costs(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
+    use gpu_slicer::allocate::{self, HealthMap};
+    use gpu_slicer::inventory::Backend;
+    let inv = SimBackend::open("dgx-h100")
+        .expect("profile")
+        .discover()
+        .expect("discover");
+    let cfg = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+    let map = HealthMap::new(&plan);
+    let mut a = Vec::with_capacity(calls);
+    let mut p = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let base = (i % 8) * 64;
+        let ids = &devices[base..base + 4];
+        let t = Instant::now();
+        let view = map.view(RESOURCE).expect("view");
+        let devs = allocate::validate(&view, ids).expect("valid");
+        let r = allocate::build_response(&cfg, &view.resource, &devs);
+        a.push(t.elapsed());
+        std::hint::black_box(r);
+        let t = Instant::now();
+        let view = map.view(RESOURCE).expect("view");
+        let got = allocate::preferred::<String>(&view, cfg.allocation_policy, devices, &[], 4);
+        p.push(t.elapsed());
+        std::hint::black_box(got);
+    }
+    (a, p)
+}
+
+fn main() {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let (starts, calls, restarts) = if quick { (5, 300, 10) } else { (30, 5000, 100) };
+    // BENCH_RUNTIME=current: one thread for emulator and daemon (no cross-thread wakeups);
+    // default: the multi-threaded runtime the daemon uses.
+    let current = std::env::var("BENCH_RUNTIME").is_ok_and(|v| v == "current");
+    let rt = if current {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
+    rt.block_on(async {
+        println!(
+            "gpu-slicer plugin bench: dgx-h100, 8 GPUs x 64 replicas = 512 devices of {RESOURCE}; {} runtime",
+            if current { "current-thread" } else { "multi-thread" }
+        );
+        // Start → all registered.
+        let mut start_times = Vec::new();
+        for _ in 0..starts {
+            let node = start_node().await;
+            start_times.push(node.started);
+            stop_node(node).await;
+        }
+        let node = start_node().await;
+        let devices: Vec<String> = node
+            .emulator
+            .devices(RESOURCE)
+            .expect("devices")
+            .borrow()
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        assert_eq!(devices.len(), 512);
+        // Warm the connection.
+        for id in devices.iter().take(50) {
+            node.emulator
+                .allocate_ids(RESOURCE, std::slice::from_ref(id))
+                .await
+                .expect("allocate");
+        }
+        let mut alloc = Vec::with_capacity(calls);
+        for i in 0..calls {
+            let ids = [devices[i % devices.len()].clone()];
+            let t = Instant::now();
+            node.emulator
+                .allocate_ids(RESOURCE, &ids)
+                .await
+                .expect("allocate");
+            alloc.push(t.elapsed());
+        }
+        let mut alloc4 = Vec::with_capacity(calls);
+        for i in 0..calls {
+            // Four replicas of one GPU (IDs sorted: 64 per GPU).
+            let base = (i % 8) * 64;
+            let ids: Vec<String> = devices[base..base + 4].to_vec();
+            let t = Instant::now();
+            node.emulator
+                .allocate_ids(RESOURCE, &ids)
+                .await
+                .expect("allocate");
+            alloc4.push(t.elapsed());
+        }
+        let mut pref = Vec::with_capacity(calls);
+        for _ in 0..calls {
+            let t = Instant::now();
+            let got = node
+                .emulator
+                .preferred(RESOURCE, &devices, &[], 4)
+                .await
+                .expect("preferred");
+            pref.push(t.elapsed());
+            assert_eq!(got.len(), 4);
+        }
+        // The same work without the transport, to show where the time goes.
+        let (core_alloc, core_pref) = core_costs(&devices, calls);
+        // Kubelet restart → re-registered.
+        let names = vec![RESOURCE.to_string()];
+        let mut restart_total = Vec::new();
+        let mut after_socket = Vec::new();
+        for round in 2..restarts + 2 {
+            let t = Instant::now();
+            node.emulator.restart().await.expect("restart");
+            let t_sock = Instant::now();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                node.emulator.wait_registered(&names, round as u64),
+            )
+            .await
+            .expect("re-registered");
+            restart_total.push(t.elapsed());
+            after_socket.push(t_sock.elapsed());
+        }
+        stop_node(node).await;
+        println!();
+        Stats(alloc).report("Allocate (1 replica)", "p99 <= 200us");
+        Stats(alloc4).report("Allocate (4 replicas of one GPU)", "p99 <= 200us");
+        Stats(pref).report("GetPreferredAllocation (4 of 512)", "p99 <= 1ms");
+        Stats(core_alloc).report("  in-process validate+build (4 replicas)", "-");
+        Stats(core_pref).report("  in-process preferred (4 of 512)", "-");
+        Stats(after_socket).report("kubelet.sock recreated -> re-registered", "<= 50ms");
+        Stats(restart_total).report(
+            "kubelet restart (stop+delete+recreate) -> re-reg",
+            "<= 50ms",
+        );
+        Stats(start_times).report("start -> all resources registered", "<= 50ms");
+    });
+}

@@ -1,0 +1,194 @@
+//! `gpu-slicer demo`: the device plugin at work, end to end, on the built-in `mixed-a100`
+//! node. Starts the kubelet emulator and the daemon in-process in a temporary directory,
+//! lets every resource register over real unix sockets, performs a few kubelet-style
+//! allocations (a MIG slice, a whole GPU, two replicas), shows a health event and the
+//! refusal that follows, prints each answer and stops.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{self, AppError, RunSettings};
+use crate::config::{self, ConfigError, Overrides};
+use crate::inventory::{Health, InventoryError, sim::SimBackend};
+use crate::kubelet::{Allocation, EmulatorError, KubeletEmulator};
+
+/// The demo's sharing config: MIG slices per profile, GPU 2 whole, GPU 3 time-sliced
+/// into 4 replicas under its own name.
+pub const DEMO_CONFIG: &str = "version: v1
+flags:
+  migStrategy: mixed
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      rename: nvidia.com/gpu.shared
+      devices: [3]
+      replicas: 4
+";
+
+/// Longest the demo waits for registration.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of the demo.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// Writing output or the temp directory failed.
+    #[error("demo: {0}")]
+    Io(#[from] std::io::Error),
+    /// The built-in profile or config did not load.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The built-in profile did not load.
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    /// The emulated kubelet failed.
+    #[error(transparent)]
+    Emulator(#[from] EmulatorError),
+    /// The daemon failed.
+    #[error(transparent)]
+    App(#[from] AppError),
+    /// A step took too long.
+    #[error("demo: timed out waiting for {0}")]
+    Timeout(&'static str),
+}
+
+/// Run the demo, writing a report to `out`.
+pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
+    // Short path: unix socket paths must fit in 108 bytes.
+    let dir = PathBuf::from(format!("/tmp/gsd-{}", std::process::id()));
+    let result = demo_in(&dir, out).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), DemoError> {
+    let plugin_dir = dir.join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await?;
+    let config = config::parse(DEMO_CONFIG, "demo config", &Overrides::default())?;
+    let backend = Arc::new(SimBackend::open("mixed-a100")?);
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
+    let (ready_tx, ready_rx) = oneshot::channel();
+    settings.on_ready = Some(ready_tx);
+    let shutdown = CancellationToken::new();
+    let daemon = app::run(settings, backend, shutdown.clone());
+    let script = async {
+        let result = script(&emulator, ready_rx, out).await;
+        shutdown.cancel();
+        result
+    };
+    let (daemon, script) = tokio::join!(daemon, script);
+    emulator.shutdown().await;
+    script?;
+    daemon?;
+    writeln!(out, "\ndaemon stopped; sockets removed")?;
+    Ok(())
+}
+
+async fn script(
+    emulator: &KubeletEmulator,
+    ready: oneshot::Receiver<app::Running>,
+    out: &mut impl Write,
+) -> Result<(), DemoError> {
+    let running = tokio::time::timeout(STEP_TIMEOUT, ready)
+        .await
+        .map_err(|_| DemoError::Timeout("the daemon to start"))?
+        .map_err(|_| DemoError::Timeout("the daemon to start"))?;
+    let names: Vec<String> = running
+        .plan
+        .resources
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    tokio::time::timeout(STEP_TIMEOUT, emulator.wait_registered(&names, 1))
+        .await
+        .map_err(|_| DemoError::Timeout("every resource to register"))?;
+    writeln!(
+        out,
+        "node {} ({} GPUs), config: MIG mixed, GPU 3 time-sliced x4 as nvidia.com/gpu.shared\n",
+        running.inventory.source,
+        running.inventory.gpus.len()
+    )?;
+    writeln!(out, "registered with the (emulated) kubelet:")?;
+    let registrations = emulator.registrations().borrow().clone();
+    for (name, reg) in &registrations {
+        let devices = emulator
+            .devices(name)
+            .map(|d| d.borrow().len())
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "  {name:<26} {devices:>2} devices  endpoint {}",
+            reg.endpoint
+        )?;
+    }
+    for (resource, count) in [
+        ("nvidia.com/mig-1g.10gb", 1),
+        ("nvidia.com/gpu", 1),
+        ("nvidia.com/gpu.shared", 2),
+    ] {
+        let a = emulator.allocate(resource, count).await?;
+        print_allocation(out, &a)?;
+    }
+    // A health event on GPU 3 takes every replica of it out of service.
+    let gpu3 = running
+        .inventory
+        .gpus
+        .iter()
+        .find(|g| g.index == 3)
+        .map(|g| g.uuid.clone())
+        .unwrap_or_default();
+    let mut shared = emulator
+        .devices("nvidia.com/gpu.shared")
+        .ok_or_else(|| EmulatorError::NotRegistered("nvidia.com/gpu.shared".into()))?;
+    shared.borrow_and_update();
+    if let Err(e) = running
+        .health
+        .set_health(&gpu3, Health::Unhealthy, "Xid 79 (simulated)")
+    {
+        writeln!(out, "health event not applied: {e}")?;
+    }
+    tokio::time::timeout(STEP_TIMEOUT, shared.changed())
+        .await
+        .map_err(|_| DemoError::Timeout("the ListAndWatch update"))?
+        .map_err(|_| DemoError::Timeout("the ListAndWatch update"))?;
+    let healthy = shared.borrow().iter().filter(|d| d.healthy).count();
+    writeln!(
+        out,
+        "\nhealth event on GPU 3 ({gpu3}): ListAndWatch now reports {healthy} healthy of {} replicas",
+        shared.borrow().len()
+    )?;
+    let id = format!("{gpu3}::3");
+    match emulator.allocate_ids("nvidia.com/gpu.shared", &[id]).await {
+        Ok(_) => writeln!(
+            out,
+            "unexpected: Allocate of an unhealthy replica succeeded"
+        )?,
+        Err(e) => writeln!(out, "Allocate refused as it must be:\n  {e}")?,
+    }
+    Ok(())
+}
+
+fn print_allocation(out: &mut impl Write, a: &Allocation) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\nAllocate {} x{} -> {}",
+        a.resource,
+        a.device_ids.len(),
+        a.device_ids.join(", ")
+    )?;
+    for name in &a.response.cdi_devices {
+        writeln!(out, "  cdi device  {name}")?;
+    }
+    for (k, v) in &a.response.annotations {
+        writeln!(out, "  annotation  {k}={v}")?;
+    }
+    for (k, v) in &a.response.envs {
+        writeln!(out, "  env         {k}={v}")?;
+    }
+    Ok(())
+}

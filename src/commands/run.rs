@@ -1,0 +1,96 @@
+//! `gpu-slicer run`: the node daemon. Parses its flags (each also an environment
+//! variable), loads the config, opens the backend and hands over to [`crate::app::run`];
+//! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
+
+use std::path::PathBuf;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{self, AppError, RunSettings};
+use crate::cli::{BackendArgs, ConfigArgs};
+use crate::config::ConfigError;
+use crate::inventory::InventoryError;
+
+/// Errors of `gpu-slicer run` before or while the daemon runs.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Config file or flags.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `--backend` could not be opened.
+    #[error(transparent)]
+    Backend(#[from] InventoryError),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+    /// The daemon failed.
+    #[error(transparent)]
+    App(#[from] AppError),
+}
+
+/// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
+/// `LOG_FORMAT` is global on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// `--backend` and NVML settings.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// `--config` and the flags that override it.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Directory of device-plugin sockets.
+    #[arg(long, env = "DEVICE_PLUGIN_DIR", default_value = crate::proto::DEFAULT_DEVICE_PLUGIN_DIR)]
+    pub device_plugin_dir: PathBuf,
+    /// The kubelet's registration socket (default: `<device-plugin-dir>/kubelet.sock`).
+    #[arg(long, env = "KUBELET_SOCKET")]
+    pub kubelet_socket: Option<PathBuf>,
+    /// Directory the CDI spec is written to.
+    #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+}
+
+impl RunArgs {
+    /// The daemon settings these flags describe (config loaded and validated).
+    pub fn settings(&self) -> Result<RunSettings, RunError> {
+        let config = self.config.load()?;
+        let mut settings = RunSettings::new(config, &self.device_plugin_dir, &self.cdi_dir);
+        if let Some(socket) = &self.kubelet_socket {
+            settings.kubelet_socket.clone_from(socket);
+        }
+        Ok(settings)
+    }
+}
+
+impl RunError {
+    /// Exit code: 2 for bad input (config, backend name, plan), 1 for runtime failures.
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        match self {
+            RunError::Config(_)
+            | RunError::Backend(InventoryError::UnknownBackend(_))
+            | RunError::Backend(InventoryError::UnknownProfile { .. })
+            | RunError::Backend(InventoryError::NodeFile(_))
+            | RunError::App(AppError::Plan(_)) => std::process::ExitCode::from(2),
+            _ => std::process::ExitCode::from(1),
+        }
+    }
+}
+
+/// Run the daemon until SIGTERM or SIGINT.
+pub async fn run(args: &RunArgs) -> Result<(), RunError> {
+    let settings = args.settings()?;
+    let backend = super::open_backend(&args.backend)?;
+    let shutdown = CancellationToken::new();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(RunError::Signal)?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(RunError::Signal)?;
+    let daemon = app::run(settings, backend, shutdown.clone());
+    tokio::pin!(daemon);
+    tokio::select! {
+        result = &mut daemon => return Ok(result?),
+        _ = term.recv() => tracing::info!(signal = "SIGTERM", "stopping"),
+        _ = int.recv() => tracing::info!(signal = "SIGINT", "stopping"),
+    }
+    shutdown.cancel();
+    Ok(daemon.await?)
+}

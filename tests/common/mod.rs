@@ -1,0 +1,101 @@
+//! Shared harness: a kubelet emulator and the daemon in a short temp dir, over real unix
+//! sockets. Every wait is bounded by `tokio::time::timeout` and waits on channels.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_slicer::app::{self, AppError, RunSettings, Running};
+use gpu_slicer::config::{self, Overrides};
+use gpu_slicer::inventory::sim::SimBackend;
+use gpu_slicer::kubelet::KubeletEmulator;
+use gpu_slicer::plugin::Backoff;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) const STEP: Duration = Duration::from_secs(10);
+
+pub(crate) const SHARED_CONFIG: &str = "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
+
+/// Bound any wait.
+pub(crate) async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(STEP, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out: {what}"),
+    }
+}
+
+/// Short temp dir under /tmp (unix socket paths are limited to 108 bytes).
+pub(crate) fn short_tempdir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("gs")
+        .tempdir_in("/tmp")
+        .expect("tempdir")
+}
+
+pub(crate) struct Harness {
+    pub(crate) dir: TempDir,
+    pub(crate) emulator: KubeletEmulator,
+    pub(crate) running: Running,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) app: JoinHandle<Result<(), AppError>>,
+}
+
+impl Harness {
+    pub(crate) fn plugin_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("dp")
+    }
+
+    pub(crate) fn resources(&self) -> Vec<String> {
+        self.running
+            .plan
+            .resources
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    pub(crate) async fn stop(self) -> Result<(), AppError> {
+        self.shutdown.cancel();
+        let result = within("daemon stop", self.app).await.expect("join");
+        self.emulator.shutdown().await;
+        result
+    }
+}
+
+/// Start the emulator and the daemon on `profile` with `config_text`; wait until every
+/// resource has registered.
+pub(crate) async fn start(profile: &str, config_text: &str) -> Harness {
+    let dir = short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let config = config::parse(config_text, "test.yaml", &Overrides::default()).expect("config");
+    let backend = Arc::new(SimBackend::open(profile).expect("profile"));
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(2),
+        max: Duration::from_millis(100),
+    };
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let running = within("daemon ready", rx).await.expect("daemon ready");
+    let h = Harness {
+        dir,
+        emulator,
+        running,
+        shutdown,
+        app,
+    };
+    within(
+        "registration",
+        h.emulator.wait_registered(&h.resources(), 1),
+    )
+    .await;
+    h
+}

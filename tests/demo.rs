@@ -1,0 +1,25 @@
+//! `gpu-slicer demo` runs end to end and shows every kind of allocation.
+
+#[tokio::test]
+async fn demo_runs_and_reports_allocations() {
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        gpu_slicer::commands::demo::demo(&mut out),
+    )
+    .await
+    .expect("demo within 30 s")
+    .expect("demo succeeds");
+    let text = String::from_utf8(out).unwrap();
+    for needle in [
+        "nvidia.com/gpu.shared",
+        "Allocate nvidia.com/mig-1g.10gb x1",
+        "Allocate nvidia.com/gpu x1",
+        "Allocate nvidia.com/gpu.shared x2",
+        "cdi device  gpu-slicer.io/gpu=MIG-",
+        "GPU_SLICER_REPLICAS=2",
+        "FailedPrecondition",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}

@@ -1,0 +1,54 @@
+//! The built binary stops cleanly on SIGTERM: every plugin socket is removed.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{short_tempdir, within};
+use gpu_slicer::kubelet::KubeletEmulator;
+use gpu_slicer::plugin::socket_name;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+#[tokio::test]
+async fn sigterm_removes_sockets() {
+    let dir = short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .arg("run")
+        .arg("--backend=sim:mixed-a100")
+        .arg("--config")
+        .arg(&config)
+        .arg("--device-plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let names: Vec<String> = [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-2g.20gb",
+        "nvidia.com/mig-3g.40gb",
+    ]
+    .map(String::from)
+    .to_vec();
+    within("registration", emulator.wait_registered(&names, 1)).await;
+    for name in &names {
+        assert!(plugin_dir.join(socket_name(name)).exists());
+    }
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    kill(pid, Signal::SIGTERM).unwrap();
+    let status = within("exit", child.wait()).await.unwrap();
+    assert!(status.success(), "{status}");
+    for name in &names {
+        assert!(!plugin_dir.join(socket_name(name)).exists(), "{name}");
+    }
+    emulator.shutdown().await;
+}
