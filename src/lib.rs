@@ -12,6 +12,7 @@
 //! - [`inventory`]: domain types for GPUs and MIG devices; the `Backend` trait; sim backend.
 //! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
+//! - [`mps`]: MPS control daemons per shared device (derivation, supervision, client edits).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 
 pub mod cli;
@@ -19,4 +20,5 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod inventory;
+pub mod mps;
 pub mod plan;
