@@ -12,12 +12,14 @@
 //! - [`inventory`]: domain types for GPUs and MIG devices; the `Backend` trait; sim backend.
 //! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
+//! - [`enforce`]: per-container GPU memory limits (the `cdi-hook set-memory-limit` command).
 //! - [`mps`]: MPS control daemons per shared device (derivation, supervision, client edits).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod enforce;
 pub mod error;
 pub mod inventory;
 pub mod mps;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::cli::BackendArgs;
 use crate::inventory::{Backend, InventoryError, sim::SimBackend};
 
+pub mod cdi_hook;
 pub mod inventory;
 
 /// Open the backend named by `--backend`.
