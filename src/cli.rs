@@ -33,6 +33,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Show the node's GPUs, MIG slices and the resources the config turns them into.
     Inventory(InventoryArgs),
+    /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
+    #[command(subcommand)]
+    CdiHook(crate::commands::cdi_hook::CdiHookCommand),
 }
 
 /// Where the inventory comes from.

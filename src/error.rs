@@ -15,6 +15,9 @@ pub enum Error {
     /// Planning.
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
+    /// A CDI hook failed (the container must not start).
+    #[error(transparent)]
+    Enforce(#[from] crate::enforce::EnforceError),
     /// Writing output.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),

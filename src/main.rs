@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     let result = match &cli.command {
         Command::Inventory(args) => gpu_slicer::commands::inventory::run(args, &mut stdout),
+        Command::CdiHook(cmd) => gpu_slicer::commands::cdi_hook::run(cmd).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
