@@ -176,3 +176,27 @@ fn uuids_cannot_escape_the_root() {
     assert!(check_uuid("MIG-GPU-x/1/0").is_err());
     assert!(check_uuid("").is_err());
 }
+
+#[test]
+fn mps_args_flatten_and_defaults() {
+    use clap::Parser;
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mps: MpsArgs,
+    }
+    <Cli as clap::CommandFactory>::command().debug_assert();
+    let cli = Cli::try_parse_from([
+        "x",
+        "--mps-control-bin",
+        "/opt/fake",
+        "--mps-restart-backoff-ms",
+        "5",
+    ])
+    .unwrap();
+    let sc = cli.mps.supervisor_config();
+    assert_eq!(sc.control_bin, Path::new("/opt/fake"));
+    assert_eq!(sc.backoff_base, Duration::from_millis(5));
+    assert_eq!(sc.backoff_max, Duration::from_secs(60));
+    assert!(sc.nvidia_smi.is_none());
+}
