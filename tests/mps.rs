@@ -188,3 +188,41 @@ async fn missing_binary_reports_down_and_wait_up_fails() {
     tracker.close();
     tokio::time::timeout(WAIT, tracker.wait()).await.unwrap();
 }
+
+#[tokio::test]
+async fn compute_mode_is_set_for_whole_gpus_only_and_restored() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let specs = daemons(dir.path());
+    let smi = dir.path().join("nvidia-smi");
+    let calls = dir.path().join("smi.log");
+    std::fs::write(
+        &smi,
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n", calls.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tracker = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let config = SupervisorConfig {
+        control_bin: fake(),
+        nvidia_smi: Some(smi),
+        ..SupervisorConfig::default()
+    };
+    let sup = Supervisor::start(specs, config, &tracker, cancel.clone());
+    sup.wait_up(WAIT).await.unwrap();
+    cancel.cancel();
+    tracker.close();
+    tokio::time::timeout(WAIT, tracker.wait()).await.unwrap();
+    let mut lines: Vec<String> = read(calls).lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            "-i GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02 -c DEFAULT",
+            "-i GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02 -c EXCLUSIVE_PROCESS",
+            "-i GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03 -c DEFAULT",
+            "-i GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03 -c EXCLUSIVE_PROCESS",
+        ]
+    );
+}
