@@ -40,6 +40,9 @@ pub enum Command {
     Run(crate::commands::run::RunArgs),
     /// Show the device plugin at work against an in-process kubelet emulator.
     Demo,
+    /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
+    #[command(subcommand)]
+    CdiHook(crate::commands::cdi_hook::CdiHookCommand),
 }
 
 /// Where the inventory comes from.

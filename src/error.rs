@@ -18,6 +18,9 @@ pub enum Error {
     /// CDI spec generation, checks or writing.
     #[error(transparent)]
     Cdi(#[from] crate::cdi::CdiError),
+    /// A CDI hook failed (the container must not start).
+    #[error(transparent)]
+    Enforce(#[from] crate::enforce::EnforceError),
     /// Writing output.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),

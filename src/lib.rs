@@ -13,6 +13,8 @@
 //! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
 //! - [`cdi`]: CDI spec model, pure `Inventory → Spec` generator, checks, atomic writer.
+//! - [`enforce`]: per-container GPU memory limits (the `cdi-hook set-memory-limit` command).
+//! - [`mps`]: MPS control daemons per shared device (derivation, supervision, client edits).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 //! - [`allocate`]: pure enforcement rules, preferred-allocation policies, responses, live health.
 //! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
@@ -25,12 +27,14 @@ pub mod app;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod enforce;
 pub mod error;
 pub mod health;
 pub mod http;
 pub mod inventory;
 pub mod kubelet;
 pub mod metrics;
+pub mod mps;
 pub mod plan;
 pub mod plugin;
 pub mod proto;

@@ -22,6 +22,7 @@ fn main() -> ExitCode {
                 |_| ExitCode::from(1),
             );
         }
+        Command::CdiHook(cmd) => gpu_slicer::commands::cdi_hook::run(cmd).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ use crate::inventory::{Backend, InventoryError, sim::SimBackend};
 
 pub mod cdi;
 pub mod demo;
+pub mod cdi_hook;
 pub mod inventory;
 pub mod run;
 

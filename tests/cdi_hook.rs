@@ -1,0 +1,78 @@
+//! `gpu-slicer cdi-hook set-memory-limit` as the runtime runs it: any failure is a non-zero
+//! exit with one line on stderr, so the container never starts unlimited.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn hook(args: &[&str], stdin: &str) -> (i32, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(["cdi-hook", "set-memory-limit"])
+        .args(args)
+        .env("RUST_LOG", "off")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn failures_exit_non_zero_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let proc_root = dir.path().join("proc");
+    let cg = dir.path().join("cgroup");
+    std::fs::create_dir_all(proc_root.join("77")).unwrap();
+    std::fs::write(proc_root.join("77/cgroup"), "0::/c1\n").unwrap();
+    std::fs::create_dir_all(cg.join("c1")).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "").unwrap();
+    let state = r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":77,"bundle":"/b"}"#;
+    let p = proc_root.to_str().unwrap();
+    let c = cg.to_str().unwrap();
+    let lib = dir.path().join("libnvidia-ml.so.1");
+    let l = lib.to_str().unwrap();
+    let base = [
+        "--device",
+        "GPU-1",
+        "--bytes",
+        "1024",
+        "--proc-root",
+        p,
+        "--cgroup-root",
+        c,
+    ];
+
+    // Everything resolves; the NVML library is missing.
+    let (code, err) = hook(&[&base[..], &["--nvml-lib", l]].concat(), state);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("cannot load NVML"), "{err}");
+
+    let (code, err) = hook(&[&base[..], &["--nvml-lib", l]].concat(), "not json");
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid OCI state"), "{err}");
+
+    let mig = [
+        "--device",
+        "MIG-1",
+        "--bytes",
+        "1",
+        "--proc-root",
+        p,
+        "--cgroup-root",
+        c,
+    ];
+    let (code, err) = hook(&mig, state);
+    assert_ne!(code, 0);
+    assert!(err.contains("MIG"), "{err}");
+}
