@@ -61,9 +61,7 @@ pub struct SpecWriterError {
 }
 
 /// Writes the CDI spec describing a plan before any Allocate is answered. Called on a
-/// blocking thread.
-///
-/// TODO(merge): implement with `crate::cdi::write_spec` once the `cdi` branch lands.
+/// blocking thread. A trait so tests and embedders can observe or replace it.
 pub trait SpecWriter: Send + Sync + fmt::Debug {
     /// Write (atomically) the spec for `plan` into `cdi_dir`.
     fn write(
@@ -88,6 +86,40 @@ impl SpecWriter for NoSpecWriter {
         _config: &Config,
     ) -> Result<(), SpecWriterError> {
         tracing::warn!(cdi_dir = %cdi_dir.display(), "no CDI spec writer configured; spec not written");
+        Ok(())
+    }
+}
+
+/// The real writer: generate the spec from the inventory (stat'ing host device nodes under
+/// the configured dev root), check it, and write it atomically as `<vendor>-<class>.yaml`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CdiSpecWriter;
+
+impl SpecWriter for CdiSpecWriter {
+    fn write(
+        &self,
+        cdi_dir: &Path,
+        inventory: &Inventory,
+        _plan: &Plan,
+        config: &Config,
+    ) -> Result<(), SpecWriterError> {
+        let err = |e: crate::cdi::CdiError| SpecWriterError {
+            dir: cdi_dir.display().to_string(),
+            message: e.to_string(),
+        };
+        let dev_root = (config.dev_root != Path::new("/")).then(|| config.dev_root.clone());
+        let opts = crate::cdi::generate::GenerateOptions {
+            kind: config.cdi_kind.clone(),
+            dev_root,
+        };
+        let spec =
+            crate::cdi::generate::generate(inventory, &opts, &crate::cdi::generate::HostProbe)
+                .map_err(err)?;
+        let format = crate::cdi::Format::Yaml;
+        let bytes = spec.to_bytes(format).map_err(err)?;
+        let name = crate::cdi::spec_file_name(&config.cdi_kind, format);
+        let outcome = crate::cdi::writer::write_spec(cdi_dir, &name, &bytes).map_err(err)?;
+        tracing::info!(dir = %cdi_dir.display(), file = %name, ?outcome, "CDI spec");
         Ok(())
     }
 }
@@ -139,7 +171,7 @@ impl RunSettings {
             device_plugin_dir,
             cdi_dir: cdi_dir.into(),
             backoff: Backoff::default(),
-            spec_writer: Arc::new(NoSpecWriter),
+            spec_writer: Arc::new(CdiSpecWriter),
             on_ready: None,
             health_events: None,
         }

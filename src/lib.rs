@@ -21,9 +21,9 @@
 //! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
 //! - [`app`]: the daemon's wiring and ordered shutdown; [`proto`]: generated kubelet APIs.
 
-pub mod cdi;
 pub mod allocate;
 pub mod app;
+pub mod cdi;
 pub mod cli;
 pub mod commands;
 pub mod config;

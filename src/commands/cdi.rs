@@ -109,6 +109,11 @@ fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
 pub fn load_inventory(backend: &str) -> Result<Inventory> {
     match backend.strip_prefix("sim:") {
         Some(profile) => Ok(SimBackend::open(profile)?.discover()?),
+        None if backend == "nvml" => Ok(crate::inventory::nvml::NvmlBackend::new(
+            std::env::var_os("NVML_LIB").map(PathBuf::from),
+            PathBuf::from("/proc"),
+        )
+        .discover()?),
         None => Err(CdiError::UnsupportedBackend {
             backend: backend.to_string(),
         }),

@@ -7,8 +7,8 @@ use crate::cli::BackendArgs;
 use crate::inventory::{Backend, InventoryError, sim::SimBackend};
 
 pub mod cdi;
-pub mod demo;
 pub mod cdi_hook;
+pub mod demo;
 pub mod inventory;
 pub mod run;
 
@@ -18,9 +18,10 @@ pub fn open_backend(args: &BackendArgs) -> Result<Arc<dyn Backend>, InventoryErr
         return Ok(Arc::new(SimBackend::open(profile)?));
     }
     match args.backend.as_str() {
-        "nvml" => Err(InventoryError::Nvml {
-            message: "the NVML backend is not available in this build".into(),
-        }),
+        "nvml" => Ok(Arc::new(crate::inventory::nvml::NvmlBackend::new(
+            args.nvml_lib.clone(),
+            args.proc_root.clone(),
+        ))),
         other => Err(InventoryError::UnknownBackend(other.to_string())),
     }
 }
