@@ -466,3 +466,67 @@ async fn health_events_channel_reaches_list_and_watch() {
     within("stop", app).await.unwrap().unwrap();
     emulator.shutdown().await;
 }
+
+/// The daemon writes the CDI spec before serving, and every CDI name an Allocate answers
+/// with is a device of that spec (checked by parsing the written file).
+#[tokio::test]
+async fn allocate_names_exist_in_the_written_spec() {
+    use gpu_slicer::app::{self, RunSettings};
+    use gpu_slicer::config::{self, Overrides};
+    use gpu_slicer::inventory::sim::SimBackend;
+    use gpu_slicer::kubelet::KubeletEmulator;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let dir = common::short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let cdi_dir = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
+    let config = config::parse(SHARED_CONFIG, "t", &Overrides::default()).unwrap();
+    let kind = config.cdi_kind.clone();
+    let settings = RunSettings::new(config, &plugin_dir, &cdi_dir);
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(app::run(
+        settings,
+        Arc::new(SimBackend::open("mixed-a100").unwrap()),
+        shutdown.clone(),
+    ));
+    let names: Vec<String> = [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-2g.20gb",
+        "nvidia.com/mig-3g.40gb",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    within("registration", emulator.wait_registered(&names, 1)).await;
+    let spec_path = cdi_dir.join(gpu_slicer::cdi::spec_file_name(
+        &kind,
+        gpu_slicer::cdi::Format::Yaml,
+    ));
+    let spec =
+        gpu_slicer::cdi::validate::validate_file(&spec_path).expect("spec written and valid");
+    let offered: std::collections::BTreeSet<String> = spec.qualified_names().into_iter().collect();
+    let mut checked = 0;
+    for resource in &names {
+        let n = emulator.devices(resource).unwrap().borrow().len();
+        for _ in 0..n {
+            let a = emulator.allocate(resource, 1).await.unwrap();
+            assert!(!a.response.cdi_devices.is_empty());
+            for name in &a.response.cdi_devices {
+                assert!(
+                    offered.contains(name),
+                    "{name} not in {}",
+                    spec_path.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 12, "checked {checked}");
+    shutdown.cancel();
+    within("stop", app).await.unwrap().unwrap();
+    emulator.shutdown().await;
+}
