@@ -82,11 +82,6 @@ pub enum CdiError {
         #[source]
         source: Box<CdiError>,
     },
-    /// `--backend` names a backend `cdi generate` cannot use yet.
-    #[error(
-        "backend `{backend}` is not supported by `cdi generate` yet: use sim:<profile> or sim:<node file>"
-    )]
-    UnsupportedBackend { backend: String },
     /// Several files were checked and some failed.
     #[error("{failed} of {total} CDI spec files invalid")]
     SomeInvalid { failed: usize, total: usize },

@@ -13,8 +13,7 @@ use crate::cdi::{
     self, CdiError, Format, GenerateOptions, HostProbe, Result, WriteOutcome, spec_file_name,
 };
 use crate::config::{self, Config, Overrides};
-use crate::inventory::sim::SimBackend;
-use crate::inventory::{Backend, Inventory};
+use crate::inventory::Inventory;
 
 /// `gpu-slicer cdi …`.
 #[derive(Debug, Clone, Subcommand)]
@@ -32,9 +31,9 @@ pub enum CdiCommand {
 /// Arguments of `cdi generate`.
 #[derive(Debug, Clone, Args)]
 pub struct CdiGenerateArgs {
-    /// GPU backend: `sim:<profile>` or `sim:<node file>` (NVML comes later).
-    #[arg(long, env = "GPU_SLICER_BACKEND")]
-    pub backend: String,
+    /// Where the inventory comes from (`--backend`, `--nvml-lib`, `--proc-root`).
+    #[command(flatten)]
+    pub backend: crate::cli::BackendArgs,
     /// Config file (NVIDIA `version: v1` format); its `flags.plugin.cdiKind` and
     /// `flags.nvidiaDevRoot` are used.
     #[arg(long)]
@@ -105,19 +104,9 @@ fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
     Ok(config::load(path, &overrides)?)
 }
 
-/// Discover the inventory behind `--backend`.
-pub fn load_inventory(backend: &str) -> Result<Inventory> {
-    match backend.strip_prefix("sim:") {
-        Some(profile) => Ok(SimBackend::open(profile)?.discover()?),
-        None if backend == "nvml" => Ok(crate::inventory::nvml::NvmlBackend::new(
-            std::env::var_os("NVML_LIB").map(PathBuf::from),
-            PathBuf::from("/proc"),
-        )
-        .discover()?),
-        None => Err(CdiError::UnsupportedBackend {
-            backend: backend.to_string(),
-        }),
-    }
+/// Discover the inventory behind `--backend`, as every other command does.
+pub fn load_inventory(backend: &crate::cli::BackendArgs) -> Result<Inventory> {
+    Ok(super::open_backend(backend)?.discover()?)
 }
 
 fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
