@@ -1,25 +1,35 @@
 //! The daemon's wiring: discover → plan → CDI spec → one device-plugin server per resource →
-//! registration, then serve until shutdown.
+//! registration, then serve until shutdown, re-planning on every reload trigger.
 //!
 //! Every task runs on one `TaskTracker` and stops through a child of the caller's
 //! `CancellationToken`. Shutdown is ordered: servers stop and unlink their sockets, the
 //! kubelet watch ends, and the whole stop has a deadline. The CDI spec is left in place on
 //! purpose: containers that already run still reference it.
+//!
+//! Reload (see `crate::reload` for the triggers): load the config and/or re-discover, build
+//! the plan, write the CDI spec (keeping every device still allocated to a container), then
+//! publish the new plan. Only resources whose devices changed get a new ListAndWatch frame;
+//! removed resources stop serving and unlink their socket; added ones start. Any failure
+//! before publishing leaves the running state exactly as it was.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::allocate::{DeviceNodes, HealthMap, HealthUpdate};
-use crate::config::Config;
+use crate::allocate::{AllocationLog, DeviceNodes, HealthMap, HealthUpdate};
+use crate::config::{Config, ConfigError};
 use crate::inventory::{Backend, Inventory, InventoryError};
-use crate::plan::{Plan, PlanError};
-use crate::plugin::{self, Backoff, PluginContext, PluginError, PluginSettings, WatchError};
+use crate::plan::{Plan, PlanDiff, PlanError};
+use crate::plugin::{
+    self, Backoff, PluginContext, PluginError, PluginSettings, Serving, WatchError,
+};
+use crate::reload::{Cause, Causes, ReloadError, TriggerSettings, Triggers};
 
 /// How long an ordered shutdown may take before tasks are abandoned.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
@@ -42,6 +52,9 @@ pub enum AppError {
     /// A resource could not be served.
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    /// Reload triggers could not be set up.
+    #[error(transparent)]
+    Reload(#[from] ReloadError),
     /// A blocking task (discovery, spec writing) panicked or was cancelled.
     #[error("{task} did not complete: {message}")]
     Blocking { task: &'static str, message: String },
@@ -63,13 +76,17 @@ pub struct SpecWriterError {
 /// Writes the CDI spec describing a plan before any Allocate is answered. Called on a
 /// blocking thread. A trait so tests and embedders can observe or replace it.
 pub trait SpecWriter: Send + Sync + fmt::Debug {
-    /// Write (atomically) the spec for `plan` into `cdi_dir`.
+    /// Write (atomically) the spec for `plan` into `cdi_dir`. `keep` names CDI devices
+    /// (without the kind) still allocated to containers: a device of the previous spec in
+    /// `keep` stays in the new one even if the plan no longer produces it, so restarting
+    /// such a container never fails on a missing CDI device.
     fn write(
         &self,
         cdi_dir: &Path,
         inventory: &Inventory,
         plan: &Plan,
         config: &Config,
+        keep: &BTreeSet<String>,
     ) -> Result<(), SpecWriterError>;
 }
 
@@ -84,6 +101,7 @@ impl SpecWriter for NoSpecWriter {
         _inventory: &Inventory,
         _plan: &Plan,
         _config: &Config,
+        _keep: &BTreeSet<String>,
     ) -> Result<(), SpecWriterError> {
         tracing::warn!(cdi_dir = %cdi_dir.display(), "no CDI spec writer configured; spec not written");
         Ok(())
@@ -91,9 +109,28 @@ impl SpecWriter for NoSpecWriter {
 }
 
 /// The real writer: generate the spec from the inventory (stat'ing host device nodes under
-/// the configured dev root), check it, and write it atomically as `<vendor>-<class>.yaml`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CdiSpecWriter;
+/// the configured dev root), carry over still-allocated devices from the previous spec,
+/// check it, and write it atomically as `<vendor>-<class>.yaml`. Remembers the last spec it
+/// wrote (the first time: the file already on disk, left by an earlier run) so a reload can
+/// carry devices over.
+#[derive(Debug, Default)]
+pub struct CdiSpecWriter {
+    last: std::sync::Mutex<Option<crate::cdi::Spec>>,
+}
+
+impl CdiSpecWriter {
+    fn previous(&self, path: &Path) -> Option<crate::cdi::Spec> {
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        last.or_else(|| {
+            let text = std::fs::read_to_string(path).ok()?;
+            crate::cdi::Spec::parse(&text, path).ok()
+        })
+    }
+}
 
 impl SpecWriter for CdiSpecWriter {
     fn write(
@@ -102,6 +139,7 @@ impl SpecWriter for CdiSpecWriter {
         inventory: &Inventory,
         _plan: &Plan,
         config: &Config,
+        keep: &BTreeSet<String>,
     ) -> Result<(), SpecWriterError> {
         let err = |e: crate::cdi::CdiError| SpecWriterError {
             dir: cdi_dir.display().to_string(),
@@ -112,16 +150,79 @@ impl SpecWriter for CdiSpecWriter {
             kind: config.cdi_kind.clone(),
             dev_root,
         };
-        let spec =
+        let mut spec =
             crate::cdi::generate::generate(inventory, &opts, &crate::cdi::generate::HostProbe)
                 .map_err(err)?;
         let format = crate::cdi::Format::Yaml;
-        let bytes = spec.to_bytes(format).map_err(err)?;
         let name = crate::cdi::spec_file_name(&config.cdi_kind, format);
+        let mut kept = Vec::new();
+        if !keep.is_empty()
+            && let Some(previous) = self.previous(&cdi_dir.join(&name))
+            && previous.kind == spec.kind
+        {
+            let have: BTreeSet<String> = spec.devices.iter().map(|d| d.name.clone()).collect();
+            for device in previous.devices {
+                if keep.contains(&device.name) && !have.contains(&device.name) {
+                    kept.push(device.name.clone());
+                    spec.devices.push(device);
+                }
+            }
+            spec.devices.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        if !kept.is_empty() {
+            tracing::info!(devices = ?kept, "CDI devices kept for running containers");
+        }
+        if !kept.is_empty() {
+            spec.cdi_version = crate::cdi::minimum_version(&spec).to_string();
+        }
+        crate::cdi::validate(&spec).map_err(err)?;
+        let bytes = spec.to_bytes(format).map_err(err)?;
         let outcome = crate::cdi::writer::write_spec(cdi_dir, &name, &bytes).map_err(err)?;
-        tracing::info!(dir = %cdi_dir.display(), file = %name, ?outcome, "CDI spec");
+        tracing::info!(dir = %cdi_dir.display(), file = %name, ?outcome, kept = kept.len(), "CDI spec");
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(spec);
         Ok(())
     }
+}
+
+/// Loads the config again on reload (file, environment and flags, as at start).
+pub type ConfigLoader = Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+
+/// How the daemon reloads.
+#[derive(Clone)]
+pub struct ReloadSettings {
+    /// Re-reads the config; `None`: the config never changes, only the inventory.
+    pub load: Option<ConfigLoader>,
+    /// What triggers a reload.
+    pub triggers: TriggerSettings,
+}
+
+impl fmt::Debug for ReloadSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadSettings")
+            .field("load", &self.load.as_ref().map(|_| "<loader>"))
+            .field("triggers", &self.triggers)
+            .finish()
+    }
+}
+
+/// What the reloads so far came to; published after each one.
+#[derive(Debug, Clone)]
+pub struct ReloadStatus {
+    /// Reloads that published a new plan.
+    pub applied: u64,
+    /// Reloads that found nothing to change.
+    pub unchanged: u64,
+    /// Reloads refused (the previous state kept serving).
+    pub failed: u64,
+    /// The last refusal, if the last reload failed.
+    pub last_error: Option<String>,
+    /// The plan being served.
+    pub plan: Arc<Plan>,
+    /// What the last applied reload changed.
+    pub last_diff: Option<PlanDiff>,
 }
 
 /// What a started daemon exposes to its embedder (tests, demo, the health subsystem).
@@ -129,10 +230,16 @@ impl SpecWriter for CdiSpecWriter {
 pub struct Running {
     /// Live device state: call `set_health` to report GPU/MIG health events.
     pub health: HealthMap,
-    /// The plan being served.
+    /// The plan served at start (see `reloads` for the current one).
     pub plan: Arc<Plan>,
     /// The inventory discovered.
     pub inventory: Arc<Inventory>,
+    /// Ask for a reload (config and inventory).
+    pub reload: mpsc::Sender<Cause>,
+    /// Outcome of every reload.
+    pub reloads: watch::Receiver<ReloadStatus>,
+    /// Device IDs handed out by Allocate, per resource.
+    pub allocations: AllocationLog,
 }
 
 /// Settings of `app::run`.
@@ -155,6 +262,8 @@ pub struct RunSettings {
     /// Health events from the health subsystem (NVML event loop, sim scripts). Each is
     /// applied with [`HealthMap::set_health`]; events for unknown devices are logged.
     pub health_events: Option<mpsc::Receiver<HealthUpdate>>,
+    /// Live reconfiguration.
+    pub reload: ReloadSettings,
 }
 
 impl RunSettings {
@@ -171,9 +280,202 @@ impl RunSettings {
             device_plugin_dir,
             cdi_dir: cdi_dir.into(),
             backoff: Backoff::default(),
-            spec_writer: Arc::new(CdiSpecWriter),
+            spec_writer: Arc::new(CdiSpecWriter::default()),
             on_ready: None,
             health_events: None,
+            reload: ReloadSettings {
+                load: None,
+                triggers: TriggerSettings::default(),
+            },
+        }
+    }
+}
+
+/// Run a blocking closure off the async workers.
+async fn blocking<T: Send + 'static>(
+    task: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AppError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| AppError::Blocking {
+            task,
+            message: e.to_string(),
+        })
+}
+
+/// The state being served, replaced as a whole by a successful reload.
+#[derive(Debug, Clone)]
+struct Current {
+    config: Arc<Config>,
+    inventory: Arc<Inventory>,
+    plan: Arc<Plan>,
+}
+
+/// The daemon's moving parts between start and shutdown.
+struct Daemon {
+    backend: Arc<dyn Backend>,
+    spec_writer: Arc<dyn SpecWriter>,
+    cdi_dir: PathBuf,
+    load: Option<ConfigLoader>,
+    current: Current,
+    health: HealthMap,
+    serving: watch::Sender<Arc<Serving>>,
+    allocations: AllocationLog,
+    ctx: PluginContext,
+    watch: plugin::KubeletWatch,
+    /// One token per served resource: cancelling it stops that server and unlinks its socket.
+    resources: BTreeMap<String, CancellationToken>,
+    token: CancellationToken,
+    fail_tx: mpsc::Sender<PluginError>,
+    status: watch::Sender<ReloadStatus>,
+}
+
+impl Daemon {
+    fn spawn_resource(&mut self, resource: String) {
+        let (ctx, kubelet, token, fail_tx) = (
+            self.ctx.clone(),
+            self.watch.subscribe(),
+            self.token.child_token(),
+            self.fail_tx.clone(),
+        );
+        self.resources.insert(resource.clone(), token.clone());
+        self.ctx.tracker.spawn(async move {
+            let name = resource.clone();
+            if let Err(e) = plugin::run_resource(resource, ctx, kubelet, token).await {
+                tracing::error!(resource = %name, error = %e, "resource stopped");
+                // Full only if many resources failed already; the first error is enough.
+                let _ = fail_tx.try_send(e);
+            }
+        });
+    }
+
+    /// CDI device names (without the kind) that allocated devices of the current plan use.
+    fn allocated_cdi_names(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let config = &self.current.config;
+        let prefix = format!("{}=", config.cdi_kind);
+        for (resource, ids) in self.allocations.snapshot() {
+            let Some(r) = self.current.plan.resource(&resource) else {
+                continue;
+            };
+            let devices: Vec<&crate::plan::Device> =
+                ids.iter().filter_map(|id| r.device(id)).collect();
+            if devices.is_empty() {
+                continue;
+            }
+            for qualified in crate::allocate::build_response(config, r, &devices).cdi_devices {
+                if let Some(name) = qualified.strip_prefix(&prefix) {
+                    names.insert(name.to_string());
+                }
+            }
+        }
+        names
+    }
+
+    /// Reload; on any error the running state is untouched.
+    async fn reload(&mut self, causes: Causes) -> Result<Option<PlanDiff>, String> {
+        let config = match (&self.load, causes.config) {
+            (Some(load), true) => {
+                let load = load.clone();
+                Arc::new(
+                    blocking("config loading", move || load())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            _ => self.current.config.clone(),
+        };
+        let inventory = if causes.inventory {
+            let backend = self.backend.clone();
+            Arc::new(
+                blocking("inventory discovery", move || backend.discover())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            self.current.inventory.clone()
+        };
+        if config == self.current.config && inventory == self.current.inventory {
+            return Ok(None);
+        }
+        let plan = Arc::new(crate::plan::build(&inventory, &config).map_err(|e| e.to_string())?);
+        let keep = self.allocated_cdi_names();
+        {
+            let (writer, dir, inventory, plan, config) = (
+                self.spec_writer.clone(),
+                self.cdi_dir.clone(),
+                inventory.clone(),
+                plan.clone(),
+                config.clone(),
+            );
+            blocking("CDI spec writing", move || {
+                writer.write(&dir, &inventory, &plan, &config, &keep)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        }
+        // Past this point nothing fails: publish.
+        self.serving.send_replace(Arc::new(Serving {
+            config: config.clone(),
+            nodes: Arc::new(DeviceNodes::new(&inventory)),
+        }));
+        let diff = self.health.replace_plan(&plan);
+        for name in &diff.removed {
+            if let Some(token) = self.resources.remove(name) {
+                token.cancel();
+            }
+        }
+        for name in &diff.added {
+            self.spawn_resource(name.clone());
+        }
+        self.current = Current {
+            config,
+            inventory,
+            plan,
+        };
+        Ok(Some(diff))
+    }
+
+    async fn handle(&mut self, causes: Causes) {
+        let result = self.reload(causes).await;
+        let plan = self.current.plan.clone();
+        self.status.send_modify(|s| {
+            s.plan = plan;
+            match &result {
+                Ok(Some(diff)) => {
+                    s.applied += 1;
+                    s.last_error = None;
+                    s.last_diff = Some(diff.clone());
+                }
+                Ok(None) => {
+                    s.unchanged += 1;
+                    s.last_error = None;
+                }
+                Err(e) => {
+                    s.failed += 1;
+                    s.last_error = Some(e.clone());
+                }
+            }
+        });
+        match result {
+            Ok(Some(diff)) => tracing::info!(
+                cause = causes.label(),
+                added = ?diff.added,
+                removed = ?diff.removed,
+                changed = ?diff.changed,
+                unchanged = diff.unchanged.len(),
+                "reload applied"
+            ),
+            Ok(None) => tracing::info!(cause = causes.label(), "reload: nothing changed"),
+            Err(e) => tracing::error!(
+                cause = causes.label(),
+                error = %e,
+                "reload refused; the previous config and plan keep serving"
+            ),
         }
     }
 }
@@ -193,35 +495,39 @@ pub async fn run(
         spec_writer,
         on_ready,
         health_events,
+        reload,
     } = settings;
     // NVML discovery blocks: keep it off the async workers.
-    let inventory = tokio::task::spawn_blocking(move || backend.discover())
-        .await
-        .map_err(|e| AppError::Blocking {
-            task: "inventory discovery",
-            message: e.to_string(),
-        })??;
+    let inventory = {
+        let backend = backend.clone();
+        blocking("inventory discovery", move || backend.discover()).await??
+    };
     let plan = crate::plan::build(&inventory, &config)?;
     tracing::info!(source = %inventory.source, gpus = inventory.gpus.len(), resources = plan.resources.len(), "plan built");
     let (inventory, plan, config) = (Arc::new(inventory), Arc::new(plan), Arc::new(config));
     {
-        let (inventory, plan, config, dir) = (
+        let (writer, inventory, plan, config, dir) = (
+            spec_writer.clone(),
             inventory.clone(),
             plan.clone(),
             config.clone(),
             cdi_dir.clone(),
         );
-        tokio::task::spawn_blocking(move || spec_writer.write(&dir, &inventory, &plan, &config))
-            .await
-            .map_err(|e| AppError::Blocking {
-                task: "CDI spec writing",
-                message: e.to_string(),
-            })??;
+        blocking("CDI spec writing", move || {
+            writer.write(&dir, &inventory, &plan, &config, &BTreeSet::new())
+        })
+        .await??;
     }
     let health = HealthMap::new(&plan);
     let watch = plugin::KubeletWatch::start(&kubelet_socket)?;
     let tracker = TaskTracker::new();
     let token = shutdown.child_token();
+    let mut triggers = Triggers::start(&reload.triggers, &tracker, &token)?;
+    let (serving, serving_rx) = watch::channel(Arc::new(Serving {
+        config: config.clone(),
+        nodes: Arc::new(DeviceNodes::new(&inventory)),
+    }));
+    let allocations = AllocationLog::default();
     let ctx = PluginContext {
         settings: Arc::new(PluginSettings {
             device_plugin_dir,
@@ -229,28 +535,42 @@ pub async fn run(
             backoff,
         }),
         health: health.clone(),
-        config,
-        nodes: Arc::new(DeviceNodes::new(&inventory)),
+        serving: serving_rx,
+        allocations: allocations.clone(),
         tracker: tracker.clone(),
     };
-    let (fail_tx, mut fail_rx) = mpsc::channel::<PluginError>(plan.resources.len().max(1));
+    let (fail_tx, mut fail_rx) = mpsc::channel::<PluginError>(16);
+    let (status, status_rx) = watch::channel(ReloadStatus {
+        applied: 0,
+        unchanged: 0,
+        failed: 0,
+        last_error: None,
+        plan: plan.clone(),
+        last_diff: None,
+    });
+    let mut daemon = Daemon {
+        backend,
+        spec_writer,
+        cdi_dir,
+        load: reload.load,
+        current: Current {
+            config,
+            inventory: inventory.clone(),
+            plan: plan.clone(),
+        },
+        health: health.clone(),
+        serving,
+        allocations: allocations.clone(),
+        ctx,
+        watch,
+        resources: BTreeMap::new(),
+        token: token.clone(),
+        fail_tx,
+        status,
+    };
     for resource in health.resource_names() {
-        let (ctx, kubelet, token, fail_tx) = (
-            ctx.clone(),
-            watch.subscribe(),
-            token.child_token(),
-            fail_tx.clone(),
-        );
-        tracker.spawn(async move {
-            let name = resource.clone();
-            if let Err(e) = plugin::run_resource(resource, ctx, kubelet, token).await {
-                tracing::error!(resource = %name, error = %e, "resource stopped");
-                // Full only if every resource failed already; the first error is enough.
-                let _ = fail_tx.try_send(e);
-            }
-        });
+        daemon.spawn_resource(resource);
     }
-    drop(fail_tx);
     if let Some(events) = health_events {
         tracker.spawn(apply_health_events(events, health.clone(), token.clone()));
     }
@@ -258,20 +578,27 @@ pub async fn run(
         // The embedder may have stopped listening; serving goes on regardless.
         let _ = tx.send(Running {
             health,
-            plan: plan.clone(),
+            plan,
             inventory,
+            reload: triggers.requester(),
+            reloads: status_rx,
+            allocations,
         });
     }
-    let failure = tokio::select! {
-        () = shutdown.cancelled() => None,
-        Some(e) = fail_rx.recv() => Some(e),
+    let failure = loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break None,
+            Some(e) = fail_rx.recv() => break Some(e),
+            Some(causes) = triggers.next() => daemon.handle(causes).await,
+        }
     };
     tracing::info!("shutting down");
     token.cancel();
     tracker.close();
     let stopped = tokio::time::timeout(SHUTDOWN_DEADLINE, tracker.wait()).await;
     // Resource tasks are gone: the inotify watch can end now.
-    drop(watch);
+    drop(daemon);
+    drop(triggers);
     if let Some(e) = failure {
         return Err(e.into());
     }

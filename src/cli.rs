@@ -141,3 +141,50 @@ pub enum OutputFormat {
     /// Stable, sorted JSON for scripts.
     Json,
 }
+
+/// Parse a duration flag: a number with a unit `ms`, `s`, `m` or `h` (`90s`, `5m`), or a
+/// bare number of seconds. `0` means off where a flag allows it.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (examples: 500ms, 30s, 5m, 1h)"))?;
+    let d = match unit {
+        "" | "s" => std::time::Duration::from_secs(n),
+        "ms" => std::time::Duration::from_millis(n),
+        "m" => std::time::Duration::from_secs(n.saturating_mul(60)),
+        "h" => std::time::Duration::from_secs(n.saturating_mul(3600)),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    Ok(d)
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn units() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(
+            parse_duration("5 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .contains("not a duration")
+        );
+    }
+}

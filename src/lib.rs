@@ -19,7 +19,8 @@
 //! - [`allocate`]: pure enforcement rules, preferred-allocation policies, responses, live health.
 //! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
 //! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
-//! - [`app`]: the daemon's wiring and ordered shutdown; [`proto`]: generated kubelet APIs.
+//! - [`app`]: the daemon's wiring, reloads and ordered shutdown; [`proto`]: generated kubelet APIs.
+//! - [`reload`]: reload triggers (config directory watch, SIGHUP, re-scan timer).
 
 pub mod allocate;
 pub mod app;
@@ -38,3 +39,4 @@ pub mod mps;
 pub mod plan;
 pub mod plugin;
 pub mod proto;
+pub mod reload;

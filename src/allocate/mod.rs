@@ -25,7 +25,9 @@ pub use preferred::preferred;
 pub use response::{
     ContainerAllocation, DeviceNodes, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
 };
-pub use state::{DeviceHealth, HealthMap, HealthUpdate, NodeHealth, ResourceView, StateError};
+pub use state::{
+    AllocationLog, DeviceHealth, HealthMap, HealthUpdate, NodeHealth, ResourceView, StateError,
+};
 
 /// Why a container request was refused. Every variant names the device and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
 use crate::inventory::Health;
-use crate::plan::{Device, Plan, Resource};
+use crate::plan::{Device, Plan, PlanDiff, Resource};
 
 /// Errors updating device state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -301,43 +301,62 @@ pub struct HealthMap {
 
 #[derive(Debug)]
 struct HealthInner {
-    state: Mutex<NodeHealth>,
+    /// One lock for the model and the per-resource senders, so a re-plan swaps both at once
+    /// and no event is applied to a half-replaced plan.
+    state: Mutex<Published>,
+}
+
+#[derive(Debug)]
+struct Published {
+    model: NodeHealth,
     senders: BTreeMap<String, watch::Sender<Arc<ResourceView>>>,
 }
 
 impl HealthMap {
     /// Build the handle for a plan.
     pub fn new(plan: &Plan) -> Self {
-        let state = NodeHealth::new(plan);
-        let senders = state
+        let model = NodeHealth::new(plan);
+        let senders = model
             .resources
             .iter()
             .filter_map(|r| {
-                let view = state.view(&r.name)?;
+                let view = model.view(&r.name)?;
                 Some((r.name.clone(), watch::Sender::new(Arc::new(view))))
             })
             .collect();
         Self {
             inner: Arc::new(HealthInner {
-                state: Mutex::new(state),
-                senders,
+                state: Mutex::new(Published { model, senders }),
             }),
         }
     }
 
-    /// Names of the served resources.
-    pub fn resource_names(&self) -> Vec<String> {
-        self.inner.senders.keys().cloned().collect()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
+        // A poisoned lock only means another updater panicked mid-update; the state it
+        // guards is still a consistent map, so keep serving it.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Follow one resource's view; the receiver sees the current view at once.
+    /// Names of the served resources.
+    pub fn resource_names(&self) -> Vec<String> {
+        self.lock().senders.keys().cloned().collect()
+    }
+
+    /// Follow one resource's view; the receiver sees the current view at once. The channel
+    /// closes when a re-plan removes the resource.
     pub fn subscribe(&self, resource: &str) -> Option<watch::Receiver<Arc<ResourceView>>> {
-        self.inner.senders.get(resource).map(|s| s.subscribe())
+        self.lock().senders.get(resource).map(|s| s.subscribe())
     }
 
     /// The current view of one resource.
     pub fn view(&self, resource: &str) -> Option<Arc<ResourceView>> {
-        self.inner.senders.get(resource).map(|s| s.borrow().clone())
+        self.lock()
+            .senders
+            .get(resource)
+            .map(|s| s.borrow().clone())
     }
 
     /// Apply a health event (`key` = GPU UUID, MIG UUID or device ID) and publish a new view
@@ -353,19 +372,103 @@ impl HealthMap {
             health,
             reason: reason.to_string(),
         };
-        // A poisoned lock only means another updater panicked mid-update; the state it
-        // guards is still a consistent map, so keep serving it.
-        let mut state = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let changed = state.apply(&update)?;
+        let mut published = self.lock();
+        let changed = published.model.apply(&update)?;
         for name in &changed {
-            if let (Some(tx), Some(view)) = (self.inner.senders.get(name), state.view(name)) {
+            if let (Some(tx), Some(view)) =
+                (published.senders.get(name), published.model.view(name))
+            {
                 tx.send_replace(Arc::new(view));
             }
         }
         Ok(changed)
+    }
+
+    /// Serve a new plan. Health events already received keep applying (they are keyed by
+    /// UUID or device ID, not by position). Changed resources get a new view on their
+    /// existing channel, so open ListAndWatch streams send the new device list at once;
+    /// removed resources' channels close; added resources get new channels. Returns the
+    /// diff, for the caller to start and stop resource servers.
+    pub fn replace_plan(&self, plan: &Plan) -> PlanDiff {
+        let mut published = self.lock();
+        let old = Plan {
+            resources: published
+                .model
+                .resources
+                .iter()
+                .map(|r| Resource::clone(r))
+                .collect(),
+        };
+        let diff = crate::plan::diff(&old, plan);
+        let mut model = NodeHealth::new(plan);
+        model.overrides = std::mem::take(&mut published.model.overrides);
+        model.generation = published.model.generation + 1;
+        for name in &diff.removed {
+            published.senders.remove(name);
+        }
+        // Unchanged resources keep their view: same devices under the same overrides read
+        // the same, and not sending keeps their streams quiet.
+        for name in &diff.changed {
+            if let (Some(tx), Some(view)) = (published.senders.get(name), model.view(name)) {
+                tx.send_replace(Arc::new(view));
+            }
+        }
+        for name in &diff.added {
+            if let Some(view) = model.view(name) {
+                published
+                    .senders
+                    .insert(name.clone(), watch::Sender::new(Arc::new(view)));
+            }
+        }
+        published.model = model;
+        diff
+    }
+}
+/// Device IDs handed out by Allocate, per resource, with when each was last handed out.
+///
+/// The kubelet never says when a container releases a device; the PodResources ledger does,
+/// when it is available, and prunes this log through [`AllocationLog::prune`]. Without it
+/// the log only grows, which errs on the safe side: it decides which CDI devices a reload
+/// must keep in the spec.
+#[derive(Debug, Clone, Default)]
+pub struct AllocationLog {
+    inner: Arc<Mutex<BTreeMap<String, BTreeMap<String, std::time::Instant>>>>,
+}
+
+impl AllocationLog {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeMap<String, std::time::Instant>>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Record devices of `resource` handed out now.
+    pub fn record<'a>(&self, resource: &str, ids: impl IntoIterator<Item = &'a str>) {
+        let now = std::time::Instant::now();
+        let mut log = self.lock();
+        let entry = log.entry(resource.to_string()).or_default();
+        for id in ids {
+            entry.insert(id.to_string(), now);
+        }
+    }
+
+    /// Every recorded device ID, per resource.
+    pub fn snapshot(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.lock()
+            .iter()
+            .map(|(r, ids)| (r.clone(), ids.keys().cloned().collect()))
+            .collect()
+    }
+
+    /// Forget devices recorded before `taken_at` that an authoritative list taken then
+    /// (`held`: resource → device IDs in use) no longer has. Later records stay: the list
+    /// could not know them.
+    pub fn prune(&self, held: &BTreeMap<String, BTreeSet<String>>, taken_at: std::time::Instant) {
+        let mut log = self.lock();
+        for (resource, ids) in log.iter_mut() {
+            let in_use = held.get(resource);
+            ids.retain(|id, at| *at >= taken_at || in_use.is_some_and(|s| s.contains(id)));
+        }
+        log.retain(|_, ids| !ids.is_empty());
     }
 }

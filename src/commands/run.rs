@@ -3,6 +3,7 @@
 //! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -10,6 +11,7 @@ use crate::app::{self, AppError, RunSettings};
 use crate::cli::{BackendArgs, ConfigArgs};
 use crate::config::ConfigError;
 use crate::inventory::InventoryError;
+use crate::reload::TriggerSettings;
 
 /// Errors of `gpu-slicer run` before or while the daemon runs.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,13 @@ pub struct RunArgs {
     /// Directory the CDI spec is written to.
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
+    /// Re-discover the inventory this often (MIG layout changes); `0` turns the timer off.
+    /// SIGHUP always reloads the config and re-scans.
+    #[arg(long, env = "RESCAN_INTERVAL", default_value = "5m", value_parser = crate::cli::parse_duration)]
+    pub rescan_interval: std::time::Duration,
+    /// Do not watch the config file for changes (SIGHUP still reloads).
+    #[arg(long, env = "NO_CONFIG_WATCH")]
+    pub no_config_watch: bool,
 }
 
 impl RunArgs {
@@ -57,6 +66,15 @@ impl RunArgs {
         if let Some(socket) = &self.kubelet_socket {
             settings.kubelet_socket.clone_from(socket);
         }
+        let flags = self.config.clone();
+        settings.reload = app::ReloadSettings {
+            load: Some(Arc::new(move || flags.load())),
+            triggers: TriggerSettings {
+                config_file: self.config.config.clone().filter(|_| !self.no_config_watch),
+                sighup: true,
+                rescan_interval: Some(self.rescan_interval),
+            },
+        };
         Ok(settings)
     }
 }

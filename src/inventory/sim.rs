@@ -29,6 +29,9 @@ pub fn builtin_names() -> Vec<&'static str> {
 pub struct SimBackend {
     source: String,
     spec: NodeSpec,
+    /// Set for a node file: every discovery reads it again, so editing the file is how a
+    /// sim node changes its MIG layout under a running daemon (re-scan, SIGHUP).
+    path: Option<PathBuf>,
 }
 
 impl SimBackend {
@@ -39,6 +42,7 @@ impl SimBackend {
             return Ok(Self {
                 source: format!("sim:{name}"),
                 spec,
+                path: None,
             });
         }
         let path = PathBuf::from(profile);
@@ -57,6 +61,7 @@ impl SimBackend {
         Ok(Self {
             source: format!("sim:{}", path.display()),
             spec,
+            path: Some(path.to_path_buf()),
         })
     }
 
@@ -65,10 +70,11 @@ impl SimBackend {
         Self {
             source: source.into(),
             spec,
+            path: None,
         }
     }
 
-    /// The node description.
+    /// The node description as first loaded.
     pub fn spec(&self) -> &NodeSpec {
         &self.spec
     }
@@ -76,7 +82,10 @@ impl SimBackend {
 
 impl Backend for SimBackend {
     fn discover(&self) -> Result<Inventory> {
-        Ok(inventory_from_spec(&self.spec, &self.source))
+        match &self.path {
+            Some(path) => Ok(inventory_from_spec(&NodeSpec::load(path)?, &self.source)),
+            None => Ok(inventory_from_spec(&self.spec, &self.source)),
+        }
     }
 }
 

@@ -109,6 +109,10 @@ pub struct Registered {
     pub get_preferred_allocation_available: bool,
     /// How many times this resource registered and delivered a first ListAndWatch frame.
     pub count: u64,
+    /// ListAndWatch frames received over all connections.
+    pub frames: u64,
+    /// Whether the latest ListAndWatch stream is still open.
+    pub open: bool,
 }
 
 #[derive(Debug)]
@@ -593,22 +597,38 @@ async fn connect_plugin(
         match message {
             Ok(Some(frame)) => {
                 devices.send_replace(to_devices(frame));
-                if first {
-                    first = false;
-                    inner.registered.send_modify(|m| {
-                        let entry = m.entry(resource.clone()).or_insert(Registered {
-                            endpoint: req.endpoint.clone(),
-                            get_preferred_allocation_available: options
-                                .get_preferred_allocation_available,
-                            count: 0,
-                        });
-                        entry.endpoint.clone_from(&req.endpoint);
-                        entry.count += 1;
+                let counted = !first;
+                first = false;
+                inner.registered.send_modify(|m| {
+                    let entry = m.entry(resource.clone()).or_insert(Registered {
+                        endpoint: req.endpoint.clone(),
+                        get_preferred_allocation_available: options
+                            .get_preferred_allocation_available,
+                        count: 0,
+                        frames: 0,
+                        open: true,
                     });
-                }
+                    if !counted {
+                        entry.endpoint.clone_from(&req.endpoint);
+                        entry.get_preferred_allocation_available =
+                            options.get_preferred_allocation_available;
+                        entry.count += 1;
+                    }
+                    entry.frames += 1;
+                    entry.open = true;
+                });
             }
-            Ok(None) => return Ok(()),
-            Err(s) => return Err(err("ListAndWatch", &s)),
+            end => {
+                inner.registered.send_modify(|m| {
+                    if let Some(entry) = m.get_mut(&resource) {
+                        entry.open = false;
+                    }
+                });
+                return match end {
+                    Err(s) => Err(err("ListAndWatch", &s)),
+                    _ => Ok(()),
+                };
+            }
         }
     }
 }

@@ -191,6 +191,28 @@ fn mps_replica_limit() {
     assert!(err.to_string().contains("at most 48"), "{err}");
 }
 
+#[test]
+fn diff_names_only_what_changed() {
+    let inv = inv("mixed-a100");
+    let four = "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
+    let old = build(&inv, &cfg(four)).unwrap();
+    assert!(diff(&old, &old).is_empty());
+    let eight = build(&inv, &cfg(&four.replace("replicas: 4", "replicas: 8"))).unwrap();
+    let d = diff(&old, &eight);
+    assert_eq!(d.changed, vec!["nvidia.com/gpu".to_string()]);
+    assert!(d.added.is_empty() && d.removed.is_empty());
+    assert_eq!(d.unchanged.len(), 3, "{d:?}");
+    // Renaming moves the devices to a new resource: one removed, one added.
+    let renamed = build(
+        &inv,
+        &cfg(&four.replace("replicas: 4}", "replicas: 4, rename: gpu.shared}")),
+    )
+    .unwrap();
+    let d = diff(&old, &renamed);
+    assert_eq!(d.added, vec!["nvidia.com/gpu.shared".to_string()]);
+    assert_eq!(d.removed, vec!["nvidia.com/gpu".to_string()]);
+}
+
 fn arb_config() -> impl Strategy<Value = String> {
     (
         prop_oneof![Just("none"), Just("mixed")],

@@ -27,7 +27,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::allocate::{DeviceNodes, HealthMap};
+use crate::allocate::{AllocationLog, DeviceNodes, HealthMap};
 use crate::config::Config;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 
@@ -121,6 +121,17 @@ pub fn remove_socket(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// What Allocate needs besides the resource's view: the config (response formats,
+/// allocation policy) and the host device nodes (`passDeviceSpecs`). Published on a watch
+/// channel so a reload swaps both for every server at once.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    /// Validated config.
+    pub config: Arc<Config>,
+    /// Device nodes of the inventory being served.
+    pub nodes: Arc<DeviceNodes>,
+}
+
 /// Everything a resource task needs, shared by all resources.
 #[derive(Debug, Clone)]
 pub struct PluginContext {
@@ -128,10 +139,10 @@ pub struct PluginContext {
     pub settings: Arc<PluginSettings>,
     /// Live device state.
     pub health: HealthMap,
-    /// Config (response formats, allocation policy).
-    pub config: Arc<Config>,
-    /// Device nodes for `passDeviceSpecs`.
-    pub nodes: Arc<DeviceNodes>,
+    /// Config and device nodes, replaced as a whole by a reload.
+    pub serving: tokio::sync::watch::Receiver<Arc<Serving>>,
+    /// Where Allocate records what it handed out.
+    pub allocations: AllocationLog,
     /// Owner of every task spawned for serving.
     pub tracker: TaskTracker,
 }
@@ -167,8 +178,8 @@ pub async fn run_resource(
         let service = service::DevicePluginService::new(
             &resource,
             view.clone(),
-            ctx.config.clone(),
-            ctx.nodes.clone(),
+            ctx.serving.clone(),
+            ctx.allocations.clone(),
             ctx.tracker.clone(),
             instance.clone(),
         );

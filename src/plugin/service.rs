@@ -12,11 +12,12 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 
 use crate::allocate::{
-    self, AllocateError, ContainerAllocation, DeviceNodes, ErrorClass, ResourceView,
+    self, AllocateError, AllocationLog, ContainerAllocation, ErrorClass, ResourceView,
 };
-use crate::config::Config;
 use crate::inventory::Health;
 use crate::proto::deviceplugin as pb;
+
+use super::Serving;
 
 /// Options this plugin registers with and reports: GetPreferredAllocation only.
 pub fn plugin_options() -> pb::DevicePluginOptions {
@@ -31,8 +32,10 @@ pub fn plugin_options() -> pb::DevicePluginOptions {
 pub(crate) struct DevicePluginService {
     resource: Arc<str>,
     view: watch::Receiver<Arc<ResourceView>>,
-    config: Arc<Config>,
-    nodes: Arc<DeviceNodes>,
+    /// Config and device nodes; a reload publishes new ones.
+    serving: watch::Receiver<Arc<Serving>>,
+    /// Records every device handed out (a reload keeps their CDI devices).
+    allocations: AllocationLog,
     tracker: TaskTracker,
     /// Ends open ListAndWatch streams when this server instance stops; graceful server
     /// shutdown would otherwise wait forever on them.
@@ -43,16 +46,16 @@ impl DevicePluginService {
     pub(crate) fn new(
         resource: &str,
         view: watch::Receiver<Arc<ResourceView>>,
-        config: Arc<Config>,
-        nodes: Arc<DeviceNodes>,
+        serving: watch::Receiver<Arc<Serving>>,
+        allocations: AllocationLog,
         tracker: TaskTracker,
         token: CancellationToken,
     ) -> Self {
         Self {
             resource: Arc::from(resource),
             view,
-            config,
-            nodes,
+            serving,
+            allocations,
             tracker,
             token,
         }
@@ -159,6 +162,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         request: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
         let view = self.view.borrow().clone();
+        let policy = self.serving.borrow().config.allocation_policy;
         let container_responses = request
             .into_inner()
             .container_requests
@@ -166,7 +170,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             .map(|c| pb::ContainerPreferredAllocationResponse {
                 device_i_ds: allocate::preferred(
                     &view,
-                    self.config.allocation_policy,
+                    policy,
                     &c.available_device_i_ds,
                     &c.must_include_device_i_ds,
                     usize::try_from(c.allocation_size).unwrap_or(0),
@@ -183,6 +187,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         request: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
         let view = self.view.borrow().clone();
+        let serving = self.serving.borrow().clone();
         let requests = request.into_inner().container_requests;
         // Validate every container request before answering any: all or nothing.
         let mut validated = Vec::with_capacity(requests.len());
@@ -195,11 +200,15 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 }
             }
         }
+        self.allocations.record(
+            &self.resource,
+            validated.iter().flatten().map(|d| d.id.as_str()),
+        );
         let container_responses = validated
             .iter()
             .map(|devices| {
-                let mut answer = allocate::build_response(&self.config, &view.resource, devices);
-                allocate::add_device_specs(&mut answer, &self.config, &self.nodes, devices);
+                let mut answer = allocate::build_response(&serving.config, &view.resource, devices);
+                allocate::add_device_specs(&mut answer, &serving.config, &serving.nodes, devices);
                 to_pb(answer)
             })
             .collect();

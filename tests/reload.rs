@@ -1,0 +1,293 @@
+//! Live reconfiguration of a running daemon, driven through its real triggers (a watched
+//! config file, a ConfigMap-style `..data` swap, a re-scan of an edited node file) and
+//! observed through the kubelet emulator over real sockets.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{short_tempdir, within};
+use gpu_slicer::app::{self, AppError, ReloadSettings, ReloadStatus, RunSettings, Running};
+use gpu_slicer::config::{self, Overrides};
+use gpu_slicer::inventory::sim::SimBackend;
+use gpu_slicer::kubelet::KubeletEmulator;
+use gpu_slicer::plugin::Backoff;
+use gpu_slicer::reload::{Cause, TriggerSettings};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const FOUR: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
+
+struct Daemon {
+    dir: TempDir,
+    emulator: KubeletEmulator,
+    running: Running,
+    shutdown: CancellationToken,
+    app: JoinHandle<Result<(), AppError>>,
+}
+
+impl Daemon {
+    fn cdi_spec(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("cdi").join("gpu-slicer.io-gpu.yaml"))
+            .expect("spec written")
+    }
+
+    /// Wait until the reload counters move past `before`.
+    async fn next_reload(&self, before: &ReloadStatus) -> ReloadStatus {
+        let mut rx = self.running.reloads.clone();
+        let total = before.applied + before.failed + before.unchanged;
+        within(
+            "reload",
+            rx.wait_for(|s| s.applied + s.failed + s.unchanged > total),
+        )
+        .await
+        .expect("daemon alive")
+        .clone()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        within("stop", self.app)
+            .await
+            .expect("join")
+            .expect("clean stop");
+        self.emulator.shutdown().await;
+    }
+}
+
+/// Replace a file the way editors and `kubectl cp` do: write aside, rename over.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+/// Start the daemon with `config_file` watched and `node` (a profile or file) as backend.
+async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let path = config_file.clone();
+    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let config = load().expect("initial config");
+    let backend = Arc::new(SimBackend::open(node).expect("node"));
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(2),
+        max: Duration::from_millis(100),
+    };
+    settings.reload = ReloadSettings {
+        load: Some(load),
+        triggers: TriggerSettings {
+            config_file: Some(config_file),
+            ..TriggerSettings::default()
+        },
+    };
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let running = within("daemon ready", rx).await.expect("daemon ready");
+    let names: Vec<String> = running
+        .plan
+        .resources
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    within("registration", emulator.wait_registered(&names, 1)).await;
+    Daemon {
+        dir,
+        emulator,
+        running,
+        shutdown,
+        app,
+    }
+}
+
+#[tokio::test]
+async fn more_replicas_re_advertise_only_that_resource() {
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, FOUR).unwrap();
+    let d = start(dir, file.clone(), "mixed-a100").await;
+    let before_regs = d.emulator.registrations().borrow().clone();
+    let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
+    assert_eq!(gpu.borrow_and_update().len(), 8);
+    let before = d.running.reloads.borrow().clone();
+
+    replace(&file, &FOUR.replace("replicas: 4", "replicas: 8"));
+    let status = d.next_reload(&before).await;
+    assert_eq!(status.applied, 1, "{status:?}");
+    let diff = status.last_diff.expect("diff");
+    assert_eq!(diff.changed, vec!["nvidia.com/gpu".to_string()]);
+    assert!(diff.added.is_empty() && diff.removed.is_empty());
+
+    // The new list arrives on the open stream, without re-registering.
+    let list = within(
+        "16 replicas advertised",
+        gpu.wait_for(|devices| devices.len() == 16),
+    )
+    .await
+    .unwrap()
+    .clone();
+    assert!(list.iter().any(|dev| dev.id.ends_with("::7")));
+    // Allocate serves the new plan at once.
+    let replica7 = list
+        .iter()
+        .find(|dev| dev.id.ends_with("::7"))
+        .unwrap()
+        .id
+        .clone();
+    d.emulator
+        .allocate_ids("nvidia.com/gpu", &[replica7])
+        .await
+        .expect("replica ::7 exists after the reload");
+    let after_regs = d.emulator.registrations().borrow().clone();
+    for (name, reg) in &after_regs {
+        let old = &before_regs[name];
+        assert_eq!(reg.count, 1, "{name} re-registered");
+        assert!(reg.open, "{name}: stream closed");
+        if name == "nvidia.com/gpu" {
+            assert!(reg.frames > old.frames, "{name}: no new frame");
+        } else {
+            assert_eq!(reg.frames, old.frames, "{name} got a frame it did not need");
+        }
+    }
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_broken_config_keeps_the_last_good_plan() {
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, FOUR).unwrap();
+    let d = start(dir, file.clone(), "mixed-a100").await;
+    let plan = d.running.plan.clone();
+    let before = d.running.reloads.borrow().clone();
+
+    replace(&file, &FOUR.replace("replicas: 4", "replicas: four"));
+    let status = d.next_reload(&before).await;
+    assert_eq!((status.applied, status.failed), (0, 1), "{status:?}");
+    let error = status.last_error.clone().expect("error kept");
+    assert!(
+        error.contains("config.yaml") && error.contains("replicas"),
+        "error names file and field: {error}"
+    );
+    assert_eq!(*status.plan, *plan, "plan unchanged");
+    // Still serving the old plan.
+    d.emulator
+        .allocate_ids(
+            "nvidia.com/gpu",
+            &["GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02::3".to_string()],
+        )
+        .await
+        .expect("old plan still served");
+    let regs = d.emulator.registrations().borrow().clone();
+    assert!(regs.values().all(|r| r.open && r.count == 1));
+
+    // A plan the config cannot build on this node is refused too.
+    replace(&file, "version: v1\nflags: {migStrategy: single}\n");
+    let status = d.next_reload(&status).await;
+    assert_eq!(status.failed, 2, "{status:?}");
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("single"),
+        "{status:?}"
+    );
+
+    // Fixing the file applies it.
+    replace(&file, FOUR);
+    let status = d.next_reload(&status).await;
+    assert!(status.last_error.is_none(), "{status:?}");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn configmap_symlink_swap_is_followed() {
+    let dir = short_tempdir();
+    let root = dir.path().join("cm");
+    std::fs::create_dir_all(root.join("..v1")).unwrap();
+    std::fs::write(root.join("..v1/config.yaml"), FOUR).unwrap();
+    std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/config.yaml", root.join("config.yaml")).unwrap();
+    let d = start(dir, root.join("config.yaml"), "mixed-a100").await;
+    let before = d.running.reloads.borrow().clone();
+    let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
+
+    std::fs::create_dir_all(root.join("..v2")).unwrap();
+    std::fs::write(
+        root.join("..v2/config.yaml"),
+        FOUR.replace("replicas: 4", "replicas: 2"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+
+    let status = d.next_reload(&before).await;
+    assert_eq!(status.applied, 1, "{status:?}");
+    within("4 replicas", gpu.wait_for(|v| v.len() == 4))
+        .await
+        .unwrap();
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, "version: v1\nflags: {migStrategy: mixed}\n").unwrap();
+    let node = dir.path().join("node.yaml");
+    let text = include_str!("../hack/nodes/mixed-a100.yaml");
+    std::fs::write(&node, text).unwrap();
+    let d = start(dir, file, node.to_str().unwrap()).await;
+    const HELD: &str = "MIG-1b2c3d4e-0000-4a00-8000-00000000000d";
+    const FREE: &str = "MIG-1b2c3d4e-0000-4a00-8000-00000000000c";
+    d.emulator
+        .allocate_ids("nvidia.com/mig-1g.10gb", &[HELD.to_string()])
+        .await
+        .expect("allocate");
+    assert!(d.cdi_spec().contains(HELD) && d.cdi_spec().contains(FREE));
+    let mut mig = d.emulator.devices("nvidia.com/mig-1g.10gb").unwrap();
+    assert_eq!(mig.borrow_and_update().len(), 9);
+
+    // The MIG layout changes: GPU 0 loses GPU instances 12 and 13.
+    let edited: String = text
+        .lines()
+        .filter(|l| !l.contains("gpuInstanceId: 12}") && !l.contains("gpuInstanceId: 13}"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    replace(&node, &edited);
+    let before = d.running.reloads.borrow().clone();
+    d.running.reload.send(Cause::Request).await.unwrap();
+    let status = d.next_reload(&before).await;
+    assert_eq!(status.applied, 1, "{status:?}");
+    assert_eq!(
+        status.last_diff.unwrap().changed,
+        vec!["nvidia.com/mig-1g.10gb".to_string()]
+    );
+    within("7 slices advertised", mig.wait_for(|v| v.len() == 7))
+        .await
+        .unwrap();
+    let spec = d.cdi_spec();
+    assert!(
+        spec.contains(HELD),
+        "allocated device dropped from the spec"
+    );
+    assert!(!spec.contains(FREE), "free device kept");
+    gpu_slicer::cdi::validate(&gpu_slicer::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap())
+        .expect("spec with a kept device is valid");
+    // The device is gone from the resource: Allocate refuses it by name.
+    let err = d
+        .emulator
+        .allocate_ids("nvidia.com/mig-1g.10gb", &[HELD.to_string()])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(HELD), "{err}");
+    d.stop().await;
+}
