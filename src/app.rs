@@ -470,6 +470,10 @@ impl Daemon {
                 unchanged = diff.unchanged.len(),
                 "reload applied"
             ),
+            // The re-scan timer finds nothing most of the time: keep that out of info logs.
+            Ok(None) if !causes.config => {
+                tracing::debug!(cause = causes.label(), "reload: nothing changed");
+            }
             Ok(None) => tracing::info!(cause = causes.label(), "reload: nothing changed"),
             Err(e) => tracing::error!(
                 cause = causes.label(),

@@ -1,4 +1,5 @@
-//! The built binary stops cleanly on SIGTERM: every plugin socket is removed.
+//! Signals to the built binary: SIGTERM stops it cleanly (every plugin socket removed);
+//! SIGHUP reloads the config without a restart.
 
 mod common;
 
@@ -50,5 +51,52 @@ async fn sigterm_removes_sockets() {
     for name in &names {
         assert!(!plugin_dir.join(socket_name(name)).exists(), "{name}");
     }
+    emulator.shutdown().await;
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_config() {
+    let dir = short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .arg("run")
+        .arg("--backend=sim:mixed-a100")
+        .arg("--config")
+        .arg(&config)
+        // Only the signal may trigger this reload.
+        .arg("--no-config-watch")
+        .arg("--device-plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let gpu = vec!["nvidia.com/gpu".to_string()];
+    within("registration", emulator.wait_registered(&gpu, 1)).await;
+    let mut devices = emulator.devices("nvidia.com/gpu").unwrap();
+    assert_eq!(devices.borrow_and_update().len(), 2);
+    std::fs::write(
+        &config,
+        "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 3}\n",
+    )
+    .unwrap();
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    kill(pid, Signal::SIGHUP).unwrap();
+    within(
+        "6 replicas after SIGHUP",
+        devices.wait_for(|d| d.len() == 6),
+    )
+    .await
+    .unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    kill(pid, Signal::SIGTERM).unwrap();
+    let status = within("exit", child.wait()).await.unwrap();
+    assert!(status.success(), "{status}");
     emulator.shutdown().await;
 }
