@@ -1,0 +1,100 @@
+//! Live reconfiguration benchmark over real unix sockets with the kubelet emulator, on the
+//! built-in `dgx-h100` node: rewrite the watched config file (time-slicing replicas 64 ↔ 32,
+//! 512 ↔ 256 devices) and time until the emulator holds the new ListAndWatch device list.
+//! The figure includes the trigger's settle delay (`gpu_slicer::reload::SETTLE`), which is
+//! printed alongside so the reload's own cost can be read off.
+//!
+//! Run: `cargo bench --bench reload` (`BENCH_QUICK=1` for fewer iterations).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_slicer::app::{self, ReloadSettings, RunSettings};
+use gpu_slicer::config::{self, Overrides};
+use gpu_slicer::inventory::sim::SimBackend;
+use gpu_slicer::kubelet::KubeletEmulator;
+use gpu_slicer::plugin::Backoff;
+use gpu_slicer::reload::{SETTLE, TriggerSettings};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+fn config(replicas: u32) -> String {
+    format!(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
+    )
+}
+
+fn pct(v: &[Duration], q: f64) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let rounds = if std::env::var_os("BENCH_QUICK").is_some() {
+        6
+    } else {
+        30
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("gsr")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let plugin_dir = dir.path().join("dp");
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, config(64)).expect("write");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let path = file.clone();
+    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let mut settings =
+        RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(50),
+    };
+    settings.reload = ReloadSettings {
+        load: Some(load),
+        triggers: TriggerSettings {
+            config_file: Some(file.clone()),
+            ..TriggerSettings::default()
+        },
+    };
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let _running = rx.await.expect("ready");
+    let gpu = vec!["nvidia.com/gpu".to_string()];
+    tokio::time::timeout(Duration::from_secs(10), emulator.wait_registered(&gpu, 1))
+        .await
+        .expect("registered");
+    let mut devices = emulator.devices("nvidia.com/gpu").expect("devices");
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let replicas = if i % 2 == 0 { 32 } else { 64 };
+        let want = 8 * replicas as usize;
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, config(replicas)).expect("write");
+        let t = Instant::now();
+        std::fs::rename(&tmp, &file).expect("rename");
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            devices.wait_for(|d| d.len() == want),
+        )
+        .await
+        .expect("new list within 10 s")
+        .expect("emulator alive");
+        samples.push(t.elapsed());
+    }
+    println!(
+        "reload: config rewrite -> new ListAndWatch list (dgx-h100, 512<->256 devices) n={rounds} p50={:.1?} p99={:.1?} max={:.1?}  (includes settle {SETTLE:?}; reload work ~ p50 - settle)",
+        pct(&samples, 0.5),
+        pct(&samples, 0.99),
+        pct(&samples, 1.0),
+    );
+    shutdown.cancel();
+    let _ = app.await;
+    emulator.shutdown().await;
+}
