@@ -201,6 +201,19 @@ async fn a_broken_config_keeps_the_last_good_plan() {
         "{status:?}"
     );
 
+    // A file that is gone is refused, naming the path.
+    std::fs::remove_file(&file).unwrap();
+    let status = d.next_reload(&status).await;
+    assert_eq!(status.failed, 3, "{status:?}");
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("config.yaml"),
+        "{status:?}"
+    );
+
     // Fixing the file applies it.
     replace(&file, FOUR);
     let status = d.next_reload(&status).await;
@@ -289,5 +302,36 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains(HELD), "{err}");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn health_survives_a_reload() {
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, FOUR).unwrap();
+    let d = start(dir, file.clone(), "mixed-a100").await;
+    const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
+    d.running
+        .health
+        .set_health(GPU2, gpu_slicer::inventory::Health::Unhealthy, "XID 79")
+        .unwrap();
+    let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
+    within(
+        "4 unhealthy",
+        gpu.wait_for(|v| v.iter().filter(|x| !x.healthy).count() == 4),
+    )
+    .await
+    .unwrap();
+    let before = d.running.reloads.borrow().clone();
+    replace(&file, &FOUR.replace("replicas: 4", "replicas: 8"));
+    d.next_reload(&before).await;
+    let list = within("16 replicas", gpu.wait_for(|v| v.len() == 16))
+        .await
+        .unwrap()
+        .clone();
+    for dev in &list {
+        assert_eq!(dev.healthy, !dev.id.starts_with(GPU2), "{dev:?}");
+    }
     d.stop().await;
 }
