@@ -91,16 +91,20 @@ impl SpecWriter for NoSpecWriter {
 }
 
 /// The real writer: generate the spec from the inventory (stat'ing host device nodes under
-/// the configured dev root), check it, and write it atomically as `<vendor>-<class>.yaml`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CdiSpecWriter;
+/// the configured dev root) plus a `<device>-share-<k>` device per enforced share of the
+/// plan, check it, and write it atomically as `<vendor>-<class>.yaml`.
+#[derive(Debug, Clone, Default)]
+pub struct CdiSpecWriter {
+    /// The memory-limit hook of share devices (default: this executable, system NVML).
+    pub hook: Option<crate::cdi::shares::HookSettings>,
+}
 
 impl SpecWriter for CdiSpecWriter {
     fn write(
         &self,
         cdi_dir: &Path,
         inventory: &Inventory,
-        _plan: &Plan,
+        plan: &Plan,
         config: &Config,
     ) -> Result<(), SpecWriterError> {
         let err = |e: crate::cdi::CdiError| SpecWriterError {
@@ -108,9 +112,20 @@ impl SpecWriter for CdiSpecWriter {
             message: e.to_string(),
         };
         let dev_root = (config.dev_root != Path::new("/")).then(|| config.dev_root.clone());
+        let hook = match &self.hook {
+            Some(h) => h.clone(),
+            None => crate::commands::cdi::HookArgs::default()
+                .settings(None)
+                .map_err(err)?,
+        };
         let opts = crate::cdi::generate::GenerateOptions {
             kind: config.cdi_kind.clone(),
             dev_root,
+            shares: Some(crate::cdi::shares::ShareOptions {
+                plan: plan.clone(),
+                mps_root: config.mps_root.clone(),
+                hook,
+            }),
         };
         let spec =
             crate::cdi::generate::generate(inventory, &opts, &crate::cdi::generate::HostProbe)
@@ -171,7 +186,7 @@ impl RunSettings {
             device_plugin_dir,
             cdi_dir: cdi_dir.into(),
             backoff: Backoff::default(),
-            spec_writer: Arc::new(CdiSpecWriter),
+            spec_writer: Arc::new(CdiSpecWriter::default()),
             on_ready: None,
             health_events: None,
         }
