@@ -42,6 +42,9 @@ pub enum AppError {
     /// A resource could not be served.
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    /// The MPS control daemons could not be set up.
+    #[error(transparent)]
+    Mps(#[from] crate::mps::MpsError),
     /// A blocking task (discovery, spec writing) panicked or was cancelled.
     #[error("{task} did not complete: {message}")]
     Blocking { task: &'static str, message: String },
@@ -170,6 +173,8 @@ pub struct RunSettings {
     /// Health events from the health subsystem (NVML event loop, sim scripts). Each is
     /// applied with [`HealthMap::set_health`]; events for unknown devices are logged.
     pub health_events: Option<mpsc::Receiver<HealthUpdate>>,
+    /// MPS control daemon supervision (binary, backoff), used when the plan has MPS shares.
+    pub mps: crate::mps::daemon::SupervisorConfig,
 }
 
 impl RunSettings {
@@ -189,6 +194,7 @@ impl RunSettings {
             spec_writer: Arc::new(CdiSpecWriter::default()),
             on_ready: None,
             health_events: None,
+            mps: crate::mps::daemon::SupervisorConfig::default(),
         }
     }
 }
@@ -208,6 +214,7 @@ pub async fn run(
         spec_writer,
         on_ready,
         health_events,
+        mps,
     } = settings;
     // NVML discovery blocks: keep it off the async workers.
     let inventory = tokio::task::spawn_blocking(move || backend.discover())
@@ -237,6 +244,8 @@ pub async fn run(
     let watch = plugin::KubeletWatch::start(&kubelet_socket)?;
     let tracker = TaskTracker::new();
     let token = shutdown.child_token();
+    // MPS daemons up (or their devices Unhealthy) before any resource is advertised.
+    crate::mps::health::start(&plan, &config, mps, &health, &tracker, token.clone()).await?;
     let ctx = PluginContext {
         settings: Arc::new(PluginSettings {
             device_plugin_dir,

@@ -3,6 +3,7 @@
 //! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +27,9 @@ pub enum RunError {
     /// The daemon failed.
     #[error(transparent)]
     App(#[from] AppError),
+    /// `--cdi-hook-*` flags.
+    #[error(transparent)]
+    Hook(#[from] crate::cdi::CdiError),
 }
 
 /// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
@@ -47,6 +51,12 @@ pub struct RunArgs {
     /// Directory the CDI spec is written to.
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
+    /// MPS control daemon binary and restart timing.
+    #[command(flatten)]
+    pub mps: crate::mps::MpsArgs,
+    /// The memory-limit hook written into per-share CDI devices.
+    #[command(flatten)]
+    pub hook: crate::commands::cdi::HookArgs,
 }
 
 impl RunArgs {
@@ -57,6 +67,9 @@ impl RunArgs {
         if let Some(socket) = &self.kubelet_socket {
             settings.kubelet_socket.clone_from(socket);
         }
+        settings.mps = self.mps.supervisor_config();
+        let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
+        settings.spec_writer = Arc::new(app::CdiSpecWriter { hook: Some(hook) });
         Ok(settings)
     }
 }
@@ -69,6 +82,7 @@ impl RunError {
             | RunError::Backend(InventoryError::UnknownBackend(_))
             | RunError::Backend(InventoryError::UnknownProfile { .. })
             | RunError::Backend(InventoryError::NodeFile(_))
+            | RunError::Hook(_)
             | RunError::App(AppError::Plan(_)) => std::process::ExitCode::from(2),
             _ => std::process::ExitCode::from(1),
         }

@@ -45,6 +45,7 @@ use crate::config::Config;
 use crate::plan::Plan;
 
 pub mod daemon;
+pub mod health;
 
 /// Directory inside the container under which each daemon's pipe directory is mounted.
 pub const CONTAINER_MPS_ROOT: &str = "/mps";
