@@ -117,9 +117,7 @@ impl SpecWriter for CdiSpecWriter {
         let dev_root = (config.dev_root != Path::new("/")).then(|| config.dev_root.clone());
         let hook = match &self.hook {
             Some(h) => h.clone(),
-            None => crate::commands::cdi::HookArgs::default()
-                .settings(None)
-                .map_err(err)?,
+            None => crate::cdi::shares::HookSettings::current_exe(None).map_err(err)?,
         };
         let opts = crate::cdi::generate::GenerateOptions {
             kind: config.cdi_kind.clone(),

@@ -603,3 +603,37 @@ fn dev_root_fills_nodes_from_the_host_and_omits_missing_control_nodes() {
         "absent node: path only"
     );
 }
+
+#[test]
+fn relative_or_bad_hook_settings_are_refused_naming_them() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/configs/shares.yaml");
+    let base = [
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--config",
+        config,
+        "--output",
+        "-",
+    ];
+    let out = bin(&[&base[..], &["--cdi-hook-path", "bin/gpu-slicer"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bin/gpu-slicer") && err.contains("absolute"),
+        "{err}"
+    );
+    let out = bin(&[&base[..], &["--cdi-hook-env", "=x"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("KEY=VALUE"), "{err}");
+    // The default is this executable, written as an absolute path into every share device.
+    let out = bin(&base);
+    assert!(out.status.success());
+    let spec = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        spec.contains(&format!("path: {}", env!("CARGO_BIN_EXE_gpu-slicer"))),
+        "{spec}"
+    );
+}

@@ -79,10 +79,7 @@ impl HookArgs {
     pub fn settings(&self, nvml_lib: Option<&Path>) -> Result<cdi::shares::HookSettings> {
         let path = match &self.cdi_hook_path {
             Some(p) => p.clone(),
-            None => std::env::current_exe().map_err(|e| CdiError::HookPath {
-                path: PathBuf::from("<current executable>"),
-                rule: format!("cannot resolve ({e}); pass --cdi-hook-path"),
-            })?,
+            None => cdi::shares::HookSettings::current_exe(None)?.path,
         };
         if !path.is_absolute() {
             return Err(CdiError::HookPath {
