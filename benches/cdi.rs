@@ -2,8 +2,9 @@
 //!
 //! `cargo bench --bench cdi` prints, for N GPUs × 7 MIG slices (N = 1 … 64), the median of
 //! `RUNS` runs of `cdi::generate` + `Spec::to_bytes` (YAML and JSON) and the time per CDI
-//! device, so linear growth shows as a flat per-device column. Replicas (16 × 64) are not CDI
-//! devices yet, so they are not measured here.
+//! device, so linear growth shows as a flat per-device column. Then the same for whole GPUs
+//! split 48 ways with `isolation: memory+mps`, whose 48 share devices per GPU (by UUID and by
+//! index, with the memory hook and MPS edits) dominate the spec.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -81,6 +82,52 @@ pub fn measure(gpus: u32, migs: u32, format: Format, runs: usize) -> (Duration, 
     (times[times.len() / 2], devices)
 }
 
+/// As [`measure`] for `gpus` whole GPUs each split `replicas` ways with `memory+mps`.
+pub fn measure_shares(gpus: u32, replicas: u32, format: Format, runs: usize) -> (Duration, usize) {
+    let inv = synthetic_inventory(gpus, 0);
+    let text = format!(
+        "flags: {{mpsRoot: /run/nvidia/mps}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: gpu, replicas: {replicas}, isolation: memory+mps}}\n"
+    );
+    let cfg = match gpu_slicer::config::parse(&text, "bench", &Default::default()) {
+        Ok(c) => c,
+        Err(e) => panic!("config: {e}"),
+    };
+    let plan = match gpu_slicer::plan::build(&inv, &cfg) {
+        Ok(p) => p,
+        Err(e) => panic!("plan: {e}"),
+    };
+    let opts = GenerateOptions {
+        shares: Some(cdi::shares::ShareOptions {
+            plan,
+            mps_root: cfg.mps_root.clone(),
+            hook: cdi::shares::HookSettings {
+                path: "/usr/local/bin/gpu-slicer".into(),
+                nvml_lib: None,
+                env: Vec::new(),
+            },
+        }),
+        ..GenerateOptions::new("gpu-slicer.io/gpu")
+    };
+    let mut times = Vec::with_capacity(runs);
+    let mut devices = 0;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let spec = match cdi::generate(black_box(&inv), &opts, &NoProbe) {
+            Ok(s) => s,
+            Err(e) => panic!("generate: {e}"),
+        };
+        let bytes = match spec.to_bytes(format) {
+            Ok(b) => b,
+            Err(e) => panic!("serialise: {e}"),
+        };
+        black_box(&bytes);
+        times.push(start.elapsed());
+        devices = spec.devices.len();
+    }
+    times.sort();
+    (times[times.len() / 2], devices)
+}
+
 fn main() {
     println!("cdi generate + serialise, median of {RUNS} runs (N GPUs x 7 MIG slices)");
     println!(
@@ -97,5 +144,15 @@ fn main() {
             );
         }
     }
-    println!("replicas (16 GPUs x 64) are not CDI devices yet: not measured");
+    println!("with shares: N whole GPUs x 48 replicas, isolation memory+mps");
+    for format in [Format::Yaml, Format::Json] {
+        for gpus in [1, 8, 64] {
+            let (t, n) = measure_shares(gpus, 48, format, RUNS);
+            println!(
+                "{gpus:>5} {n:>8} {format:>6} {:>10.1}µs {:>10.2}µs",
+                t.as_secs_f64() * 1e6,
+                t.as_secs_f64() * 1e6 / n as f64
+            );
+        }
+    }
 }

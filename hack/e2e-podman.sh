@@ -2,12 +2,16 @@
 # End-to-end: gpu-slicer's CDI spec for the sim node `mixed-a100`, loaded by a real Podman
 # (4.3.1 on Debian 12), must give a container exactly the device nodes of the device it asked
 # for and NVIDIA_VISIBLE_DEVICES=void, and a broken spec must be stopped by `cdi validate`.
+# Shares: `--device gpu-slicer.io/gpu=3-share-3` runs gpu-slicer's memory-limit hook on the
+# host (against the fake libnvidia-ml), which must find that container's cgroup and set 3/4
+# of GPU 3's memory; a hook that fails must keep the container from starting.
 #
 # Runs as root (CI: Debian 12 after `apt-get install -y podman runc busybox-static`).
 # Idempotent and self-cleaning: all state lives in a temp dir; the spec directories Podman
 # reads are bind-mounted inside a private mount namespace, so the host's /etc/cdi and
 # /run/cdi never see our files. Recipe: ../shared/notes/podman.md.
 #   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer
+#   FAKE_NVML_LIB=path   use this fake libnvidia-ml instead of building target/debug/libnvidia_ml.so
 set -u
 cd "$(dirname "$0")/.."
 
@@ -30,6 +34,15 @@ if [ -z "$BIN" ]; then
   cargo build --quiet --bin gpu-slicer || exit 1
   BIN=$PWD/target/debug/gpu-slicer
 fi
+FAKE_LIB=${FAKE_NVML_LIB:-}
+if [ -z "$FAKE_LIB" ]; then
+  cargo build --quiet -p fake-nvml || exit 1
+  FAKE_LIB=$PWD/target/debug/libnvidia_ml.so
+fi
+# The runtime runs CDI hooks by absolute host path.
+BIN=$(readlink -f "$BIN")
+FAKE_LIB=$(readlink -f "$FAKE_LIB")
+NODE_FILE=$PWD/hack/nodes/mixed-a100.yaml
 
 WD=$(mktemp -d /tmp/gpu-slicer-e2e.XXXXXX)
 made_dirs=()
@@ -179,5 +192,70 @@ fi
 # The good spec still works after the failed attempt.
 expect_nodes "good spec still served after failed regenerate" /dev/nvidia2 "$KIND=2"
 
+# --- shares that bind: GPU 3 split 4 ways with memory limits and MPS. The hook is this
+# build of gpu-slicer, loading the fake NVML, which records limits per cgroup in a file.
+GPU3=GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03
+GPU3_MEM=$((80 * 1024 * 1024 * 1024))
+MPS=$WD/mps
+mkdir -p "$MPS/$GPU3/pipe" "$MPS/shm" "$WD/cdi-fail"
+cat >"$WD/shares.yaml" <<EOF
+version: v1
+flags: {migStrategy: mixed, mpsRoot: $MPS}
+sharing:
+  timeSlicing:
+    resources:
+    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.shared, devices: [3], replicas: 4, isolation: memory+mps}
+EOF
+LIMITS=$WD/limits.json
+share_spec() { # output dir, extra hook env (comma list)
+  "$BIN" cdi generate --backend sim:mixed-a100 --config "$WD/shares.yaml" --dev-root "$DEVROOT" \
+    --output "$1" --cdi-hook-nvml-lib "$FAKE_LIB" \
+    --cdi-hook-env "FAKE_NVML_NODE=$NODE_FILE,FAKE_NVML_LIMITS_FILE=$LIMITS${2:+,$2}" >/dev/null
+}
+if share_spec "$WD/cdi-run" && "$BIN" cdi validate "$SPEC" >/dev/null &&
+  grep -q -- "- name: 3-share-3" "$SPEC" && grep -q "path: $BIN" "$SPEC"; then
+  ok "generate shares: 3-share-3 with the hook at $BIN, validates"
+else
+  ko "generate shares" "$(grep -n share "$SPEC" 2>&1 | head -5)"
+fi
+SHARE_PROBE='env | grep "^CUDA_MPS_" | sort; grep " /mps/" /proc/mounts | cut -d" " -f2; echo started'
+out=$(in_ns "${PODMAN[@]}" --log-level=error run --rm --network none --cidfile "$WD/cid" \
+  --device "$KIND=3-share-3" localhost/busybox sh -c "$SHARE_PROBE" 2>&1)
+rc=$?
+cid=$(cat "$WD/cid" 2>/dev/null)
+# The limits file maps GPU UUID -> cgroup path -> limits; the path must be this container's.
+recorded=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])).get(sys.argv[2],{}); print("\n".join("%s %s" % (k, v["hardLimit"]) for k, v in d.items()))' "$LIMITS" "$GPU3" 2>/dev/null)
+want_bytes=$((3 * GPU3_MEM / 4))
+if [ $rc = 0 ] && [ -n "$cid" ] && grep -q "started" <<<"$out" &&
+  [ "$(grep -c . <<<"$recorded")" = 1 ] && grep -q "$cid" <<<"$recorded" &&
+  [ "${recorded##* }" = "$want_bytes" ]; then
+  ok "hook ran on the host, found container ${cid:0:12}'s cgroup (${recorded%% *}), set 3/4 of GPU 3 = $want_bytes bytes"
+else
+  ko "share hook" "exit $rc; cid ${cid:-none}; limits [$recorded]; out: $out"
+fi
+want_env=$(printf '%s\n' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=$((want_bytes >> 20))M" "CUDA_MPS_PIPE_DIRECTORY=/mps/$GPU3/pipe")
+if [ "$(grep '^CUDA_MPS_' <<<"$out")" = "$want_env" ] && grep -qx "/mps/$GPU3/pipe" <<<"$out"; then
+  ok "MPS share env (75 % of the threads) and pipe mount in the container"
+else
+  ko "MPS share env" "$out"
+fi
+# A hook that fails (driver without memory limits) must keep the container from starting.
+before=$(cat "$LIMITS" 2>/dev/null)
+if share_spec "$WD/cdi-fail" FAKE_NVML_LIMITS_UNSUPPORTED=1; then
+  out=$(unshare --mount --propagation private bash -c \
+    'mount --bind "$1" /etc/cdi && mount --bind "$2" /run/cdi && shift 2 && exec "$@"' \
+    _ "$WD/cdi-etc" "$WD/cdi-fail" "${PODMAN[@]}" --log-level=error run --rm --network none \
+    --device "$KIND=3-share-3" localhost/busybox sh -c 'echo started' 2>&1)
+  rc=$?
+  if [ $rc != 0 ] && ! grep -q "^started" <<<"$out" && [ "$(cat "$LIMITS" 2>/dev/null)" = "$before" ]; then
+    ok "failing hook: container refused (exit $rc), never started unlimited"
+  else
+    ko "failing hook" "exit $rc: $out"
+  fi
+else
+  ko "failing hook" "cannot generate the spec"
+fi
+
 echo "RESULT: $pass passed, $fail failed"
 [ "$fail" = 0 ]
+

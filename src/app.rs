@@ -55,6 +55,9 @@ pub enum AppError {
     /// Reload triggers could not be set up.
     #[error(transparent)]
     Reload(#[from] ReloadError),
+    /// The MPS control daemons could not be set up.
+    #[error(transparent)]
+    Mps(#[from] crate::mps::MpsError),
     /// A blocking task (discovery, spec writing) panicked or was cancelled.
     #[error("{task} did not complete: {message}")]
     Blocking { task: &'static str, message: String },
@@ -109,16 +112,27 @@ impl SpecWriter for NoSpecWriter {
 }
 
 /// The real writer: generate the spec from the inventory (stat'ing host device nodes under
-/// the configured dev root), carry over still-allocated devices from the previous spec,
+/// the configured dev root) plus a `<device>-share-<k>` device per enforced share of the
+/// plan, carry over still-allocated devices from the previous spec,
 /// check it, and write it atomically as `<vendor>-<class>.yaml`. Remembers the last spec it
 /// wrote (the first time: the file already on disk, left by an earlier run) so a reload can
 /// carry devices over.
 #[derive(Debug, Default)]
 pub struct CdiSpecWriter {
+    /// The memory-limit hook of share devices (default: this executable, system NVML).
+    pub hook: Option<crate::cdi::shares::HookSettings>,
     last: std::sync::Mutex<Option<crate::cdi::Spec>>,
 }
 
 impl CdiSpecWriter {
+    /// A writer whose share devices run `hook`.
+    pub fn with_hook(hook: crate::cdi::shares::HookSettings) -> Self {
+        Self {
+            hook: Some(hook),
+            last: std::sync::Mutex::default(),
+        }
+    }
+
     fn previous(&self, path: &Path) -> Option<crate::cdi::Spec> {
         let last = self
             .last
@@ -137,7 +151,7 @@ impl SpecWriter for CdiSpecWriter {
         &self,
         cdi_dir: &Path,
         inventory: &Inventory,
-        _plan: &Plan,
+        plan: &Plan,
         config: &Config,
         keep: &BTreeSet<String>,
     ) -> Result<(), SpecWriterError> {
@@ -146,9 +160,18 @@ impl SpecWriter for CdiSpecWriter {
             message: e.to_string(),
         };
         let dev_root = (config.dev_root != Path::new("/")).then(|| config.dev_root.clone());
+        let hook = match &self.hook {
+            Some(h) => h.clone(),
+            None => crate::cdi::shares::HookSettings::current_exe(None).map_err(err)?,
+        };
         let opts = crate::cdi::generate::GenerateOptions {
             kind: config.cdi_kind.clone(),
             dev_root,
+            shares: Some(crate::cdi::shares::ShareOptions {
+                plan: plan.clone(),
+                mps_root: config.mps_root.clone(),
+                hook,
+            }),
         };
         let mut spec =
             crate::cdi::generate::generate(inventory, &opts, &crate::cdi::generate::HostProbe)
@@ -264,6 +287,8 @@ pub struct RunSettings {
     pub health_events: Option<mpsc::Receiver<HealthUpdate>>,
     /// Live reconfiguration.
     pub reload: ReloadSettings,
+    /// MPS control daemon supervision (binary, backoff), used when the plan has MPS shares.
+    pub mps: crate::mps::daemon::SupervisorConfig,
 }
 
 impl RunSettings {
@@ -287,6 +312,7 @@ impl RunSettings {
                 load: None,
                 triggers: TriggerSettings::default(),
             },
+            mps: crate::mps::daemon::SupervisorConfig::default(),
         }
     }
 }
@@ -329,6 +355,9 @@ struct Daemon {
     token: CancellationToken,
     fail_tx: mpsc::Sender<PluginError>,
     status: watch::Sender<ReloadStatus>,
+    /// MPS supervision settings and the token of the running set of control daemons.
+    mps: crate::mps::daemon::SupervisorConfig,
+    mps_token: CancellationToken,
 }
 
 impl Daemon {
@@ -402,6 +431,10 @@ impl Daemon {
             return Ok(None);
         }
         let plan = Arc::new(crate::plan::build(&inventory, &config).map_err(|e| e.to_string())?);
+        let daemons = crate::mps::daemons_for(&plan, &config).map_err(|e| e.to_string())?;
+        let restart_mps = daemons
+            != crate::mps::daemons_for(&self.current.plan, &self.current.config)
+                .unwrap_or_default();
         let keep = self.allocated_cdi_names();
         {
             let (writer, dir, inventory, plan, config) = (
@@ -424,6 +457,28 @@ impl Daemon {
             nodes: Arc::new(DeviceNodes::new(&inventory)),
         }));
         let diff = self.health.replace_plan(&plan);
+        if restart_mps {
+            // The daemons' defaults follow the replica count: the set is replaced as a whole
+            // (clients of a replaced daemon reconnect to the new one).
+            self.mps_token.cancel();
+            self.mps_token = self.token.child_token();
+            tracing::info!(
+                daemons = daemons.len(),
+                "MPS control daemons follow the new plan"
+            );
+            if let Err(e) = crate::mps::health::start(
+                &plan,
+                &config,
+                self.mps.clone(),
+                &self.health,
+                &self.ctx.tracker,
+                self.mps_token.clone(),
+            )
+            .await
+            {
+                tracing::error!(error = %e, "MPS control daemons for the new plan failed to start");
+            }
+        }
         for name in &diff.removed {
             if let Some(token) = self.resources.remove(name) {
                 token.cancel();
@@ -500,6 +555,7 @@ pub async fn run(
         on_ready,
         health_events,
         reload,
+        mps,
     } = settings;
     // NVML discovery blocks: keep it off the async workers.
     let inventory = {
@@ -532,6 +588,17 @@ pub async fn run(
         nodes: Arc::new(DeviceNodes::new(&inventory)),
     }));
     let allocations = AllocationLog::default();
+    // MPS daemons up (or their devices Unhealthy) before any resource is advertised.
+    let mps_token = token.child_token();
+    crate::mps::health::start(
+        &plan,
+        &config,
+        mps.clone(),
+        &health,
+        &tracker,
+        mps_token.clone(),
+    )
+    .await?;
     let ctx = PluginContext {
         settings: Arc::new(PluginSettings {
             device_plugin_dir,
@@ -571,6 +638,8 @@ pub async fn run(
         token: token.clone(),
         fail_tx,
         status,
+        mps,
+        mps_token,
     };
     for resource in health.resource_names() {
         daemon.spawn_resource(resource);

@@ -37,7 +37,7 @@ pub enum Command {
     #[command(subcommand)]
     Cdi(crate::commands::cdi::CdiCommand),
     /// Run the node daemon: serve every resource to the kubelet until SIGTERM/SIGINT.
-    Run(crate::commands::run::RunArgs),
+    Run(Box<crate::commands::run::RunArgs>),
     /// Show the device plugin at work against an in-process kubelet emulator.
     Demo,
     /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).

@@ -73,18 +73,136 @@ fn all_generated() -> Vec<(String, Spec)> {
         let opts = GenerateOptions {
             kind: "example-vendor.com/gpu_x".into(),
             dev_root: Some(PathBuf::from("/run/nvidia/driver")),
+            shares: None,
         };
         let spec = cdi::generate(&inv, &opts, &NoProbe).expect("generate with dev root");
         out.push((format!("{name} (dev root)"), spec));
     }
+    out.push(("mixed-a100 (shares)".into(), shares_spec()));
     out
+}
+
+#[test]
+fn share_devices_carry_the_limits_of_k_shares() {
+    let spec = shares_spec();
+    let inv = SimBackend::open("mixed-a100")
+        .and_then(|b| b.discover())
+        .expect("profile");
+    let dev = |name: &str| {
+        spec.devices
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let gpu3 = &inv.gpus[3];
+    let per = gpu3.memory_bytes / 4;
+    for k in 1..=4u64 {
+        let by_index = dev(&format!("3-share-{k}"));
+        let by_uuid = dev(&format!("{}-share-{k}", gpu3.uuid));
+        assert_eq!(by_index.container_edits, by_uuid.container_edits);
+        let e = &by_index.container_edits;
+        // The parent's node, the hook with k/4 of the memory, MPS env and mounts.
+        assert_eq!(e.device_nodes, dev("3").container_edits.device_nodes);
+        assert_eq!(e.hooks.len(), 1);
+        let hook = &e.hooks[0];
+        assert_eq!(hook.hook_name, "createRuntime");
+        assert_eq!(hook.path, "/usr/local/bin/gpu-slicer");
+        let bytes = (k * per).to_string();
+        assert!(
+            hook.args
+                .windows(2)
+                .any(|w| w[0] == "--bytes" && w[1] == bytes)
+                && hook
+                    .args
+                    .windows(2)
+                    .any(|w| w[0] == "--device" && w[1] == gpu3.uuid),
+            "{:?}",
+            hook.args
+        );
+        assert!(
+            e.env
+                .contains(&format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}", k * 25)),
+            "{:?}",
+            e.env
+        );
+        assert!(
+            e.env
+                .contains(&format!("CUDA_MPS_PIPE_DIRECTORY=/mps/{}/pipe", gpu3.uuid))
+        );
+        let mounts: Vec<_> = e
+            .mounts
+            .iter()
+            .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+            .collect();
+        let pipe = format!("/run/nvidia/mps/{}/pipe", gpu3.uuid);
+        assert!(mounts.contains(&(pipe.as_str(), format!("/mps/{}/pipe", gpu3.uuid).as_str())));
+        assert!(mounts.contains(&("/run/nvidia/mps/shm", "/dev/shm")));
+    }
+    assert!(spec.devices.iter().all(|d| d.name != "3-share-5"));
+    // GPU 2: memory only (no MPS env), 2 ways.
+    let e = &dev("2-share-2").container_edits;
+    assert!(e.env.is_empty() && e.mounts.is_empty(), "{e:?}");
+    assert!(
+        e.hooks[0]
+            .args
+            .contains(&(inv.gpus[2].memory_bytes / 2 * 2).to_string())
+    );
+    // MIG 3g.40gb (MPS only): MPS env, no memory hook (the driver has none for MIG).
+    let mig = inv
+        .migs()
+        .find(|(_, m)| m.profile == "3g.40gb")
+        .map(|(_, m)| m.clone())
+        .expect("a 3g.40gb slice");
+    let e = &dev(&format!("{}-share-2", mig.uuid)).container_edits;
+    assert!(e.hooks.is_empty());
+    assert!(
+        e.env
+            .contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100".to_string())
+    );
+    assert_eq!(e.device_nodes.len(), 3, "GPU node and the slice's two caps");
+    // Whole devices are untouched and still present; the spec stays loadable by 0.5.0.
+    assert!(dev("2").container_edits.hooks.is_empty());
+    assert_eq!(spec.cdi_version, "0.5.0");
+}
+
+/// mixed-a100 with `hack/configs/shares.yaml`: per-share devices with the hook at a fixed
+/// host path, so the golden is machine-independent.
+fn shares_spec() -> Spec {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg = gpu_slicer::config::load(
+        Some(&root.join("hack/configs/shares.yaml")),
+        &gpu_slicer::config::Overrides::default(),
+    )
+    .expect("shares.yaml");
+    let inv = SimBackend::open("mixed-a100")
+        .and_then(|b| b.discover())
+        .expect("profile");
+    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+    let opts = GenerateOptions {
+        kind: KIND.into(),
+        dev_root: None,
+        shares: Some(cdi::shares::ShareOptions {
+            plan,
+            mps_root: cfg.mps_root.clone(),
+            hook: cdi::shares::HookSettings {
+                path: "/usr/local/bin/gpu-slicer".into(),
+                nvml_lib: None,
+                env: Vec::new(),
+            },
+        }),
+    };
+    cdi::generate(&inv, &opts, &NoProbe).expect("generate with shares")
 }
 
 #[test]
 fn cdi_specs_dir_matches_generator() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cdi-specs");
-    for (name, _) in BUILTIN_PROFILES {
-        let bytes = spec_for(name).to_bytes(Format::Yaml).expect("yaml");
+    let goldens = BUILTIN_PROFILES
+        .iter()
+        .map(|(name, _)| (name.to_string(), spec_for(name)))
+        .chain([("mixed-a100-shares".to_string(), shares_spec())]);
+    for (name, spec) in goldens {
+        let bytes = spec.to_bytes(Format::Yaml).expect("yaml");
         let path = dir.join(format!("{name}.yaml"));
         if std::env::var_os("UPDATE_GOLDEN").is_some() {
             fs::create_dir_all(&dir).expect("mkdir cdi-specs");
@@ -483,5 +601,39 @@ fn dev_root_fills_nodes_from_the_host_and_omits_missing_control_nodes() {
     assert_eq!(
         gpu1.device_nodes[0].node_type, None,
         "absent node: path only"
+    );
+}
+
+#[test]
+fn relative_or_bad_hook_settings_are_refused_naming_them() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/configs/shares.yaml");
+    let base = [
+        "cdi",
+        "generate",
+        "--backend",
+        "sim:mixed-a100",
+        "--config",
+        config,
+        "--output",
+        "-",
+    ];
+    let out = bin(&[&base[..], &["--cdi-hook-path", "bin/gpu-slicer"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bin/gpu-slicer") && err.contains("absolute"),
+        "{err}"
+    );
+    let out = bin(&[&base[..], &["--cdi-hook-env", "=x"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("KEY=VALUE"), "{err}");
+    // The default is this executable, written as an absolute path into every share device.
+    let out = bin(&base);
+    assert!(out.status.success());
+    let spec = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        spec.contains(&format!("path: {}", env!("CARGO_BIN_EXE_gpu-slicer"))),
+        "{spec}"
     );
 }

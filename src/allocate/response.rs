@@ -1,7 +1,9 @@
 //! What a valid container request is answered with.
 //!
 //! gpu-slicer is CDI first: every answer carries `cdi_devices` (one qualified name per
-//! backing GPU / MIG device, `"{cdi_kind}={uuid}"`, deduplicated) and the same names in a
+//! backing GPU / MIG device, `"{cdi_kind}={uuid}"`, deduplicated; for a resource shared
+//! with an enforced isolation level the k-share device `"{cdi_kind}={uuid}-share-{k}"`,
+//! whose edits carry the memory-limit hook and MPS limits of k shares) and the same names in a
 //! `cdi.k8s.io/` container annotation for kubelets and runtimes that only read annotations.
 //! The incumbent's `envvar` and `volume-mounts` formats are added only when
 //! `deviceListStrategy` asks for them. The share granted is always stated in
@@ -9,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy};
+use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy, Isolation};
 use crate::inventory::Inventory;
 use crate::plan::{Device, Resource};
 
@@ -79,7 +81,7 @@ pub fn build_response(
         .collect();
     let cdi_devices: Vec<String> = physical
         .iter()
-        .map(|d| format!("{}={}", cfg.cdi_kind, d.physical.uuid))
+        .map(|d| format!("{}={}", cfg.cdi_kind, cdi_device_name(resource, devices, d)))
         .collect();
     let mut out = ContainerAllocation {
         annotations: BTreeMap::from([(
@@ -130,6 +132,25 @@ pub fn build_response(
     out.envs
         .insert(ENV_REPLICAS.to_string(), devices.len().to_string());
     out
+}
+
+/// The CDI device a request gets for the physical device behind `d`: the physical device
+/// itself, or, for a resource shared with an enforced isolation level, the
+/// `<uuid>-share-<k>` device whose edits bind k shares (k = the request's replicas of that
+/// physical device).
+pub fn cdi_device_name(resource: &Resource, devices: &[&Device], d: &Device) -> String {
+    let enforced = resource
+        .sharing
+        .as_ref()
+        .is_some_and(|s| s.isolation != Isolation::None);
+    if !enforced {
+        return d.physical.uuid.clone();
+    }
+    let k = devices
+        .iter()
+        .filter(|o| o.physical.uuid == d.physical.uuid)
+        .count();
+    crate::cdi::shares::share_device_name(&d.physical.uuid, u32::try_from(k).unwrap_or(u32::MAX))
 }
 
 /// `<prefix>gpu-slicer_<resource>`: one key per resource, so a container that takes two

@@ -558,3 +558,163 @@ fn device_specs_only_when_asked() {
             .all(|d| d.host_path.starts_with("/host/dev/") && d.permissions == "rw")
     );
 }
+
+/// GPUs 2 and 3 of mixed-a100 split 4 ways with `isolation`.
+fn enforced(isolation: &str, extra: &str) -> (Plan, Config) {
+    plan_of(
+        "mixed-a100",
+        &format!(
+            "flags: {{migStrategy: mixed}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: 4, isolation: \"{isolation}\"{extra}}}\n"
+        ),
+    )
+}
+
+#[test]
+fn enforced_k_replicas_answer_with_the_k_share_device() {
+    for isolation in ["memory", "mps", "memory+mps"] {
+        let (plan, cfg) = enforced(isolation, "");
+        let v = view(&plan, "nvidia.com/gpu");
+        let devices = validate(&v, &[rep(GPU2, 3), rep(GPU2, 0), rep(GPU2, 1)]).unwrap();
+        let r = build_response(&cfg, &v.resource, &devices);
+        let want = format!("gpu-slicer.io/gpu={GPU2}-share-3");
+        assert_eq!(r.cdi_devices, vec![want.clone()], "{isolation}");
+        assert_eq!(
+            r.annotations.get("cdi.k8s.io/gpu-slicer_nvidia.com_gpu"),
+            Some(&want)
+        );
+        assert_eq!(
+            r.envs.get("GPU_SLICER_MEMORY_BYTES"),
+            Some(&(3 * ((80u64 << 30) / 4)).to_string())
+        );
+    }
+    // `none` keeps naming the GPU itself.
+    let (plan, cfg) = enforced("none", "");
+    let v = view(&plan, "nvidia.com/gpu");
+    let devices = validate(&v, &[rep(GPU2, 3), rep(GPU2, 0)]).unwrap();
+    let r = build_response(&cfg, &v.resource, &devices);
+    assert_eq!(r.cdi_devices, vec![format!("gpu-slicer.io/gpu={GPU2}")]);
+}
+
+#[test]
+fn enforced_replicas_spanning_gpus_are_invalid_naming_both() {
+    let (plan, _) = enforced("memory", "");
+    let v = view(&plan, "nvidia.com/gpu");
+    let err = validate(&v, &[rep(GPU2, 0), rep(GPU3, 1)]).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Invalid);
+    let msg = err.to_string();
+    assert!(msg.contains(GPU2) && msg.contains(GPU3), "{msg}");
+}
+
+#[test]
+fn enforced_multi_gpu_when_allowed_gets_one_share_device_per_gpu() {
+    let (plan, cfg) = enforced("memory", ", allowMultiGpu: true");
+    let v = view(&plan, "nvidia.com/gpu");
+    let devices = validate(&v, &[rep(GPU2, 0), rep(GPU3, 1), rep(GPU2, 2)]).unwrap();
+    let r = build_response(&cfg, &v.resource, &devices);
+    assert_eq!(
+        r.cdi_devices,
+        vec![
+            format!("gpu-slicer.io/gpu={GPU2}-share-2"),
+            format!("gpu-slicer.io/gpu={GPU3}-share-1")
+        ]
+    );
+}
+
+#[test]
+fn mps_section_keeps_fail_requests_greater_than_one_by_default() {
+    let (plan, _) = plan_of(
+        "mixed-a100",
+        "flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
+    );
+    let v = view(&plan, "nvidia.com/gpu");
+    let err = validate(&v, &[rep(GPU2, 0), rep(GPU2, 1)]).unwrap_err();
+    assert!(
+        matches!(err, AllocateError::TooManyReplicas { .. }),
+        "{err}"
+    );
+    let (plan, _) = plan_of(
+        "mixed-a100",
+        "flags: {migStrategy: mixed}\nsharing:\n  mps:\n    failRequestsGreaterThanOne: false\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
+    );
+    let v = view(&plan, "nvidia.com/gpu");
+    validate(&v, &[rep(GPU2, 0), rep(GPU2, 1)]).unwrap();
+}
+
+#[test]
+fn preferred_packs_k_replicas_on_the_gpu_with_k_free() {
+    let (plan, _) = enforced("memory", "");
+    let v = view(&plan, "nvidia.com/gpu");
+    // GPU 3 has 2 free replicas, GPU 2 has 3: a 3-replica request must land on GPU 2
+    // whatever the policy (packed would otherwise prefer the fuller GPU 3).
+    let avail = vec![
+        rep(GPU2, 0),
+        rep(GPU2, 1),
+        rep(GPU2, 3),
+        rep(GPU3, 0),
+        rep(GPU3, 2),
+    ];
+    for policy in [AllocationPolicy::Packed, AllocationPolicy::Distributed] {
+        let got = preferred(&v, policy, &avail, &[], 3);
+        assert_eq!(got.len(), 3);
+        assert!(
+            got.iter().all(|id| id.starts_with(GPU2)),
+            "{policy:?}: {got:?}"
+        );
+        validate(&v, &got).unwrap();
+    }
+}
+
+proptest! {
+    /// For every k = 1..N and any k replicas of one GPU: the answer is the k-share device,
+    /// that device exists in the generated spec, and its hook sets k × memory / N.
+    #[test]
+    fn k_replicas_get_a_spec_device_with_k_shares_of_memory(
+        n in 2u32..9,
+        picks in proptest::collection::vec(any::<proptest::sample::Index>(), 1..9),
+        gpu3 in any::<bool>(),
+    ) {
+        let inv = SimBackend::open("mixed-a100").unwrap().discover().unwrap();
+        let text = format!(
+            "flags: {{migStrategy: mixed}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: {n}, isolation: memory}}\n"
+        );
+        let cfg = config::parse(&text, "cfg.yaml", &Overrides::default()).unwrap();
+        let plan = plan::build(&inv, &cfg).unwrap();
+        let v = view(&plan, "nvidia.com/gpu");
+        let gpu = if gpu3 { GPU3 } else { GPU2 };
+        let mut chosen: Vec<String> = picks.iter().map(|i| rep(gpu, i.index(n as usize) as u32)).collect();
+        chosen.sort();
+        chosen.dedup();
+        let k = chosen.len() as u64;
+        let devices = validate(&v, &chosen).unwrap();
+        let r = build_response(&cfg, &v.resource, &devices);
+        prop_assert_eq!(r.cdi_devices.len(), 1);
+        let name = r.cdi_devices[0].strip_prefix("gpu-slicer.io/gpu=").unwrap().to_string();
+        prop_assert_eq!(&name, &format!("{gpu}-share-{k}"));
+        let opts = crate::cdi::GenerateOptions {
+            kind: "gpu-slicer.io/gpu".into(),
+            dev_root: None,
+            shares: Some(crate::cdi::shares::ShareOptions {
+                plan: plan.clone(),
+                mps_root: None,
+                hook: crate::cdi::shares::HookSettings {
+                    path: "/bin/gpu-slicer".into(),
+                    nvml_lib: None,
+                    env: Vec::new(),
+                },
+            }),
+        };
+        let spec = crate::cdi::generate(&inv, &opts, &crate::cdi::NoProbe).unwrap();
+        let dev = spec.devices.iter().find(|d| d.name == name).unwrap();
+        let memory = inv.gpus.iter().find(|g| g.uuid == gpu).unwrap().memory_bytes;
+        let bytes: u64 = dev.container_edits.hooks[0]
+            .args
+            .windows(2)
+            .find(|w| w[0] == "--bytes")
+            .map(|w| w[1].parse().unwrap())
+            .unwrap();
+        prop_assert_eq!(bytes, k * (memory / u64::from(n)));
+        prop_assert!(bytes <= memory);
+        let granted: u64 = r.envs["GPU_SLICER_MEMORY_BYTES"].parse().unwrap();
+        prop_assert_eq!(granted, bytes, "the env states what the hook enforces");
+    }
+}

@@ -25,6 +25,9 @@ pub struct GenerateOptions {
     /// Host root under which `/dev` is found; `hostPath` = dev root + container path. `None`:
     /// emit container paths only and probe nothing.
     pub dev_root: Option<PathBuf>,
+    /// Add `<device>-share-<k>` devices for the plan's enforced shares
+    /// ([`super::shares`]); `None`: whole devices only.
+    pub shares: Option<super::shares::ShareOptions>,
 }
 
 impl GenerateOptions {
@@ -33,6 +36,7 @@ impl GenerateOptions {
         Self {
             kind: kind.into(),
             dev_root: None,
+            shares: None,
         }
     }
 }
@@ -138,7 +142,8 @@ pub fn mig_index_name(mig: &MigDevice) -> String {
 
 /// Build the spec for `inv`.
 ///
-/// Devices: per GPU its UUID and its index; per MIG device its UUID and `<i>:<j>`; `all`.
+/// Devices: per GPU its UUID and its index; per MIG device its UUID and `<i>:<j>`; `all`;
+/// with [`GenerateOptions::shares`], `<name>-share-<k>` for every enforced share.
 /// Spec-level edits: the control nodes and [`VISIBLE_DEVICES_VOID`]. `cdiVersion` is the
 /// lowest version the content needs. Fails (naming the device and rule) instead of
 /// returning a spec a runtime would reject.
@@ -190,6 +195,10 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
                 container_edits: edits,
             });
         }
+    }
+    if let Some(shares) = &opts.shares {
+        let extra = super::shares::share_devices(shares, &devices)?;
+        devices.extend(extra);
     }
     // `all` is not implicit in CDI: it resolves only because we define it. GPU nodes first,
     // then capability nodes, each by minor, so the order is stable.
@@ -363,6 +372,7 @@ mod tests {
         let opts = GenerateOptions {
             kind: "gpu-slicer.io/gpu".into(),
             dev_root: Some(root.clone()),
+            shares: None,
         };
         let spec = generate(&mixed(), &opts, &probe)?;
         let ctl: Vec<_> = spec

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub mod generate;
+pub mod shares;
 pub mod validate;
 pub mod writer;
 
@@ -66,6 +67,9 @@ pub enum CdiError {
         "MIG device `{device}` has no {which} capability minor: without its /dev/nvidia-caps node the slice cannot be isolated"
     )]
     MissingCapMinor { device: String, which: &'static str },
+    /// The CDI hook binary path cannot be used in a spec.
+    #[error("CDI hook path {path}: {rule}")]
+    HookPath { path: PathBuf, rule: String },
     /// `--dev-root` does not exist or is not a directory.
     #[error("dev root {path}: {rule}")]
     DevRoot { path: PathBuf, rule: String },
@@ -98,6 +102,9 @@ pub enum CdiError {
     /// The backend could not produce an inventory.
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
+    /// The config does not fit this node's inventory.
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
     /// The config file was invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),

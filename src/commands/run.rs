@@ -28,6 +28,9 @@ pub enum RunError {
     /// The daemon failed.
     #[error(transparent)]
     App(#[from] AppError),
+    /// `--cdi-hook-*` flags.
+    #[error(transparent)]
+    Hook(#[from] crate::cdi::CdiError),
 }
 
 /// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
@@ -56,6 +59,12 @@ pub struct RunArgs {
     /// Do not watch the config file for changes (SIGHUP still reloads).
     #[arg(long, env = "NO_CONFIG_WATCH")]
     pub no_config_watch: bool,
+    /// MPS control daemon binary and restart timing.
+    #[command(flatten)]
+    pub mps: crate::mps::MpsArgs,
+    /// The memory-limit hook written into per-share CDI devices.
+    #[command(flatten)]
+    pub hook: crate::commands::cdi::HookArgs,
 }
 
 impl RunArgs {
@@ -75,6 +84,9 @@ impl RunArgs {
                 rescan_interval: Some(self.rescan_interval),
             },
         };
+        settings.mps = self.mps.supervisor_config();
+        let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
+        settings.spec_writer = Arc::new(app::CdiSpecWriter::with_hook(hook));
         Ok(settings)
     }
 }
@@ -87,6 +99,7 @@ impl RunError {
             | RunError::Backend(InventoryError::UnknownBackend(_))
             | RunError::Backend(InventoryError::UnknownProfile { .. })
             | RunError::Backend(InventoryError::NodeFile(_))
+            | RunError::Hook(_)
             | RunError::App(AppError::Plan(_)) => std::process::ExitCode::from(2),
             _ => std::process::ExitCode::from(1),
         }

@@ -31,9 +31,11 @@
 //! Consequence: a container holding k replicas (only possible with
 //! `failRequestsGreaterThanOne: false`; MPS sharing rejects k > 1 by default, as NVIDIA's
 //! plugin does) gets k/N of the device by running up to k client processes (e.g. one per
-//! rank); a single process in it gets 1/N. We pass no `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
-//! to containers: any value at or above the floor is a no-op and a value of `k × 100 / N`
-//! would promise what the driver does not grant. A container with replicas on two devices
+//! rank); a single process in it gets 1/N. The k-share CDI device (`crate::cdi::shares`)
+//! still sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = k × 100 / N` and a pinned limit of k
+//! shares: they state the container's entitlement (tools read them) and can only lower a
+//! process's cap, never raise it past the floor; the README says so instead of promising
+//! k/N to one process. A container with replicas on two devices
 //! cannot use both through MPS (one `CUDA_MPS_PIPE_DIRECTORY` per process); Allocate has to
 //! keep MPS requests on one device.
 
@@ -45,6 +47,7 @@ use crate::config::Config;
 use crate::plan::Plan;
 
 pub mod daemon;
+pub mod health;
 
 /// Directory inside the container under which each daemon's pipe directory is mounted.
 pub const CONTAINER_MPS_ROOT: &str = "/mps";

@@ -513,6 +513,18 @@ fn check_sharing_rules(s: &SharedResource, c: &Candidate<'_>, cfg: &Config) -> R
             });
         }
     }
+    if s.isolation.uses_memory_limit() && c.mig.is_some() {
+        // nvmlDeviceSetMemoryLimits_v1 rejects MIG handles: the share could not bind.
+        return Err(PlanError::Sharing {
+            path,
+            field: format!("{}.isolation", s.field()),
+            message: format!(
+                "`{}` needs driver memory limits, which NVIDIA does not support on MIG devices ({}); use `mps` (pinned-memory limit per client) or `none`",
+                s.isolation.as_str(),
+                c.physical().uuid
+            ),
+        });
+    }
     if let Some(per) = s.memory_per_replica {
         let total = per.saturating_mul(u64::from(s.replicas));
         if total > c.memory() {

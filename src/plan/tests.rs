@@ -213,6 +213,41 @@ fn diff_names_only_what_changed() {
     assert_eq!(d.removed, vec!["nvidia.com/gpu".to_string()]);
 }
 
+#[test]
+fn memory_isolation_on_mig_refused_naming_the_field() {
+    let err = build(
+        &inv("mixed-a100"),
+        &cfg("flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: mig-1g.10gb, replicas: 2, isolation: memory}\n"),
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cfg.yaml") && msg.contains("sharing.timeSlicing.resources[0].isolation"),
+        "{msg}"
+    );
+    assert!(msg.contains("MIG"), "{msg}");
+    // MPS inside MIG is fine.
+    build(
+        &inv("mixed-a100"),
+        &cfg("flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources:\n    - {name: mig-1g.10gb, replicas: 2}\n"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn oversubscribed_per_replica_memory_names_file_and_field() {
+    let err = build(
+        &inv("dgx-h100"),
+        &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 4, isolation: memory, memory: 21Gi}\n"),
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cfg.yaml") && msg.contains("sharing.timeSlicing.resources[0].memory"),
+        "{msg}"
+    );
+}
+
 fn arb_config() -> impl Strategy<Value = String> {
     (
         prop_oneof![Just("none"), Just("mixed")],
