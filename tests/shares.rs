@@ -3,7 +3,7 @@
 //! is answered with the `-share-3` CDI device (memory hook of 3/4, 75 % of the threads);
 //! one MPS daemon per MPS-shared GPU and MIG device with the right environment; a killed
 //! daemon turns its devices Unhealthy in ListAndWatch until the supervisor restarts it;
-//! SIGTERM stops every daemon.
+//! a config reload replaces the daemon set with the new defaults; SIGTERM stops every daemon.
 
 mod common;
 
@@ -174,13 +174,49 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     assert_ne!(restarted, pid);
     assert!(alive(restarted));
 
+    // Live reload: GPU 3 split 2 ways instead of 4. The daemon set follows the plan (the
+    // old daemons stop, new ones start with 50 % defaults) and the resource shrinks.
+    std::fs::write(
+        &config_path,
+        config(&mps_root).replace("devices: [3], replicas: 4", "devices: [3], replicas: 2"),
+    )
+    .unwrap();
+    wait_devices(
+        &emulator,
+        "nvidia.com/gpu.shared",
+        "2 replicas after reload",
+        |d| d.len() == 2 && d.iter().all(|d| d.healthy),
+    )
+    .await;
+    let mut waited = 0;
+    let (gpu3_new, mig_new) = loop {
+        let commands =
+            std::fs::read_to_string(mps_root.join(GPU3).join("log/commands.log")).unwrap();
+        if let (true, Some(g), Some(m)) = (
+            commands.contains("set_default_active_thread_percentage 50"),
+            daemon_pid(&mps_root, GPU3).filter(|p| *p != restarted && alive(*p)),
+            daemon_pid(&mps_root, MIG_3G).filter(|p| *p != mig_pid && alive(*p)),
+        ) {
+            break (g, m);
+        }
+        waited += 1;
+        assert!(
+            waited < 200,
+            "daemons not replaced after reload: {commands}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for p in [restarted, mig_pid] {
+        assert!(!alive(p), "old daemon {p} still running after reload");
+    }
+
     // SIGTERM: clean exit, every daemon asked to quit and gone.
     let run_pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
     kill(run_pid, Signal::SIGTERM).unwrap();
     let status = within("exit", child.wait()).await.unwrap();
     let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap_or_default();
     assert!(status.success(), "{status}: {log}");
-    for p in [restarted, mig_pid] {
+    for p in [gpu3_new, mig_new] {
         assert!(!alive(p), "daemon {p} still running");
     }
     let commands = std::fs::read_to_string(mps_root.join(GPU3).join("log/commands.log")).unwrap();
