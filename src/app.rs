@@ -155,6 +155,9 @@ pub struct RunSettings {
     /// Health events from the health subsystem (NVML event loop, sim scripts). Each is
     /// applied with [`HealthMap::set_health`]; events for unknown devices are logged.
     pub health_events: Option<mpsc::Receiver<HealthUpdate>>,
+    /// The health monitor (NVML events or sim injection → policy → device state); `None`:
+    /// no monitoring.
+    pub health_monitor: Option<crate::health::monitor::HealthSettings>,
 }
 
 impl RunSettings {
@@ -174,6 +177,7 @@ impl RunSettings {
             spec_writer: Arc::new(CdiSpecWriter),
             on_ready: None,
             health_events: None,
+            health_monitor: None,
         }
     }
 }
@@ -193,18 +197,39 @@ pub async fn run(
         spec_writer,
         on_ready,
         health_events,
+        health_monitor,
     } = settings;
     // NVML discovery blocks: keep it off the async workers.
-    let inventory = tokio::task::spawn_blocking(move || backend.discover())
+    let discovered = tokio::task::spawn_blocking(move || backend.discover())
         .await
         .map_err(|e| AppError::Blocking {
             task: "inventory discovery",
             message: e.to_string(),
-        })??;
-    let plan = crate::plan::build(&inventory, &config)?;
+        })?;
+    let (inventory, no_driver) = match discovered {
+        Ok(inventory) => (inventory, false),
+        // As NVIDIA's plugin: with failOnInitError false a node without a working driver
+        // still runs (serving nothing) instead of crash-looping.
+        Err(e @ InventoryError::Nvml { .. }) if !config.fail_on_init_error => {
+            tracing::warn!(error = %e, "failOnInitError is false: running with no devices");
+            let inventory = Inventory {
+                source: "none (driver unavailable)".to_string(),
+                ..Inventory::default()
+            };
+            (inventory, true)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // No devices: the config's resources cannot be checked against this node, so serve none.
+    let plan = if no_driver {
+        Plan::default()
+    } else {
+        crate::plan::build(&inventory, &config)?
+    };
     tracing::info!(source = %inventory.source, gpus = inventory.gpus.len(), resources = plan.resources.len(), "plan built");
     let (inventory, plan, config) = (Arc::new(inventory), Arc::new(plan), Arc::new(config));
-    {
+    // Without a driver there is no device to describe (an empty spec is invalid CDI).
+    if !no_driver {
         let (inventory, plan, config, dir) = (
             inventory.clone(),
             plan.clone(),
@@ -251,6 +276,10 @@ pub async fn run(
         });
     }
     drop(fail_tx);
+    if let Some(settings) = health_monitor {
+        let (inventory, health) = (inventory.clone(), health.clone());
+        crate::health::monitor::spawn(settings, inventory, health, &tracker, token.child_token());
+    }
     if let Some(events) = health_events {
         tracker.spawn(apply_health_events(events, health.clone(), token.clone()));
     }

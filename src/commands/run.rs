@@ -26,6 +26,9 @@ pub enum RunError {
     /// The daemon failed.
     #[error(transparent)]
     App(#[from] AppError),
+    /// Health flags.
+    #[error(transparent)]
+    Health(#[from] crate::health::monitor::MonitorError),
 }
 
 /// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
@@ -47,6 +50,9 @@ pub struct RunArgs {
     /// Directory the CDI spec is written to.
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
+    /// Health monitoring flags.
+    #[command(flatten)]
+    pub health: crate::health::monitor::HealthArgs,
 }
 
 impl RunArgs {
@@ -57,6 +63,7 @@ impl RunArgs {
         if let Some(socket) = &self.kubelet_socket {
             settings.kubelet_socket.clone_from(socket);
         }
+        settings.health_monitor = Some(self.health.settings(&self.backend)?);
         Ok(settings)
     }
 }
@@ -69,7 +76,8 @@ impl RunError {
             | RunError::Backend(InventoryError::UnknownBackend(_))
             | RunError::Backend(InventoryError::UnknownProfile { .. })
             | RunError::Backend(InventoryError::NodeFile(_))
-            | RunError::App(AppError::Plan(_)) => std::process::ExitCode::from(2),
+            | RunError::App(AppError::Plan(_))
+            | RunError::Health(_) => std::process::ExitCode::from(2),
             _ => std::process::ExitCode::from(1),
         }
     }
