@@ -482,6 +482,39 @@ async fn sim_injects_node_file_timeline_and_events_file() {
 }
 
 #[tokio::test]
+async fn sim_lost_gpu_recovers_only_after_a_recover_line() {
+    let dir = short_tempdir();
+    let events = dir.path().join("sim-events.jsonl");
+    let events_arg = events.display().to_string();
+    let mut d = Daemon::serving(Start {
+        backend: "sim:mixed-a100",
+        extra: &[
+            "--health-events-file",
+            &events_arg,
+            "--health-quiet-period",
+            "300ms",
+        ],
+        env: &[],
+        config: SHARED_CONFIG,
+    })
+    .await;
+    d.inject(&events, &[r#"{"gpu":2,"kind":"gpuLost"}"#]).await;
+    d.frame("nvidia.com/gpu", "GPU 2 is lost", |f| {
+        unhealthy(f).len() == 4
+    })
+    .await;
+    d.logs.wait_for("re-probe failed").await;
+    d.assert_running();
+    assert_eq!(unhealthy(&d.frames("nvidia.com/gpu").borrow()).len(), 4);
+    d.inject(&events, &[r#"{"gpu":2,"kind":"recover"}"#]).await;
+    d.frame("nvidia.com/gpu", "GPU 2 recovered", |f| {
+        unhealthy(f).is_empty()
+    })
+    .await;
+    d.stop().await;
+}
+
+#[tokio::test]
 async fn events_file_with_nvml_is_refused() {
     let mut d = Daemon::spawn(Start::nvml(&["--health-events-file", "/tmp/x.jsonl"])).await;
     let status = within("exit", d.child.wait()).await.expect("wait");
