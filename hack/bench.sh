@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 cargo bench --bench cdi
 cargo bench --bench plugin
 cargo bench --bench reload
+cargo bench --bench health
 cargo build --release --bin gpu-slicer -q
 
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)

@@ -289,6 +289,9 @@ pub struct RunSettings {
     pub reload: ReloadSettings,
     /// MPS control daemon supervision (binary, backoff), used when the plan has MPS shares.
     pub mps: crate::mps::daemon::SupervisorConfig,
+    /// The health monitor (NVML events or sim injection → policy → device state); `None`:
+    /// no monitoring.
+    pub health_monitor: Option<crate::health::monitor::HealthSettings>,
 }
 
 impl RunSettings {
@@ -313,6 +316,7 @@ impl RunSettings {
                 triggers: TriggerSettings::default(),
             },
             mps: crate::mps::daemon::SupervisorConfig::default(),
+            health_monitor: None,
         }
     }
 }
@@ -358,6 +362,8 @@ struct Daemon {
     /// MPS supervision settings and the token of the running set of control daemons.
     mps: crate::mps::daemon::SupervisorConfig,
     mps_token: CancellationToken,
+    /// The inventory being served, for the health monitor.
+    inventory_tx: watch::Sender<Arc<Inventory>>,
 }
 
 impl Daemon {
@@ -456,6 +462,9 @@ impl Daemon {
             config: config.clone(),
             nodes: Arc::new(DeviceNodes::new(&inventory)),
         }));
+        if !Arc::ptr_eq(&inventory, &self.current.inventory) {
+            self.inventory_tx.send_replace(inventory.clone());
+        }
         let diff = self.health.replace_plan(&plan);
         if restart_mps {
             // The daemons' defaults follow the replica count: the set is replaced as a whole
@@ -556,16 +565,37 @@ pub async fn run(
         health_events,
         reload,
         mps,
+        health_monitor,
     } = settings;
     // NVML discovery blocks: keep it off the async workers.
-    let inventory = {
+    let discovered = {
         let backend = backend.clone();
-        blocking("inventory discovery", move || backend.discover()).await??
+        blocking("inventory discovery", move || backend.discover()).await?
     };
-    let plan = crate::plan::build(&inventory, &config)?;
+    let (inventory, no_driver) = match discovered {
+        Ok(inventory) => (inventory, false),
+        // As NVIDIA's plugin: with failOnInitError false a node without a working driver
+        // still runs (serving nothing) instead of crash-looping.
+        Err(e @ InventoryError::Nvml { .. }) if !config.fail_on_init_error => {
+            tracing::warn!(error = %e, "failOnInitError is false: running with no devices");
+            let inventory = Inventory {
+                source: "none (driver unavailable)".to_string(),
+                ..Inventory::default()
+            };
+            (inventory, true)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // No devices: the config's resources cannot be checked against this node, so serve none.
+    let plan = if no_driver {
+        Plan::default()
+    } else {
+        crate::plan::build(&inventory, &config)?
+    };
     tracing::info!(source = %inventory.source, gpus = inventory.gpus.len(), resources = plan.resources.len(), "plan built");
     let (inventory, plan, config) = (Arc::new(inventory), Arc::new(plan), Arc::new(config));
-    {
+    // Without a driver there is no device to describe (an empty spec is invalid CDI).
+    if !no_driver {
         let (writer, inventory, plan, config, dir) = (
             spec_writer.clone(),
             inventory.clone(),
@@ -588,6 +618,7 @@ pub async fn run(
         nodes: Arc::new(DeviceNodes::new(&inventory)),
     }));
     let allocations = AllocationLog::default();
+    let (inventory_tx, inventory_rx) = watch::channel(inventory.clone());
     // MPS daemons up (or their devices Unhealthy) before any resource is advertised.
     let mps_token = token.child_token();
     crate::mps::health::start(
@@ -640,9 +671,19 @@ pub async fn run(
         status,
         mps,
         mps_token,
+        inventory_tx,
     };
     for resource in health.resource_names() {
         daemon.spawn_resource(resource);
+    }
+    if let Some(settings) = health_monitor {
+        crate::health::monitor::spawn(
+            settings,
+            inventory_rx,
+            health.clone(),
+            &tracker,
+            token.child_token(),
+        );
     }
     if let Some(events) = health_events {
         tracker.spawn(apply_health_events(events, health.clone(), token.clone()));

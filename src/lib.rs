@@ -17,6 +17,7 @@
 //! - [`mps`]: MPS control daemons per shared device (derivation, supervision, client edits).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
 //! - [`allocate`]: pure enforcement rules, preferred-allocation policies, responses, live health.
+//! - [`health`]: NVML event thread / sim injector → XID policy with recovery → live health.
 //! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
 //! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
 //! - [`app`]: the daemon's wiring, reloads and ordered shutdown; [`proto`]: generated kubelet APIs.

@@ -19,6 +19,7 @@ async fn demo_runs_and_reports_allocations() {
         "cdi device  gpu-slicer.io/gpu=MIG-",
         "GPU_SLICER_REPLICAS=2",
         "FailedPrecondition",
+        "replicas Healthy again",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }

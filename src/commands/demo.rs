@@ -1,8 +1,9 @@
 //! `gpu-slicer demo`: the device plugin at work, end to end, on the built-in `mixed-a100`
 //! node. Starts the kubelet emulator and the daemon in-process in a temporary directory,
 //! lets every resource register over real unix sockets, performs a few kubelet-style
-//! allocations (a MIG slice, a whole GPU, two replicas), shows a health event and the
-//! refusal that follows, prints each answer and stops.
+//! allocations (a MIG slice, a whole GPU, two replicas), injects an XID through the health
+//! monitor's sim event file, shows the refusal that follows and the recovery after the quiet
+//! period, prints each answer and stops.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -14,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, AppError, RunSettings};
 use crate::config::{self, ConfigError, Overrides};
-use crate::inventory::{Health, InventoryError, sim::SimBackend};
+use crate::health::monitor::{HealthSettings, SIM_POLL_INTERVAL, Source};
+use crate::health::policy::XidFilter;
+use crate::inventory::{InventoryError, sim::SimBackend};
 use crate::kubelet::{Allocation, EmulatorError, KubeletEmulator};
 
 /// The demo's sharing config: MIG slices per profile, GPU 2 whole, GPU 3 time-sliced
@@ -30,6 +33,9 @@ sharing:
       devices: [3]
       replicas: 4
 ";
+
+/// Quiet period after which the demo's GPU recovers (`run` defaults to 60 s).
+const DEMO_QUIET_PERIOD: Duration = Duration::from_secs(1);
 
 /// Longest the demo waits for registration.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,12 +78,23 @@ async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), Demo
     let config = config::parse(DEMO_CONFIG, "demo config", &Overrides::default())?;
     let backend = Arc::new(SimBackend::open("mixed-a100")?);
     let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
+    // Health as `run --backend sim:… --health-events-file` does it, with a short quiet period.
+    let events_file = dir.join("health-events.jsonl");
+    settings.health_monitor = Some(HealthSettings {
+        source: Source::Sim {
+            timeline: Vec::new(),
+            events_file: Some(events_file.clone()),
+            poll: SIM_POLL_INTERVAL,
+        },
+        filter: XidFilter::default(),
+        quiet_period: DEMO_QUIET_PERIOD,
+    });
     let (ready_tx, ready_rx) = oneshot::channel();
     settings.on_ready = Some(ready_tx);
     let shutdown = CancellationToken::new();
     let daemon = app::run(settings, backend, shutdown.clone());
     let script = async {
-        let result = script(&emulator, ready_rx, out).await;
+        let result = script(&emulator, ready_rx, &events_file, out).await;
         shutdown.cancel();
         result
     };
@@ -92,6 +109,7 @@ async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), Demo
 async fn script(
     emulator: &KubeletEmulator,
     ready: oneshot::Receiver<app::Running>,
+    events_file: &std::path::Path,
     out: &mut impl Write,
 ) -> Result<(), DemoError> {
     let running = tokio::time::timeout(STEP_TIMEOUT, ready)
@@ -146,12 +164,10 @@ async fn script(
         .devices("nvidia.com/gpu.shared")
         .ok_or_else(|| EmulatorError::NotRegistered("nvidia.com/gpu.shared".into()))?;
     shared.borrow_and_update();
-    if let Err(e) = running
-        .health
-        .set_health(&gpu3, Health::Unhealthy, "Xid 79 (simulated)")
-    {
-        writeln!(out, "health event not applied: {e}")?;
-    }
+    // Written whole (temp file + rename): the health monitor reads and removes it.
+    let tmp = events_file.with_extension("tmp");
+    std::fs::write(&tmp, "{\"gpu\":3,\"kind\":\"xid\",\"xid\":79}\n")?;
+    std::fs::rename(&tmp, events_file)?;
     tokio::time::timeout(STEP_TIMEOUT, shared.changed())
         .await
         .map_err(|_| DemoError::Timeout("the ListAndWatch update"))?
@@ -159,7 +175,7 @@ async fn script(
     let healthy = shared.borrow().iter().filter(|d| d.healthy).count();
     writeln!(
         out,
-        "\nhealth event on GPU 3 ({gpu3}): ListAndWatch now reports {healthy} healthy of {} replicas",
+        "\nXID 79 on GPU 3 ({gpu3}) via the sim event file: ListAndWatch now reports {healthy} healthy of {} replicas",
         shared.borrow().len()
     )?;
     let id = format!("{gpu3}::3");
@@ -170,6 +186,18 @@ async fn script(
         )?,
         Err(e) => writeln!(out, "Allocate refused as it must be:\n  {e}")?,
     }
+    tokio::time::timeout(
+        STEP_TIMEOUT,
+        shared.wait_for(|d| d.iter().all(|d| d.healthy)),
+    )
+    .await
+    .map_err(|_| DemoError::Timeout("recovery"))?
+    .map_err(|_| DemoError::Timeout("recovery"))?;
+    writeln!(
+        out,
+        "no new event for {DEMO_QUIET_PERIOD:?}, GPU 3 re-probed: all {} replicas Healthy again",
+        shared.borrow().len()
+    )?;
     Ok(())
 }
 

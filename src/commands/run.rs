@@ -31,6 +31,9 @@ pub enum RunError {
     /// `--cdi-hook-*` flags.
     #[error(transparent)]
     Hook(#[from] crate::cdi::CdiError),
+    /// Health flags.
+    #[error(transparent)]
+    Health(#[from] crate::health::monitor::MonitorError),
 }
 
 /// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
@@ -65,6 +68,9 @@ pub struct RunArgs {
     /// The memory-limit hook written into per-share CDI devices.
     #[command(flatten)]
     pub hook: crate::commands::cdi::HookArgs,
+    /// Health monitoring flags.
+    #[command(flatten)]
+    pub health: crate::health::monitor::HealthArgs,
 }
 
 impl RunArgs {
@@ -87,6 +93,7 @@ impl RunArgs {
         settings.mps = self.mps.supervisor_config();
         let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
         settings.spec_writer = Arc::new(app::CdiSpecWriter::with_hook(hook));
+        settings.health_monitor = Some(self.health.settings(&self.backend)?);
         Ok(settings)
     }
 }
@@ -100,7 +107,8 @@ impl RunError {
             | RunError::Backend(InventoryError::UnknownProfile { .. })
             | RunError::Backend(InventoryError::NodeFile(_))
             | RunError::Hook(_)
-            | RunError::App(AppError::Plan(_)) => std::process::ExitCode::from(2),
+            | RunError::App(AppError::Plan(_))
+            | RunError::Health(_) => std::process::ExitCode::from(2),
             _ => std::process::ExitCode::from(1),
         }
     }

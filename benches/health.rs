@@ -1,0 +1,325 @@
+//! Health figures on the fake `libnvidia-ml` (crates/fake-nvml), node: 8 GPUs × 7 MIG slices.
+//!
+//! - health event → ListAndWatch frame: an XID is injected into the fake
+//!   (`fakeNvmlInjectEvent`), the daemon (in process: `app::run` with the NVML backend and the
+//!   health monitor) turns it into an Unhealthy frame that the kubelet emulator receives over
+//!   a real unix socket; timed from injection to the frame. The device recovers after a 10 ms
+//!   quiet period before the next event. The fake's wait polls in 5 ms steps, so up to 5 ms of
+//!   each figure is the fake, not the daemon.
+//! - NVML discovery time of the 8 × 7 node through nvml-wrapper and the fake.
+//! - idle CPU of the built `gpu-slicer run` (utime+stime from /proc/<pid>/stat over 10 s),
+//!   with the NVML watcher waiting on the fake, and with the sim backend for comparison.
+//!
+//! Run: `cargo bench --bench health` (`BENCH_QUICK=1` for fewer iterations and a 3 s idle window).
+
+use std::ffi::{CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_slicer::app::{self, RunSettings};
+use gpu_slicer::config::{self, Overrides};
+use gpu_slicer::health::monitor::HealthSettings;
+use gpu_slicer::inventory::Backend;
+use gpu_slicer::inventory::nvml::NvmlBackend;
+use gpu_slicer::kubelet::KubeletEmulator;
+use gpu_slicer::plugin::Backoff;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+const GPUS: u32 = 8;
+const SLICES: u32 = 7;
+const CONFIG: &str = "flags: {migStrategy: mixed}\n";
+const RESOURCE: &str = "nvidia.com/mig-1g.10gb";
+
+fn pct(v: &[Duration], q: f64) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn report(name: &str, v: &[Duration], target: &str) {
+    println!(
+        "{name:<44} n={:<5} p50={:>9.1?} p99={:>9.1?} max={:>9.1?}  (target {target})",
+        v.len(),
+        pct(v, 0.5),
+        pct(v, 0.99),
+        pct(v, 1.0),
+    );
+}
+
+/// 8 × A100-80GB, each split into 7 × 1g.10gb (GPU instances 7..13 as the driver places them).
+fn node_yaml() -> String {
+    let mut s = String::from("name: bench-8x7\ngpus:\n");
+    for g in 0..GPUS {
+        s += &format!(
+            "  - index: {g}\n    uuid: GPU-00000000-0000-4000-8000-0000000000{g:02x}\n    product: NVIDIA A100-SXM4-80GB\n    pciBusId: \"00000000:{:02X}:00.0\"\n    numaNode: {}\n    mig:\n      enabled: true\n      devices:\n",
+            0x10 + g * 8,
+            g / 4
+        );
+        for gi in 7..7 + SLICES {
+            s += &format!(
+                "        - {{uuid: MIG-00000000-0000-4000-8000-0000000{g:02x}{gi:03x}, profile: 1g.10gb, gpuInstanceId: {gi}}}\n"
+            );
+        }
+    }
+    s
+}
+
+/// The fake library built by cargo as a dev-dependency, next to this bench binary.
+fn fake_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("exe dir");
+    for dir in [deps, deps.parent().expect("target dir")] {
+        let p = dir.join("libnvidia_ml.so");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libnvidia_ml.so not found near {}", exe.display());
+}
+
+/// A private copy of the fake (own inode, own state) with `node` set through its control
+/// symbol; kept loaded so the configuration survives until NVML opens it.
+struct Fake {
+    path: PathBuf,
+    proc_root: PathBuf,
+    lib: libloading::Library,
+}
+
+impl Fake {
+    fn new(dir: &Path, node: &str) -> Self {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let path = dir.join("libnvidia-ml.so.1");
+        std::fs::copy(fake_lib(), &path).expect("copy fake");
+        // SAFETY: loading our own fake library; it runs no initialisers with side effects.
+        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
+        let rc = call(&lib, b"fakeNvmlSetNodeJson", node);
+        assert_eq!(rc, 0, "fake rejected the node");
+        let proc_root = dir.join("proc");
+        let caps = proc_root.join("driver/nvidia-caps");
+        std::fs::create_dir_all(&caps).expect("mkdir");
+        let minors: Vec<u32> = (0..GPUS).collect();
+        std::fs::write(caps.join("mig-minors"), node_spec::mig_minors_file(&minors))
+            .expect("mig-minors");
+        Self {
+            path,
+            proc_root,
+            lib,
+        }
+    }
+
+    fn backend(&self) -> NvmlBackend {
+        NvmlBackend::new(Some(self.path.clone()), self.proc_root.clone())
+    }
+
+    fn inject(&self, json: &str) {
+        assert_eq!(call(&self.lib, b"fakeNvmlInjectEvent", json), 0, "inject");
+    }
+}
+
+fn call(lib: &libloading::Library, symbol: &[u8], text: &str) -> c_int {
+    let text = CString::new(text).expect("no NUL");
+    // SAFETY: both control symbols have the signature `int (const char*)`; `text` lives
+    // across the call.
+    unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> =
+            lib.get(symbol).expect("control symbol");
+        f(text.as_ptr())
+    }
+}
+
+fn discovery(fake: &Fake, runs: usize) -> Vec<Duration> {
+    let backend = fake.backend();
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let inv = backend.discover().expect("discover");
+            let d = t.elapsed();
+            assert_eq!(inv.migs().count(), (GPUS * SLICES) as usize);
+            d
+        })
+        .collect()
+}
+
+async fn latency(fake: &Fake, dir: &Path, events: usize) -> Vec<Duration> {
+    let plugin_dir = dir.join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(50),
+    };
+    let mut health = HealthSettings::nvml(Some(fake.path.clone()));
+    health.quiet_period = Duration::from_millis(10);
+    settings.health_monitor = Some(health);
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let backend = Arc::new(fake.backend());
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    rx.await.expect("ready");
+    let names = vec![RESOURCE.to_string()];
+    tokio::time::timeout(Duration::from_secs(10), emulator.wait_registered(&names, 1))
+        .await
+        .expect("registered");
+    let mut frames = emulator.devices(RESOURCE).expect("frames");
+    let down = |f: &Vec<gpu_slicer::kubelet::DeviceInfo>| f.iter().filter(|d| !d.healthy).count();
+    let mut out = Vec::with_capacity(events);
+    // Let the watcher register before the first event (events before registration are lost).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..events {
+        let gpu = i as u32 % GPUS;
+        let t = Instant::now();
+        fake.inject(&format!(r#"{{"gpu":{gpu},"kind":"xid","xid":79}}"#));
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            frames.wait_for(|f| down(f) == SLICES as usize),
+        )
+        .await
+        .expect("unhealthy frame")
+        .expect("emulator alive");
+        out.push(t.elapsed());
+        tokio::time::timeout(Duration::from_secs(10), frames.wait_for(|f| down(f) == 0))
+            .await
+            .expect("recovery frame")
+            .expect("emulator alive");
+    }
+    shutdown.cancel();
+    let _ = app.await;
+    emulator.shutdown().await;
+    out
+}
+
+fn clk_tck() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5), counted from the state (field 3).
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// Idle CPU of the built binary over `window`, once every resource is registered.
+async fn idle_cpu(
+    dir: &Path,
+    backend: &str,
+    args: &[(&str, PathBuf)],
+    envs: &[(&str, PathBuf)],
+    window: Duration,
+) -> String {
+    let plugin_dir = dir.join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let config = dir.join("config.yaml");
+    std::fs::write(&config, CONFIG).expect("config");
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"));
+    cmd.args(["run", "--backend", backend, "--config"])
+        .arg(&config)
+        .arg("--device-plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    for (flag, value) in args {
+        cmd.arg(flag).arg(value);
+    }
+    for (key, value) in envs {
+        cmd.env(key, value);
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let names = vec![RESOURCE.to_string()];
+    tokio::time::timeout(Duration::from_secs(20), emulator.wait_registered(&names, 1))
+        .await
+        .expect("registered");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pid = child.id().expect("pid");
+    let threads = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Threads:"))
+                .map(|l| l[8..].trim().to_string())
+        })
+        .unwrap_or_default();
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(window).await;
+    let ticks = cpu_ticks(pid) - before;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    emulator.shutdown().await;
+    let secs = ticks as f64 / clk_tck();
+    format!(
+        "{ticks} ticks = {:.3} s CPU in {:?} = {:.2} % of one core, threads {threads}",
+        secs,
+        window,
+        100.0 * secs / window.as_secs_f64()
+    )
+}
+
+fn main() {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let (events, discoveries, window) = if quick {
+        (50, 20, Duration::from_secs(3))
+    } else {
+        (500, 200, Duration::from_secs(10))
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("gsh")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let node = node_yaml();
+    let node_path = dir.path().join("node.yaml");
+    std::fs::write(&node_path, &node).expect("node");
+
+    let fake = Fake::new(&dir.path().join("discover"), &node);
+    let d = discovery(&fake, discoveries);
+    report("NVML discovery, 8 GPUs x 7 MIG (fake)", &d, "none set");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let fake = Fake::new(&dir.path().join("latency"), &node);
+    let l = rt.block_on(latency(&fake, &dir.path().join("latency"), events));
+    report("XID -> Unhealthy ListAndWatch frame", &l, "<= 10 ms");
+
+    let idle = dir.path().join("idle");
+    std::fs::create_dir_all(&idle).expect("mkdir");
+    let lib = idle.join("libnvidia-ml.so.1");
+    std::fs::copy(fake_lib(), &lib).expect("copy fake");
+    let caps = idle.join("proc/driver/nvidia-caps");
+    std::fs::create_dir_all(&caps).expect("mkdir");
+    let minors: Vec<u32> = (0..GPUS).collect();
+    std::fs::write(caps.join("mig-minors"), node_spec::mig_minors_file(&minors))
+        .expect("mig-minors");
+    let nvml = rt.block_on(idle_cpu(
+        &idle.join("n"),
+        "nvml",
+        &[("--nvml-lib", lib), ("--proc-root", idle.join("proc"))],
+        &[("FAKE_NVML_NODE", node_path.clone())],
+        window,
+    ));
+    println!("idle run --backend nvml (fake, watcher on):   {nvml}");
+    let sim = rt.block_on(idle_cpu(
+        &dir.path().join("idle-sim"),
+        &format!("sim:{}", node_path.display()),
+        &[],
+        &[],
+        window,
+    ));
+    println!("idle run --backend sim (same node):           {sim}");
+}
