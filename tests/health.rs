@@ -524,3 +524,47 @@ async fn events_file_with_nvml_is_refused() {
         .await;
     d.emulator.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_re_scanned_mig_layout_is_what_events_map_to() {
+    let dir = short_tempdir();
+    let node = dir.path().join("node.yaml");
+    let text = std::fs::read_to_string(node_file()).expect("node file");
+    std::fs::write(&node, &text).expect("write node");
+    let events = dir.path().join("sim-events.jsonl");
+    let backend = format!("sim:{}", node.display());
+    let events_arg = events.display().to_string();
+    let d = Daemon::serving(Start {
+        backend: &backend,
+        extra: &["--health-events-file", &events_arg],
+        env: &[],
+        config: SHARED_CONFIG,
+    })
+    .await;
+    // GPU 1's GPU instance 9 is re-created: same instance id, new MIG UUID.
+    const NEW: &str = "MIG-2c3d4e5f-0000-4b00-8000-0000000000f9";
+    std::fs::write(&node, text.replace(GPU1_GI9, NEW)).expect("edit node");
+    let pid = Pid::from_raw(i32::try_from(d.child.id().expect("pid")).expect("pid"));
+    kill(pid, Signal::SIGHUP).expect("SIGHUP");
+    d.frame(
+        "nvidia.com/mig-1g.10gb",
+        "the re-created slice advertised",
+        |f| f.iter().any(|x| x.id == NEW),
+    )
+    .await;
+    d.inject(
+        &events,
+        &[r#"{"gpu":1,"kind":"xid","xid":79,"gpuInstanceId":9,"computeInstanceId":0}"#],
+    )
+    .await;
+    let frame = d
+        .frame(
+            "nvidia.com/mig-1g.10gb",
+            "the event marks the new slice",
+            |f| !unhealthy(f).is_empty(),
+        )
+        .await;
+    assert_eq!(unhealthy(&frame), vec![NEW.to_string()]);
+    assert!(frame.iter().any(|x| x.id == GPU1_GI10 && x.healthy));
+    d.stop().await;
+}
