@@ -20,6 +20,8 @@
 //! - [`health`]: NVML event thread / sim injector → XID policy with recovery → live health.
 //! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
 //! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
+//! - [`ledger`]: PodResources client: who holds which device, drift; [`metrics`] and
+//!   [`http`]: Prometheus registry and the `/metrics` `/healthz` `/readyz` endpoint.
 //! - [`app`]: the daemon's wiring, reloads and ordered shutdown; [`proto`]: generated kubelet APIs.
 //! - [`reload`]: reload triggers (config directory watch, SIGHUP, re-scan timer).
 
@@ -35,6 +37,7 @@ pub mod health;
 pub mod http;
 pub mod inventory;
 pub mod kubelet;
+pub mod ledger;
 pub mod metrics;
 pub mod mps;
 pub mod plan;
