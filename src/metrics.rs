@@ -5,7 +5,15 @@
 //! reloads and registrations, the health loop and the ledger publish per-device and per-pod
 //! state. The HTTP server (`crate::http`) only encodes this registry.
 
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::allocate::ResourceView;
+use crate::inventory::Health;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -93,6 +101,9 @@ pub struct Metrics {
     pub ledger_drift: Gauge,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
+    /// Per-device series published for each resource, so a device whose reason changed,
+    /// or a resource a reload removed, loses its old series instead of leaving it stale.
+    device_series: Mutex<BTreeMap<String, HashSet<DeviceLabels>>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -201,9 +212,137 @@ impl Metrics {
             ledger_up,
             ledger_drift,
             encode_lock: Mutex::new(()),
+            device_series: Mutex::new(BTreeMap::new()),
         }
     }
 
+    /// Record a config reload's outcome (`config_reloads_total{outcome="ok"|"failed"}`).
+    pub fn record_reload(&self, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.reloads
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Count a registration (first or re-registration) of `resource` with the kubelet.
+    pub fn record_registration(&self, resource: &str) {
+        self.registrations
+            .get_or_create(&ResourceLabels {
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    /// Record an Allocate: its latency, and the broken rule when it was refused.
+    pub fn record_allocate(&self, resource: &str, elapsed: Duration, refused: Option<&str>) {
+        self.allocate_seconds
+            .get_or_create(&ResourceLabels {
+                resource: resource.into(),
+            })
+            .observe(elapsed.as_secs_f64());
+        if let Some(rule) = refused {
+            self.allocate_errors
+                .get_or_create(&RuleLabels {
+                    resource: resource.into(),
+                    rule: rule.into(),
+                })
+                .inc();
+        }
+    }
+
+    /// Record a GetPreferredAllocation's latency.
+    pub fn record_preferred(&self, resource: &str, elapsed: Duration) {
+        self.preferred_seconds
+            .get_or_create(&ResourceLabels {
+                resource: resource.into(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Publish a resource's health view: allocatable (healthy) and unhealthy counts, and
+    /// one `device_healthy` series per device whose `reason` label follows the device.
+    pub fn publish_view(&self, view: &ResourceView) {
+        let resource = view.resource.name.clone();
+        let mut series = HashSet::with_capacity(view.health.len());
+        let mut healthy = 0i64;
+        for (d, h) in view.devices() {
+            let ok = h.health == Health::Healthy;
+            healthy += i64::from(ok);
+            let labels = DeviceLabels {
+                resource: resource.clone(),
+                device: d.id.clone(),
+                reason: h.reason.as_deref().unwrap_or("").to_string(),
+            };
+            self.device_healthy
+                .get_or_create(&labels)
+                .set(i64::from(ok));
+            series.insert(labels);
+        }
+        let total = i64::try_from(view.health.len()).unwrap_or(i64::MAX);
+        let key = ResourceLabels {
+            resource: resource.clone(),
+        };
+        self.allocatable.get_or_create(&key).set(healthy);
+        self.unhealthy.get_or_create(&key).set(total - healthy);
+        let mut published = self
+            .device_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = published.insert(resource, series.clone()) {
+            for gone in old.difference(&series) {
+                self.device_healthy.remove(gone);
+            }
+        }
+    }
+
+    /// Remove every per-resource series of `resource` (a reload removed it): allocatable,
+    /// unhealthy, per-device health and latency histograms. Counters of past events
+    /// (rejections, registrations) stay, as Prometheus counters must not go backwards.
+    /// Allocated and per-pod series are the ledger's: it drops them once nothing is held.
+    pub fn forget_resource(&self, resource: &str) {
+        let key = ResourceLabels {
+            resource: resource.into(),
+        };
+        self.allocatable.remove(&key);
+        self.unhealthy.remove(&key);
+        self.allocate_seconds.remove(&key);
+        self.preferred_seconds.remove(&key);
+        let old = self
+            .device_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(resource);
+        for labels in old.into_iter().flatten() {
+            self.device_healthy.remove(&labels);
+        }
+    }
+}
+
+/// Mirror one resource's health views into `metrics` as they change (no polling) until
+/// `token` is cancelled or the view's sender goes away (the resource left the plan: its
+/// series are then forgotten).
+pub async fn follow_resource(
+    mut views: watch::Receiver<Arc<ResourceView>>,
+    metrics: Arc<Metrics>,
+    token: CancellationToken,
+) {
+    let resource = views.borrow().resource.name.clone();
+    loop {
+        let view = views.borrow_and_update().clone();
+        metrics.publish_view(&view);
+        tokio::select! {
+            () = token.cancelled() => return,
+            changed = views.changed() => if changed.is_err() {
+                metrics.forget_resource(&resource);
+                return;
+            },
+        }
+    }
+}
+
+impl Metrics {
     /// Encode in the OpenMetrics text format.
     pub fn encode_openmetrics(&self) -> String {
         let _guard = self.encode_lock.lock().unwrap_or_else(|p| p.into_inner());

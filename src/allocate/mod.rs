@@ -87,6 +87,19 @@ impl AllocateError {
         }
     }
 
+    /// Short name of the broken rule, for metrics labels.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            AllocateError::Empty => "empty",
+            AllocateError::Unknown { .. } => "unknown-device",
+            AllocateError::Duplicate { .. } => "duplicate",
+            AllocateError::Unhealthy { .. } => "unhealthy",
+            AllocateError::TooManyReplicas { .. } => "fail-requests-greater-than-one",
+            AllocateError::MultiGpu { .. } => "multi-gpu",
+            AllocateError::WholeAndMig { .. } => "whole-and-mig",
+        }
+    }
+
     /// The device ID concerned, when there is one.
     pub fn device_id(&self) -> Option<&str> {
         match self {

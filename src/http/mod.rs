@@ -4,10 +4,11 @@
 //! It reads [`crate::metrics::Metrics`] and a [`Readiness`] handle that the supervisor
 //! updates; it owns nothing else. Unknown paths get 404, other methods 405.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -35,23 +36,87 @@ pub enum HttpError {
 }
 
 /// What `/readyz` reports: each flag is set by the part of the agent that owns it.
+///
+/// `registered` is derived: the supervisor names the resources of the plan being served
+/// ([`Readiness::expect_resources`], again after every re-plan) and each resource task
+/// reports its registration ([`Readiness::mark_registered`]); the flag is true while every
+/// expected resource is registered. Embedders that manage readiness themselves may store
+/// the flags directly.
 #[derive(Debug, Default)]
 pub struct Readiness {
     /// Every planned resource is registered with the kubelet.
     pub registered: AtomicBool,
     /// The CDI spec for the current plan is on disk.
     pub spec_written: AtomicBool,
+    resources: Mutex<ResourceRegistrations>,
+}
+
+#[derive(Debug, Default)]
+struct ResourceRegistrations {
+    expected: BTreeSet<String>,
+    registered: BTreeSet<String>,
+}
+
+impl ResourceRegistrations {
+    fn all_registered(&self) -> bool {
+        !self.expected.is_empty() && self.expected.is_subset(&self.registered)
+    }
 }
 
 impl Readiness {
+    /// The resources that must be registered for the agent to be ready (the plan's).
+    pub fn expect_resources<I: IntoIterator<Item = String>>(&self, names: I) {
+        let mut r = self
+            .resources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        r.expected = names.into_iter().collect();
+        let ResourceRegistrations {
+            expected,
+            registered,
+        } = &mut *r;
+        registered.retain(|n| expected.contains(n));
+        self.registered.store(r.all_registered(), Ordering::Release);
+    }
+
+    /// A resource task registered with the kubelet (`true`) or stopped serving (`false`).
+    pub fn mark_registered(&self, resource: &str, registered: bool) {
+        let mut r = self
+            .resources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if registered {
+            r.registered.insert(resource.to_string());
+        } else {
+            r.registered.remove(resource);
+        }
+        self.registered.store(r.all_registered(), Ordering::Release);
+    }
+
     /// Whether the agent is ready, and if not, why.
     pub fn check(&self) -> Result<(), String> {
         let mut missing = Vec::new();
         if !self.spec_written.load(Ordering::Acquire) {
-            missing.push("CDI spec not written");
+            missing.push("CDI spec not written".to_string());
         }
         if !self.registered.load(Ordering::Acquire) {
-            missing.push("not registered with the kubelet");
+            let r = self
+                .resources
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let waiting: Vec<&str> = r
+                .expected
+                .difference(&r.registered)
+                .map(String::as_str)
+                .collect();
+            if waiting.is_empty() {
+                missing.push("not registered with the kubelet".to_string());
+            } else {
+                missing.push(format!(
+                    "not registered with the kubelet: {}",
+                    waiting.join(", ")
+                ));
+            }
         }
         if missing.is_empty() {
             Ok(())

@@ -145,6 +145,10 @@ pub struct PluginContext {
     pub allocations: AllocationLog,
     /// Owner of every task spawned for serving.
     pub tracker: TaskTracker,
+    /// RPC latencies, refusals and registrations are recorded here.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Told when a resource is registered (or stops being), for `/readyz`.
+    pub readiness: Arc<crate::http::Readiness>,
 }
 
 /// Serve one resource until `token` is cancelled: wait for `kubelet.sock`, bind and serve,
@@ -181,6 +185,7 @@ pub async fn run_resource(
             ctx.serving.clone(),
             ctx.allocations.clone(),
             ctx.tracker.clone(),
+            ctx.metrics.clone(),
             instance.clone(),
         );
         let stop = instance.clone().cancelled_owned();
@@ -202,6 +207,8 @@ pub async fn run_resource(
             changed = kubelet.changed() => changed.is_ok(),
             () = registration::register_with_backoff(&ctx.settings.kubelet_socket, request, ctx.settings.backoff) => {
                 tracing::info!(resource = %resource, endpoint = %endpoint, "registered with kubelet");
+                ctx.metrics.record_registration(&resource);
+                ctx.readiness.mark_registered(&resource, true);
                 tokio::select! {
                     () = token.cancelled() => false,
                     changed = kubelet.changed() => changed.is_ok(),
@@ -214,6 +221,7 @@ pub async fn run_resource(
             }
         };
         instance.cancel();
+        ctx.readiness.mark_registered(&resource, false);
         if !server_done
             && tokio::time::timeout(SERVER_STOP_DEADLINE, &mut server)
                 .await

@@ -15,6 +15,7 @@ use crate::allocate::{
     self, AllocateError, AllocationLog, ContainerAllocation, ErrorClass, ResourceView,
 };
 use crate::inventory::Health;
+use crate::metrics::Metrics;
 use crate::proto::deviceplugin as pb;
 
 use super::Serving;
@@ -37,6 +38,8 @@ pub(crate) struct DevicePluginService {
     /// Records every device handed out (a reload keeps their CDI devices).
     allocations: AllocationLog,
     tracker: TaskTracker,
+    /// RPC latencies and refusals are recorded here.
+    metrics: Arc<Metrics>,
     /// Ends open ListAndWatch streams when this server instance stops; graceful server
     /// shutdown would otherwise wait forever on them.
     token: CancellationToken,
@@ -49,6 +52,7 @@ impl DevicePluginService {
         serving: watch::Receiver<Arc<Serving>>,
         allocations: AllocationLog,
         tracker: TaskTracker,
+        metrics: Arc<Metrics>,
         token: CancellationToken,
     ) -> Self {
         Self {
@@ -57,6 +61,7 @@ impl DevicePluginService {
             serving,
             allocations,
             tracker,
+            metrics,
             token,
         }
     }
@@ -161,6 +166,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         &self,
         request: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
+        let started = std::time::Instant::now();
         let view = self.view.borrow().clone();
         let policy = self.serving.borrow().config.allocation_policy;
         let container_responses = request
@@ -177,6 +183,8 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 ),
             })
             .collect();
+        self.metrics
+            .record_preferred(&self.resource, started.elapsed());
         Ok(Response::new(pb::PreferredAllocationResponse {
             container_responses,
         }))
@@ -186,6 +194,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         &self,
         request: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
+        let started = std::time::Instant::now();
         let view = self.view.borrow().clone();
         let serving = self.serving.borrow().clone();
         let requests = request.into_inner().container_requests;
@@ -195,7 +204,9 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             match allocate::validate(&view, &c.devices_ids) {
                 Ok(devices) => validated.push(devices),
                 Err(e) => {
-                    tracing::warn!(resource = %self.resource, device = e.device_id().unwrap_or(""), error = %e, "allocate refused");
+                    tracing::warn!(resource = %self.resource, device = e.device_id().unwrap_or(""), rule = e.rule(), error = %e, "allocate refused");
+                    self.metrics
+                        .record_allocate(&self.resource, started.elapsed(), Some(e.rule()));
                     return Err(to_status(&e));
                 }
             }
@@ -212,6 +223,8 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 to_pb(answer)
             })
             .collect();
+        self.metrics
+            .record_allocate(&self.resource, started.elapsed(), None);
         tracing::debug!(resource = %self.resource, containers = requests.len(), "allocated");
         Ok(Response::new(pb::AllocateResponse {
             container_responses,
