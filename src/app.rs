@@ -58,6 +58,9 @@ pub enum AppError {
     /// The MPS control daemons could not be set up.
     #[error(transparent)]
     Mps(#[from] crate::mps::MpsError),
+    /// The HTTP endpoint could not listen.
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
     /// A blocking task (discovery, spec writing) panicked or was cancelled.
     #[error("{task} did not complete: {message}")]
     Blocking { task: &'static str, message: String },
@@ -263,6 +266,14 @@ pub struct Running {
     pub reloads: watch::Receiver<ReloadStatus>,
     /// Device IDs handed out by Allocate, per resource.
     pub allocations: AllocationLog,
+    /// The agent's metrics (the same registry `/metrics` serves).
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// What `/readyz` reports.
+    pub readiness: Arc<crate::http::Readiness>,
+    /// The allocation ledger, when a PodResources socket was configured.
+    pub ledger: Option<crate::ledger::Ledger>,
+    /// Where the HTTP endpoint listens, when enabled.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 /// Settings of `app::run`.
@@ -292,6 +303,12 @@ pub struct RunSettings {
     /// The health monitor (NVML events or sim injection → policy → device state); `None`:
     /// no monitoring.
     pub health_monitor: Option<crate::health::monitor::HealthSettings>,
+    /// HTTP endpoint address (`:9400`, `127.0.0.1:0`); `None` serves no HTTP.
+    pub http_listen: Option<String>,
+    /// PodResources ledger; `None` runs without one.
+    pub ledger: Option<crate::ledger::LedgerSettings>,
+    /// Metrics registry to record into (injected so embedders can read it).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl RunSettings {
@@ -317,6 +334,9 @@ impl RunSettings {
             },
             mps: crate::mps::daemon::SupervisorConfig::default(),
             health_monitor: None,
+            http_listen: None,
+            ledger: None,
+            metrics: Arc::default(),
         }
     }
 }
@@ -375,6 +395,15 @@ impl Daemon {
             self.fail_tx.clone(),
         );
         self.resources.insert(resource.clone(), token.clone());
+        // Health metrics follow the view until the daemon stops or a re-plan removes the
+        // resource (its channel closes and its series are forgotten).
+        if let Some(views) = self.health.subscribe(&resource) {
+            self.ctx.tracker.spawn(crate::metrics::follow_resource(
+                views,
+                self.ctx.metrics.clone(),
+                self.token.clone(),
+            ));
+        }
         self.ctx.tracker.spawn(async move {
             let name = resource.clone();
             if let Err(e) = plugin::run_resource(resource, ctx, kubelet, token).await {
@@ -506,6 +535,14 @@ impl Daemon {
 
     async fn handle(&mut self, causes: Causes) {
         let result = self.reload(causes).await;
+        if causes.config || result.is_err() {
+            self.ctx.metrics.record_reload(result.is_ok());
+        }
+        if matches!(result, Ok(Some(_))) {
+            self.ctx
+                .readiness
+                .expect_resources(self.health.resource_names());
+        }
         let plan = self.current.plan.clone();
         self.status.send_modify(|s| {
             s.plan = plan;
@@ -566,7 +603,11 @@ pub async fn run(
         reload,
         mps,
         health_monitor,
+        http_listen,
+        ledger,
+        metrics,
     } = settings;
+    let readiness = Arc::new(crate::http::Readiness::default());
     // NVML discovery blocks: keep it off the async workers.
     let discovered = {
         let backend = backend.clone();
@@ -607,6 +648,9 @@ pub async fn run(
             writer.write(&dir, &inventory, &plan, &config, &BTreeSet::new())
         })
         .await??;
+        readiness
+            .spec_written
+            .store(true, std::sync::atomic::Ordering::Release);
     }
     let health = HealthMap::new(&plan);
     let watch = plugin::KubeletWatch::start(&kubelet_socket)?;
@@ -640,6 +684,31 @@ pub async fn run(
         serving: serving_rx,
         allocations: allocations.clone(),
         tracker: tracker.clone(),
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+    };
+    // Operations: readiness follows the plan, the ledger reconciles, HTTP serves.
+    readiness.expect_resources(health.resource_names());
+    let ledger = ledger.map(|settings| {
+        crate::ledger::start_for_daemon(
+            settings,
+            &health,
+            &allocations,
+            metrics.clone(),
+            &tracker,
+            &token,
+        )
+    });
+    let http_addr = match http_listen.as_deref() {
+        Some(addr) => {
+            let listener = crate::http::bind(addr).await?;
+            let local = crate::http::local_addr(&listener);
+            let serve =
+                crate::http::serve(listener, metrics.clone(), readiness.clone(), token.clone());
+            tracker.spawn(serve);
+            local
+        }
+        None => None,
     };
     let (fail_tx, mut fail_rx) = mpsc::channel::<PluginError>(16);
     let (status, status_rx) = watch::channel(ReloadStatus {
@@ -697,6 +766,10 @@ pub async fn run(
             reload: triggers.requester(),
             reloads: status_rx,
             allocations,
+            metrics,
+            readiness,
+            ledger,
+            http_addr,
         });
     }
     let failure = loop {

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::allocate::ResourceView;
+use crate::allocate::{AllocationLog, HealthMap, ResourceView};
 use crate::inventory::Health;
 use crate::metrics::{Metrics, PodLabels, ResourceLabels};
 use crate::proto::podresources as pb;
@@ -34,23 +34,13 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/k
 /// Default reconciliation interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Parse an interval flag: a positive integer with `ms`, `s` or `m` (`500ms`, `10s`, `1m`).
+/// Parse the interval flag: a duration as every other flag takes it
+/// ([`crate::cli::parse_duration`]: `500ms`, `10s`, `1m`), but never zero (the ledger
+/// cannot be "off" by interval; an empty socket path disables it).
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
-    let (digits, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?}: expected a number with a unit, e.g. 10s or 500ms"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(format!("{text:?}: unit must be ms, s or m")),
-    };
+    let d = crate::cli::parse_duration(text)?;
     if d.is_zero() {
-        return Err(format!("{text:?}: the interval must be positive"));
+        return Err(format!("{text:?}: the ledger interval must be positive"));
     }
     Ok(d)
 }
@@ -144,6 +134,9 @@ pub struct LedgerSnapshot {
     pub kubelet_allocatable: BTreeMap<String, BTreeSet<String>>,
     /// Mismatches found by the last successful round, sorted.
     pub drift: Vec<Drift>,
+    /// When the last successful round sent `List`: an allocation made after it could not
+    /// be in it (see `AllocationLog::prune`).
+    pub taken_at: Option<std::time::Instant>,
 }
 
 impl LedgerSnapshot {
@@ -324,6 +317,7 @@ pub fn reconcile(
         allocations,
         kubelet_allocatable,
         drift,
+        taken_at: None,
     }
 }
 
@@ -380,6 +374,54 @@ impl Ledger {
     /// The latest snapshot.
     pub fn snapshot(&self) -> Arc<LedgerSnapshot> {
         self.rx.borrow().clone()
+    }
+}
+
+/// Start the ledger as the daemon runs it: the views come from the live `HealthMap` (a
+/// re-plan is seen on the next round), and every successful round prunes the Allocate log
+/// of devices the kubelet no longer reports held, so a reload stops keeping released
+/// devices in the CDI spec. A round that fails prunes nothing.
+pub fn start_for_daemon(
+    settings: LedgerSettings,
+    health: &HealthMap,
+    allocations: &AllocationLog,
+    metrics: Arc<Metrics>,
+    tracker: &TaskTracker,
+    token: &CancellationToken,
+) -> Ledger {
+    let live = health.clone();
+    let views: ViewSource = Arc::new(move || {
+        let names = live.resource_names();
+        names.iter().filter_map(|r| live.view(r)).collect()
+    });
+    let ledger = Ledger::start(settings, views, metrics, tracker, token.clone());
+    tracker.spawn(prune_allocations(
+        ledger.subscribe(),
+        allocations.clone(),
+        token.clone(),
+    ));
+    ledger
+}
+
+async fn prune_allocations(
+    mut snapshots: watch::Receiver<Arc<LedgerSnapshot>>,
+    log: AllocationLog,
+    token: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            changed = snapshots.changed() => if changed.is_err() { return },
+        }
+        let snapshot = snapshots.borrow_and_update().clone();
+        if let (true, Some(taken_at)) = (snapshot.up, snapshot.taken_at) {
+            let held: BTreeMap<String, BTreeSet<String>> = snapshot
+                .allocations
+                .iter()
+                .map(|(r, devices)| (r.clone(), devices.keys().cloned().collect()))
+                .collect();
+            log.prune(&held, taken_at);
+        }
     }
 }
 
@@ -454,6 +496,7 @@ async fn reconcile_loop(
             () = token.cancelled() => break,
             _ = ticker.tick() => {}
         }
+        let taken_at = std::time::Instant::now();
         let round = async {
             if client.is_none() {
                 client = Some(connect(&settings.socket).await?);
@@ -470,7 +513,8 @@ async fn reconcile_loop(
         match outcome {
             Ok(report) => {
                 rounds += 1;
-                let snapshot = reconcile(&report, &views(), rounds);
+                let mut snapshot = reconcile(&report, &views(), rounds);
+                snapshot.taken_at = Some(taken_at);
                 if reach.record(true) {
                     tracing::info!(socket = %socket, pods = report.assigned.len(), "pod-resources ledger up");
                 }
@@ -707,7 +751,8 @@ mod tests {
         assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_interval("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "10", "s", "0s", "1h", "-1s", "1.5s"] {
+        assert_eq!(parse_interval("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "0s", "0", "-1s", "1.5s", "10x"] {
             assert!(parse_interval(bad).is_err(), "{bad}");
         }
     }

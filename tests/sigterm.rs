@@ -27,6 +27,12 @@ async fn sigterm_removes_sockets() {
         .arg(&plugin_dir)
         .arg("--cdi-dir")
         .arg(dir.path().join("cdi"))
+        // Real flags of the ops surface: an ephemeral HTTP port, and a PodResources socket
+        // that does not exist (the ledger degrades; the daemon still runs and stops).
+        .arg("--http-listen=127.0.0.1:0")
+        .arg("--pod-resources-socket")
+        .arg(dir.path().join("pod-resources.sock"))
+        .arg("--ledger-interval=50ms")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)

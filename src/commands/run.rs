@@ -71,6 +71,16 @@ pub struct RunArgs {
     /// Health monitoring flags.
     #[command(flatten)]
     pub health: crate::health::monitor::HealthArgs,
+    /// HTTP endpoint (`/metrics`, `/healthz`, `/readyz`): `:9400`, `127.0.0.1:9400`; empty
+    /// disables it.
+    #[arg(long, env = "HTTP_LISTEN", default_value = ":9400")]
+    pub http_listen: String,
+    /// The kubelet's PodResources socket, for the allocation ledger; empty disables it.
+    #[arg(long, env = "POD_RESOURCES_SOCKET", default_value = crate::ledger::DEFAULT_POD_RESOURCES_SOCKET)]
+    pub pod_resources_socket: PathBuf,
+    /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
+    #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::ledger::parse_interval)]
+    pub ledger_interval: std::time::Duration,
 }
 
 impl RunArgs {
@@ -94,6 +104,13 @@ impl RunArgs {
         let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
         settings.spec_writer = Arc::new(app::CdiSpecWriter::with_hook(hook));
         settings.health_monitor = Some(self.health.settings(&self.backend)?);
+        settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
+        settings.ledger = (!self.pod_resources_socket.as_os_str().is_empty()).then(|| {
+            crate::ledger::LedgerSettings {
+                socket: self.pod_resources_socket.clone(),
+                interval: self.ledger_interval,
+            }
+        });
         Ok(settings)
     }
 }

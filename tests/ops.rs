@@ -1,0 +1,302 @@
+//! Operating the daemon: the PodResources ledger against the kubelet emulator, metrics of a
+//! running daemon scraped over real HTTP (and checked by `promtool`), and the probes.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{short_tempdir, within};
+use gpu_slicer::allocate::HealthMap;
+use gpu_slicer::app::{self, RunSettings};
+use gpu_slicer::config::{self, Overrides};
+use gpu_slicer::inventory::sim::SimBackend;
+use gpu_slicer::inventory::{Backend, Health};
+use gpu_slicer::kubelet::{KubeletEmulator, PodRef};
+use gpu_slicer::ledger::{Ledger, LedgerSettings, LedgerSnapshot, ViewSource};
+use gpu_slicer::metrics::Metrics;
+use gpu_slicer::plugin::Backoff;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+const CONFIG: &str =
+    "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
+const GPU: &str = "nvidia.com/gpu";
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.expect("read");
+    let status = buf[9..12].parse().expect("status");
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Scrape until `pred` holds on the body (metrics follow events asynchronously).
+async fn scrape_until(addr: SocketAddr, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    within(what, async {
+        loop {
+            let (code, body) = get(addr, "/metrics").await;
+            assert_eq!(code, 200);
+            if pred(&body) {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+async fn wait_snapshot(
+    rx: &mut watch::Receiver<Arc<LedgerSnapshot>>,
+    what: &str,
+    pred: impl FnMut(&Arc<LedgerSnapshot>) -> bool,
+) -> Arc<LedgerSnapshot> {
+    within(what, rx.wait_for(pred))
+        .await
+        .expect("ledger running")
+        .clone()
+}
+
+fn promtool_check(body: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scrape = dir.path().join("scrape.txt");
+    std::fs::write(&scrape, body).expect("write scrape");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&scrape).expect("open scrape"))
+        .output()
+        .expect(
+            "promtool (Debian package `prometheus`) must be installed: run hack/install-deps.sh",
+        );
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn running_daemon_reports_ledger_metrics_and_probes() {
+    let dir = short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let pod_resources = dir.path().join("pr").join("kubelet.sock");
+    let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
+    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(2),
+        max: Duration::from_millis(100),
+    };
+    settings.http_listen = Some("127.0.0.1:0".into());
+    settings.ledger = Some(LedgerSettings {
+        socket: pod_resources.clone(),
+        interval: Duration::from_millis(50),
+    });
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    // The daemon starts before the kubelet: it serves HTTP but is not ready.
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let running = within("daemon ready", rx).await.expect("daemon ready");
+    let addr = running.http_addr.expect("http enabled");
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    let (code, body) = get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("not registered with the kubelet: nvidia.com/gpu"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("CDI spec"),
+        "the spec is written before serving: {body}"
+    );
+    assert_eq!(get(addr, "/nope").await.0, 404);
+
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    emulator
+        .serve_pod_resources(&pod_resources)
+        .expect("pod-resources");
+    within(
+        "registration",
+        emulator.wait_registered(&[GPU.to_string()], 1),
+    )
+    .await;
+    within("ready", async {
+        while get(addr, "/readyz").await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    let pod = PodRef {
+        namespace: "team-a".into(),
+        name: "trainer".into(),
+        container: "main".into(),
+    };
+    let allocation = emulator.allocate_for(pod, GPU, 2).await.expect("allocate");
+    assert!(
+        emulator
+            .allocate_ids(GPU, &["no-such-device".into()])
+            .await
+            .is_err(),
+        "an unknown ID is refused"
+    );
+    let mut ledger = running.ledger.clone().expect("ledger").subscribe();
+    let snapshot = wait_snapshot(&mut ledger, "ledger sees the allocation", |s| {
+        s.allocated_ids(GPU).len() == 2
+    })
+    .await;
+    assert!(snapshot.up);
+    assert_eq!(
+        snapshot.allocated_ids(GPU),
+        allocation.device_ids.iter().cloned().collect()
+    );
+    assert_eq!(snapshot.drift, vec![], "emulator and plan agree");
+
+    running
+        .health
+        .set_health(&allocation.device_ids[0], Health::Unhealthy, "xid-79")
+        .expect("known device");
+    let body = scrape_until(addr, "health reaches metrics", |b| {
+        b.contains("gpu_slicer_unhealthy_devices{resource=\"nvidia.com/gpu\"} 1")
+    })
+    .await;
+    for line in [
+        "gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 15",
+        "gpu_slicer_allocated_devices{resource=\"nvidia.com/gpu\"} 2",
+        "gpu_slicer_allocate_duration_seconds_count{resource=\"nvidia.com/gpu\"} 2",
+        "gpu_slicer_preferred_allocation_duration_seconds_count{resource=\"nvidia.com/gpu\"} 1",
+        "gpu_slicer_allocate_rejections_total{resource=\"nvidia.com/gpu\",rule=\"unknown-device\"} 1",
+        "gpu_slicer_kubelet_registrations_total{resource=\"nvidia.com/gpu\"} 1",
+        "gpu_slicer_ledger_up 1",
+    ] {
+        assert!(body.contains(line), "missing {line}\n{body}");
+    }
+    let unhealthy = format!(
+        "gpu_slicer_device_healthy{{resource=\"nvidia.com/gpu\",device=\"{}\",reason=\"xid-79\"}} 0",
+        allocation.device_ids[0]
+    );
+    assert!(body.contains(&unhealthy), "missing {unhealthy}\n{body}");
+    for id in &allocation.device_ids {
+        let series = format!(
+            "gpu_slicer_pod_device_allocation{{namespace=\"team-a\",pod=\"trainer\",container=\"main\",resource=\"nvidia.com/gpu\",device=\"{id}\"}} 1"
+        );
+        assert!(body.contains(&series), "missing {series}\n{body}");
+    }
+    assert_eq!(
+        body.matches("gpu_slicer_device_healthy{").count(),
+        16,
+        "one series per device, none stale"
+    );
+    promtool_check(&body);
+
+    // A device held while unhealthy is drift; releasing the pod removes its series.
+    let snapshot = wait_snapshot(&mut ledger, "drift of the unhealthy device", |s| {
+        !s.drift.is_empty()
+    })
+    .await;
+    assert_eq!(snapshot.drift.len(), 1, "{:?}", snapshot.drift);
+    emulator.release("team-a", "trainer");
+    wait_snapshot(&mut ledger, "release", |s| s.allocated_ids(GPU).is_empty()).await;
+    let body = scrape_until(addr, "pod series removed", |b| {
+        !b.contains("gpu_slicer_pod_device_allocation{")
+    })
+    .await;
+    assert!(body.contains("gpu_slicer_allocated_devices{resource=\"nvidia.com/gpu\"} 0"));
+    assert!(body.contains("gpu_slicer_ledger_drift_devices 0"), "{body}");
+
+    shutdown.cancel();
+    within("daemon stop", app)
+        .await
+        .expect("join")
+        .expect("clean stop");
+    emulator.shutdown().await;
+}
+
+fn views_of(health: HealthMap) -> ViewSource {
+    Arc::new(move || {
+        let names = health.resource_names();
+        names.iter().filter_map(|r| health.view(r)).collect()
+    })
+}
+
+#[tokio::test]
+async fn ledger_degrades_without_the_socket_and_recovers() {
+    let dir = short_tempdir();
+    let socket = dir.path().join("pod-resources").join("kubelet.sock");
+    let inventory = SimBackend::open("dgx-h100")
+        .expect("profile")
+        .discover()
+        .expect("inventory");
+    let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
+    let health = HealthMap::new(&gpu_slicer::plan::build(&inventory, &config).expect("plan"));
+    let metrics = Arc::new(Metrics::new());
+    let tracker = TaskTracker::new();
+    let token = CancellationToken::new();
+    let ledger = Ledger::start(
+        LedgerSettings {
+            socket: socket.clone(),
+            interval: Duration::from_millis(20),
+        },
+        views_of(health),
+        metrics.clone(),
+        &tracker,
+        token.clone(),
+    );
+    let mut rx = ledger.subscribe();
+    // Several rounds against an absent socket: still down, nothing invented.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(!ledger.snapshot().up);
+    assert_eq!(ledger.snapshot().rounds, 0);
+    assert!(
+        metrics
+            .encode_prometheus()
+            .contains("gpu_slicer_ledger_up 0")
+    );
+
+    // The kubelet comes up (the socket appears) with an allocation.
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
+    emulator
+        .serve_pod_resources(&socket)
+        .expect("pod-resources");
+    let up = wait_snapshot(&mut rx, "ledger up", |s| s.up).await;
+    assert!(up.rounds >= 1);
+    assert!(
+        metrics
+            .encode_prometheus()
+            .contains("gpu_slicer_ledger_up 1")
+    );
+    // No plugin registered with this emulator, so the kubelet can allocate none of the
+    // devices the plan advertises: every one is drift.
+    assert_eq!(up.drift.len(), 16, "{:?}", up.drift);
+
+    // The kubelet goes away again: down, last known state kept.
+    emulator.shutdown().await;
+    let down = wait_snapshot(&mut rx, "ledger down", |s| !s.up).await;
+    assert!(
+        down.rounds >= up.rounds,
+        "the last known state is kept, not reset"
+    );
+    assert!(
+        metrics
+            .encode_prometheus()
+            .contains("gpu_slicer_ledger_up 0")
+    );
+
+    token.cancel();
+    tracker.close();
+    within("ledger stop", tracker.wait()).await;
+}
