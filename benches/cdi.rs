@@ -142,6 +142,13 @@ fn main() {
                 t.as_secs_f64() * 1e6,
                 t.as_secs_f64() * 1e6 / n as f64
             );
+            if gpus == 8 || gpus == 64 {
+                // Collected by hack/bench.sh into its figure table.
+                println!(
+                    "FIGURE|CDI generate+{format}, {gpus} A100 x 7 MIG ({n} CDI devices)|{:.1}µs",
+                    t.as_secs_f64() * 1e6
+                );
+            }
         }
     }
     println!("with shares: N whole GPUs x 48 replicas, isolation memory+mps");

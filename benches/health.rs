@@ -47,6 +47,12 @@ fn report(name: &str, v: &[Duration], target: &str) {
         pct(v, 0.99),
         pct(v, 1.0),
     );
+    // Collected by hack/bench.sh into its figure table.
+    println!(
+        "FIGURE|{name}|p50 {:.1?} / p99 {:.1?}",
+        pct(v, 0.5),
+        pct(v, 0.99)
+    );
 }
 
 /// 8 × A100-80GB, each split into 7 × 1g.10gb (GPU instances 7..13 as the driver places them).
@@ -231,6 +237,11 @@ async fn idle_cpu(
         .arg(&plugin_dir)
         .arg("--cdi-dir")
         .arg(dir.join("cdi"))
+        // As deployed, HTTP endpoint and ledger on (an ephemeral port; the socket is absent,
+        // so the ledger retries every interval).
+        .arg("--http-listen=127.0.0.1:0")
+        .arg("--pod-resources-socket")
+        .arg(dir.join("pod-resources.sock"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
@@ -314,6 +325,7 @@ fn main() {
         window,
     ));
     println!("idle run --backend nvml (fake, watcher on):   {nvml}");
+    println!("FIGURE|idle run CPU, --backend nvml (fake, watcher on)|{nvml}");
     let sim = rt.block_on(idle_cpu(
         &dir.path().join("idle-sim"),
         &format!("sim:{}", node_path.display()),
@@ -322,4 +334,5 @@ fn main() {
         window,
     ));
     println!("idle run --backend sim (same node):           {sim}");
+    println!("FIGURE|idle run CPU, --backend sim (same node)|{sim}");
 }

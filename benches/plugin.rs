@@ -39,6 +39,13 @@ impl Stats {
             self.pct(0.99),
             self.pct(1.0),
         );
+        // Collected by hack/bench.sh into its figure table.
+        println!(
+            "FIGURE|{}|p50 {:.1?} / p99 {:.1?}",
+            name.trim(),
+            self.pct(0.5),
+            self.pct(0.99)
+        );
     }
 }
 

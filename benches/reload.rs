@@ -94,6 +94,12 @@ async fn main() {
         pct(&samples, 0.99),
         pct(&samples, 1.0),
     );
+    // Collected by hack/bench.sh into its figure table.
+    println!(
+        "FIGURE|reload: config rewrite -> new ListAndWatch list (incl. {SETTLE:?} settle)|p50 {:.1?} / p99 {:.1?}",
+        pct(&samples, 0.5),
+        pct(&samples, 0.99),
+    );
     shutdown.cancel();
     let _ = app.await;
     emulator.shutdown().await;
