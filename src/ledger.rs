@@ -49,11 +49,11 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     /// The socket could not be dialled (absent, refused, not a socket).
-    #[error("cannot connect to pod-resources socket {path}: {source}")]
+    #[error("cannot connect to pod-resources socket {path}: {reason}")]
     Connect {
         path: String,
-        #[source]
-        source: tonic::transport::Error,
+        /// The whole cause chain: tonic's own message is only "transport error".
+        reason: String,
     },
     /// The kubelet answered an RPC with an error.
     #[error("pod-resources {rpc} on {path} failed: {status}")]
@@ -427,9 +427,18 @@ async fn prune_allocations(
 
 async fn connect(path: &Path) -> Result<PodResourcesListerClient<Channel>, LedgerError> {
     let shown = path.display().to_string();
-    let err = |source| LedgerError::Connect {
-        path: shown.clone(),
-        source,
+    let err = |e: tonic::transport::Error| {
+        let mut reason = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            reason.push_str(": ");
+            reason.push_str(&c.to_string());
+            cause = c.source();
+        }
+        LedgerError::Connect {
+            path: shown.clone(),
+            reason,
+        }
     };
     let channel = Endpoint::from_shared(format!("unix://{shown}"))
         .map_err(err)?
