@@ -1,0 +1,59 @@
+//! The DaemonSet in `deploy/` runs flags that exist: its container args parse as a
+//! `gpu-slicer` command line, and its probes and port match the HTTP endpoint `run` starts.
+
+use clap::Parser;
+use gpu_slicer::cli::{Cli, Command};
+
+#[test]
+fn daemonset_args_are_real_run_flags() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/daemonset.yaml");
+    let text = std::fs::read_to_string(path).expect("daemonset");
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
+    let container = &doc["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect();
+    let argv = std::iter::once("gpu-slicer".to_string()).chain(args);
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => panic!("{path}: args do not parse: {e}"),
+    };
+    let Command::Run(run) = cli.command else {
+        panic!("{path}: the container does not run `run`");
+    };
+    assert_eq!(
+        run.pod_resources_socket.to_str(),
+        Some("/var/lib/kubelet/pod-resources/kubelet.sock")
+    );
+    let port = run
+        .http_listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u64>().ok())
+        .expect("--http-listen has a port");
+    let ports = container["ports"].as_sequence().expect("ports");
+    assert!(
+        ports.iter().any(
+            |p| p["name"].as_str() == Some("http") && p["containerPort"].as_u64() == Some(port)
+        ),
+        "the `http` port is the --http-listen port {port}"
+    );
+    assert_eq!(
+        container["livenessProbe"]["httpGet"]["path"].as_str(),
+        Some("/healthz")
+    );
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["path"].as_str(),
+        Some("/readyz")
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            container[probe]["httpGet"]["port"].as_str(),
+            Some("http"),
+            "{probe}"
+        );
+    }
+}
