@@ -392,6 +392,104 @@ pub fn openmetrics_to_prometheus(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocate::HealthMap;
+    use crate::inventory::Backend;
+
+    fn health() -> HealthMap {
+        let inv = crate::inventory::sim::SimBackend::open("mixed-a100")
+            .unwrap()
+            .discover()
+            .unwrap();
+        let cfg = crate::config::parse(
+            "flags: {migStrategy: mixed}\n",
+            "t.yaml",
+            &crate::config::Overrides::default(),
+        )
+        .unwrap();
+        HealthMap::new(&crate::plan::build(&inv, &cfg).unwrap())
+    }
+
+    fn series(m: &Metrics, prefix: &str) -> Vec<String> {
+        m.encode_prometheus()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn views_publish_counts_and_move_the_reason_label() {
+        let m = Metrics::new();
+        let h = health();
+        let name = "nvidia.com/mig-1g.10gb";
+        m.publish_view(&h.view(name).unwrap());
+        let total = h.view(name).unwrap().health.len();
+        let dev = h.view(name).unwrap().resource.devices[0].id.clone();
+        let on = |r: &str| format!("{{resource=\"{name}\"}} {r}");
+        assert!(
+            series(&m, "gpu_slicer_allocatable_devices").contains(&format!(
+                "gpu_slicer_allocatable_devices{}",
+                on(&total.to_string())
+            ))
+        );
+        h.set_health(&dev, Health::Unhealthy, "xid-79").unwrap();
+        m.publish_view(&h.view(name).unwrap());
+        let devs = series(
+            &m,
+            &format!("gpu_slicer_device_healthy{{resource=\"{name}\""),
+        );
+        assert_eq!(devs.len(), total, "no stale series: {devs:?}");
+        assert!(
+            devs.iter()
+                .any(|l| l.contains(&dev) && l.contains("reason=\"xid-79\"") && l.ends_with(" 0"))
+        );
+        assert!(
+            series(&m, "gpu_slicer_unhealthy_devices")
+                .contains(&format!("gpu_slicer_unhealthy_devices{}", on("1")))
+        );
+        // Recovery drops the reason: the xid series goes away, the device is back at 1.
+        h.set_health(&dev, Health::Healthy, "").unwrap();
+        m.publish_view(&h.view(name).unwrap());
+        let devs = series(&m, "gpu_slicer_device_healthy{");
+        assert!(!devs.iter().any(|l| l.contains("xid-79")), "{devs:?}");
+    }
+
+    #[test]
+    fn forgetting_a_resource_removes_its_series_only() {
+        let m = Metrics::new();
+        let h = health();
+        for r in h.resource_names() {
+            m.publish_view(&h.view(&r).unwrap());
+        }
+        m.record_allocate(
+            "nvidia.com/gpu",
+            Duration::from_micros(50),
+            Some("unknown-device"),
+        );
+        assert!(
+            m.encode_prometheus()
+                .contains("gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"}"),
+            "published before"
+        );
+        m.forget_resource("nvidia.com/gpu");
+        let text = m.encode_prometheus();
+        for family in [
+            "allocatable_devices",
+            "unhealthy_devices",
+            "device_healthy",
+            "allocate_duration_seconds_count",
+        ] {
+            assert!(
+                !text.contains(&format!("gpu_slicer_{family}{{resource=\"nvidia.com/gpu\"")),
+                "{family}: {text}"
+            );
+        }
+        assert!(
+            text.contains("gpu_slicer_allocatable_devices{resource=\"nvidia.com/mig-1g.10gb\"}")
+        );
+        // A counter of past events never goes backwards.
+        assert!(text.contains("gpu_slicer_allocate_rejections_total{resource=\"nvidia.com/gpu\",rule=\"unknown-device\"} 1"));
+    }
 
     #[test]
     fn encodes_families_with_labels() {

@@ -253,3 +253,36 @@ fn route(
 pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_every_expected_resource_is_registered() {
+        let r = Readiness::default();
+        r.spec_written.store(true, Ordering::Release);
+        assert!(r.check().is_err(), "no plan yet");
+        r.expect_resources(["a".to_string(), "b".to_string()]);
+        r.mark_registered("a", true);
+        assert_eq!(
+            r.check(),
+            Err("not registered with the kubelet: b".to_string())
+        );
+        r.mark_registered("b", true);
+        assert_eq!(r.check(), Ok(()));
+        // The kubelet restarted: "a" re-registers.
+        r.mark_registered("a", false);
+        assert!(r.check().is_err());
+        r.mark_registered("a", true);
+        assert_eq!(r.check(), Ok(()));
+        // A re-plan removed "b" and added "c".
+        r.expect_resources(["a".to_string(), "c".to_string()]);
+        assert_eq!(
+            r.check(),
+            Err("not registered with the kubelet: c".to_string())
+        );
+        r.mark_registered("c", true);
+        assert_eq!(r.check(), Ok(()));
+    }
+}
