@@ -77,7 +77,8 @@ pub struct Metrics {
     registry: Registry,
     /// Devices the kubelet can allocate, per resource.
     pub allocatable: Family<ResourceLabels, Gauge>,
-    /// Devices held by containers, per resource (from the ledger, else from Allocate).
+    /// Devices held by containers, per resource (from the PodResources ledger; absent when
+    /// the ledger is disabled).
     pub allocated: Family<ResourceLabels, Gauge>,
     /// Unhealthy devices, per resource.
     pub unhealthy: Family<ResourceLabels, Gauge>,
@@ -97,7 +98,8 @@ pub struct Metrics {
     pub registrations: Family<ResourceLabels, Counter>,
     /// 1 while the PodResources ledger can reach the kubelet.
     pub ledger_up: Gauge,
-    /// Allocations seen by the ledger that no longer match the plan.
+    /// Devices in drift at the last reconciliation (`crate::ledger::Drift`: held but not
+    /// planned or unhealthy, or allocatable on one side only).
     pub ledger_drift: Gauge,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
@@ -194,7 +196,7 @@ impl Metrics {
         );
         registry.register(
             "ledger_drift_devices",
-            "Devices the kubelet reports allocated that this agent does not advertise",
+            "Devices in drift: held but not planned or unhealthy, or allocatable on one side only",
             ledger_drift.clone(),
         );
         Self {
