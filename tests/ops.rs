@@ -300,3 +300,153 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
     tracker.close();
     within("ledger stop", tracker.wait()).await;
 }
+
+/// A reload on a running daemon: counted by outcome; series of removed resources go away
+/// while a device still held stays visible (as drift); readiness follows the new plan; the
+/// ledger prunes the Allocate log once the holder is gone.
+#[tokio::test]
+async fn metrics_readiness_and_ledger_follow_a_reload() {
+    use gpu_slicer::app::ReloadSettings;
+    use gpu_slicer::ledger::Drift;
+    use gpu_slicer::reload::{Cause, TriggerSettings};
+
+    const MIG: &str = "nvidia.com/mig-1g.10gb";
+    let dir = short_tempdir();
+    let plugin_dir = dir.path().join("dp");
+    let pod_resources = dir.path().join("pr").join("kubelet.sock");
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, "version: v1\nflags: {migStrategy: mixed}\n").expect("config");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    emulator
+        .serve_pod_resources(&pod_resources)
+        .expect("pod-resources");
+    let path = config_file.clone();
+    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let mut settings =
+        RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
+    settings.backoff = Backoff {
+        initial: Duration::from_millis(2),
+        max: Duration::from_millis(100),
+    };
+    settings.reload = ReloadSettings {
+        load: Some(load),
+        triggers: TriggerSettings::default(),
+    };
+    settings.http_listen = Some("127.0.0.1:0".into());
+    settings.ledger = Some(LedgerSettings {
+        socket: pod_resources,
+        interval: Duration::from_millis(50),
+    });
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let backend = Arc::new(SimBackend::open("mixed-a100").expect("profile"));
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let running = within("daemon ready", rx).await.expect("daemon ready");
+    let addr = running.http_addr.expect("http enabled");
+    let names: Vec<String> = running
+        .plan
+        .resources
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    within("registration", emulator.wait_registered(&names, 1)).await;
+
+    let holder = PodRef {
+        namespace: "keep".into(),
+        name: "holder".into(),
+        container: "main".into(),
+    };
+    let held = emulator
+        .allocate_for(holder, MIG, 1)
+        .await
+        .expect("allocate");
+    let mut ledger = running.ledger.clone().expect("ledger").subscribe();
+    wait_snapshot(&mut ledger, "ledger sees the MIG slice", |s| {
+        s.allocated_ids(MIG).len() == 1
+    })
+    .await;
+
+    // migStrategy none: the three MIG resources leave the plan.
+    let mut reloads = running.reloads.clone();
+    std::fs::write(&config_file, "version: v1\nflags: {migStrategy: none}\n").expect("rewrite");
+    running.reload.send(Cause::Request).await.expect("reload");
+    within("reload applied", reloads.wait_for(|s| s.applied == 1))
+        .await
+        .expect("daemon alive");
+    let body = scrape_until(addr, "removed resources forgotten", |b| {
+        !b.contains("gpu_slicer_allocatable_devices{resource=\"nvidia.com/mig-2g.20gb\"}")
+    })
+    .await;
+    for line in [
+        "gpu_slicer_config_reloads_total{outcome=\"ok\"} 1",
+        "gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 4",
+    ] {
+        assert!(body.contains(line), "missing {line}\n{body}");
+    }
+    for gone in ["nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb", MIG] {
+        assert!(
+            !body.contains(&format!("gpu_slicer_device_healthy{{resource=\"{gone}\"")),
+            "{gone} health series left\n{body}"
+        );
+    }
+    let snapshot = wait_snapshot(
+        &mut ledger,
+        "held device of a removed resource is drift",
+        |s| {
+            s.drift.iter().any(
+                |d| matches!(d, Drift::AllocatedNotPlanned { resource, .. } if resource == MIG),
+            )
+        },
+    )
+    .await;
+    assert_eq!(
+        snapshot.allocated_ids(MIG),
+        held.device_ids.iter().cloned().collect()
+    );
+    let body = scrape_until(addr, "held slice still counted", |b| {
+        b.contains("gpu_slicer_allocated_devices{resource=\"nvidia.com/mig-1g.10gb\"} 1")
+    })
+    .await;
+    promtool_check(&body);
+    within("ready on the new plan", async {
+        while get(addr, "/readyz").await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    // The holder goes away: the ledger prunes the Allocate log, so the next reload no
+    // longer keeps that slice in the CDI spec.
+    assert!(running.allocations.snapshot().contains_key(MIG));
+    emulator.release("keep", "holder");
+    within("allocation log pruned", async {
+        while running.allocations.snapshot().contains_key(MIG) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // A broken config is counted as failed.
+    std::fs::write(
+        &config_file,
+        "version: v1\nflags: {migStrategy: sideways}\n",
+    )
+    .expect("rewrite");
+    running.reload.send(Cause::Request).await.expect("reload");
+    within("reload refused", reloads.wait_for(|s| s.failed == 1))
+        .await
+        .expect("daemon alive");
+    scrape_until(addr, "failed reload counted", |b| {
+        b.contains("gpu_slicer_config_reloads_total{outcome=\"failed\"} 1")
+    })
+    .await;
+
+    shutdown.cancel();
+    within("daemon stop", app)
+        .await
+        .expect("join")
+        .expect("clean stop");
+    emulator.shutdown().await;
+}
