@@ -83,6 +83,9 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
         // Long enough that the Unhealthy frame is seen before the restart clears it.
         .arg("--mps-restart-backoff-ms=1000")
         .env("CDI_HOOK_PATH", "/opt/gpu-slicer/bin/gpu-slicer")
+        // Never the default :9400 in tests (parallel runs); no ledger.
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("POD_RESOURCES_SOCKET", "")
         .stdout(Stdio::null())
         .stderr(log)
         .kill_on_drop(true)

@@ -74,6 +74,9 @@ async fn sighup_reloads_the_config() {
         .arg(&config)
         // Only the signal may trigger this reload.
         .arg("--no-config-watch")
+        // Never the default :9400 in tests (parallel runs); no ledger (env vars of the flags).
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("POD_RESOURCES_SOCKET", "")
         .arg("--device-plugin-dir")
         .arg(&plugin_dir)
         .arg("--cdi-dir")
