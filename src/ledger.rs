@@ -431,8 +431,12 @@ async fn connect(path: &Path) -> Result<PodResourcesListerClient<Channel>, Ledge
         let mut reason = e.to_string();
         let mut cause = std::error::Error::source(&e);
         while let Some(c) = cause {
-            reason.push_str(": ");
-            reason.push_str(&c.to_string());
+            // Wrappers often repeat their source's text: name each cause once.
+            let text = c.to_string();
+            if !reason.ends_with(&text) {
+                reason.push_str(": ");
+                reason.push_str(&text);
+            }
             cause = c.source();
         }
         LedgerError::Connect {

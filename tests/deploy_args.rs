@@ -25,8 +25,8 @@ fn daemonset_args_are_real_run_flags() {
         panic!("{path}: the container does not run `run`");
     };
     assert_eq!(
-        run.pod_resources_socket.to_str(),
-        Some("/var/lib/kubelet/pod-resources/kubelet.sock")
+        run.pod_resources_socket,
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
     );
     let port = run
         .http_listen

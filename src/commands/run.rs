@@ -77,7 +77,8 @@ pub struct RunArgs {
     pub http_listen: String,
     /// The kubelet's PodResources socket, for the allocation ledger; empty disables it.
     #[arg(long, env = "POD_RESOURCES_SOCKET", default_value = crate::ledger::DEFAULT_POD_RESOURCES_SOCKET)]
-    pub pod_resources_socket: PathBuf,
+    /// (A string, not a path, so that an empty value parses.)
+    pub pod_resources_socket: String,
     /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
     #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::ledger::parse_interval)]
     pub ledger_interval: std::time::Duration,
@@ -105,12 +106,11 @@ impl RunArgs {
         settings.spec_writer = Arc::new(app::CdiSpecWriter::with_hook(hook));
         settings.health_monitor = Some(self.health.settings(&self.backend)?);
         settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
-        settings.ledger = (!self.pod_resources_socket.as_os_str().is_empty()).then(|| {
-            crate::ledger::LedgerSettings {
-                socket: self.pod_resources_socket.clone(),
+        settings.ledger =
+            (!self.pod_resources_socket.is_empty()).then(|| crate::ledger::LedgerSettings {
+                socket: PathBuf::from(&self.pod_resources_socket),
                 interval: self.ledger_interval,
-            }
-        });
+            });
         Ok(settings)
     }
 }
