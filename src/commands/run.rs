@@ -76,8 +76,8 @@ pub struct RunArgs {
     #[arg(long, env = "HTTP_LISTEN", default_value = ":9400")]
     pub http_listen: String,
     /// The kubelet's PodResources socket, for the allocation ledger; empty disables it.
+    // A string, not a path: clap's path parser refuses the empty value that disables it.
     #[arg(long, env = "POD_RESOURCES_SOCKET", default_value = crate::ledger::DEFAULT_POD_RESOURCES_SOCKET)]
-    /// (A string, not a path, so that an empty value parses.)
     pub pod_resources_socket: String,
     /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
     #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::ledger::parse_interval)]
