@@ -159,6 +159,9 @@ impl Daemon {
             .env("FAKE_NVML_EVENT_FILE", dir.path().join("events.jsonl"))
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
+            // Never the default :9400 (these daemons run in parallel); no ledger.
+            .env("HTTP_LISTEN", "127.0.0.1:0")
+            .env("POD_RESOURCES_SOCKET", "")
             .env_remove("DP_DISABLE_HEALTHCHECKS")
             .env_remove("DP_ENABLE_HEALTHCHECKS")
             .env_remove("HEALTH_QUIET_PERIOD")
