@@ -76,3 +76,50 @@ fn failures_exit_non_zero_with_one_line() {
     assert_ne!(code, 0);
     assert!(err.contains("MIG"), "{err}");
 }
+
+#[test]
+fn install_puts_a_runnable_copy_in_the_host_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("opt/gpu-slicer/bin");
+    for round in 0..2 {
+        // The second round replaces the first install in place.
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+            .args(["cdi-hook", "install", "--to"])
+            .arg(&to)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "round {round}: {out:?}");
+        let installed = to.join("gpu-slicer");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            installed.display().to_string()
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(&installed).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+        assert_eq!(
+            std::fs::read(&installed).unwrap(),
+            std::fs::read(env!("CARGO_BIN_EXE_gpu-slicer")).unwrap()
+        );
+        let help = Command::new(&installed)
+            .args(["cdi-hook", "set-memory-limit", "--help"])
+            .output()
+            .unwrap();
+        assert!(help.status.success());
+        // Only the binary: no temp file left behind.
+        assert_eq!(std::fs::read_dir(&to).unwrap().count(), 1);
+    }
+    // A target that cannot be a directory is refused, naming it.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(["cdi-hook", "install", "--to"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("plain-file"),
+        "{out:?}"
+    );
+}

@@ -24,6 +24,47 @@ fn daemonset_args_are_real_run_flags() {
     let Command::Run(run) = cli.command else {
         panic!("{path}: the container does not run `run`");
     };
+    // The hook path in specs is where the init container installs the binary, on the host.
+    let init = &doc["spec"]["template"]["spec"]["initContainers"][0];
+    let init_args: Vec<String> = init["args"]
+        .as_sequence()
+        .expect("init args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect();
+    let init_cli =
+        match Cli::try_parse_from(std::iter::once("gpu-slicer".to_string()).chain(init_args)) {
+            Ok(c) => c,
+            Err(e) => panic!("{path}: init container args do not parse: {e}"),
+        };
+    let Command::CdiHook(gpu_slicer::commands::cdi_hook::CdiHookCommand::Install(install)) =
+        init_cli.command
+    else {
+        panic!("{path}: the init container does not run `cdi-hook install`");
+    };
+    assert_eq!(
+        run.hook.cdi_hook_path.as_deref(),
+        Some(install.to.join("gpu-slicer").as_path()),
+        "--cdi-hook-path is the installed binary"
+    );
+    let volumes = doc["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .expect("volumes");
+    let mount = init["volumeMounts"]
+        .as_sequence()
+        .expect("init mounts")
+        .iter()
+        .find(|m| m["mountPath"].as_str() == install.to.to_str())
+        .expect("the install directory is a mount");
+    let volume = volumes
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("mounted volume");
+    assert_eq!(
+        volume["hostPath"]["path"].as_str(),
+        install.to.to_str(),
+        "the install directory is the same path on the host"
+    );
     assert_eq!(
         run.pod_resources_socket,
         "/var/lib/kubelet/pod-resources/kubelet.sock"

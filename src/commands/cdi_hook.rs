@@ -1,4 +1,5 @@
 //! `gpu-slicer cdi-hook set-memory-limit`: the CDI hook that binds a container's GPU memory.
+//! `gpu-slicer cdi-hook install --to DIR`: put this binary where the runtime can run it.
 //!
 //! Run by the container runtime on the host (a CDI `createRuntime` hook) with the OCI state
 //! on stdin; sets the hard limit of the container's cgroup on one GPU through NVML
@@ -17,6 +18,49 @@ use crate::enforce::{self, EnforceError, MemoryLimiter, nvml::NvmlLimiter};
 pub enum CdiHookCommand {
     /// Set the container's hard GPU-memory limit on one GPU.
     SetMemoryLimit(SetMemoryLimitArgs),
+    /// Copy this executable into a host directory (a DaemonSet init container does this so
+    /// the hook path written into CDI specs exists on the host, where the runtime runs it).
+    Install(InstallArgs),
+}
+
+/// `cdi-hook install` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    /// Directory to install `gpu-slicer` into (created if missing).
+    #[arg(long)]
+    pub to: PathBuf,
+}
+
+/// Copy `exe` to `<dir>/gpu-slicer` atomically (temp file, fsync, mode 0755, rename), so a
+/// runtime starting a hook at that moment sees the old binary or the new one, never half
+/// of one. Returns the installed path.
+pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |action: &'static str, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| EnforceError::Install {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(err("create", dir))?;
+    let target = dir.join("gpu-slicer");
+    let tmp = dir.join(format!(".gpu-slicer.{}.tmp", std::process::id()));
+    let copied = (|| {
+        std::fs::copy(exe, &tmp).map_err(err("copy to", &tmp))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(err("chmod", &tmp))?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(err("sync", &tmp))?;
+        std::fs::rename(&tmp, &target).map_err(err("rename into", &target))
+    })();
+    if copied.is_err() {
+        // Nothing half-written is left behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    copied.map(|()| target)
 }
 
 /// `cdi-hook set-memory-limit` arguments.
@@ -52,6 +96,15 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
                     source,
                 })?;
             run_with(args, &state, &mut limiter)
+        }
+        CdiHookCommand::Install(args) => {
+            let exe = std::env::current_exe().map_err(|source| EnforceError::Read {
+                path: PathBuf::from("/proc/self/exe"),
+                source,
+            })?;
+            let target = install(&exe, &args.to)?;
+            println!("{}", target.display());
+            Ok(())
         }
     }
 }

@@ -53,6 +53,14 @@ pub enum EnforceError {
     /// The limiter failed.
     #[error(transparent)]
     Limit(#[from] LimitError),
+    /// Installing the hook binary on the host failed.
+    #[error("cannot {action} {path}: {source}")]
+    Install {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Result alias for this module.
