@@ -20,6 +20,11 @@ async fn demo_runs_and_reports_allocations() {
         "GPU_SLICER_REPLICAS=2",
         "FailedPrecondition",
         "replicas Healthy again",
+        "reloaded without a restart; changed [\"nvidia.com/gpu.shared\"]",
+        "Allocate nvidia.com/gpu.shared x3",
+        "-share-3",
+        "CDI hook    createRuntime",
+        "cdi-hook set-memory-limit --device GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03 --bytes 64424509440",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }

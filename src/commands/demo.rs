@@ -3,7 +3,9 @@
 //! lets every resource register over real unix sockets, performs a few kubelet-style
 //! allocations (a MIG slice, a whole GPU, two replicas), injects an XID through the health
 //! monitor's sim event file, shows the refusal that follows and the recovery after the quiet
-//! period, prints each answer and stops.
+//! period, then rewrites the watched config file (GPU 3 split 4 ways with `isolation:
+//! memory`) and shows the live reload and a 3-share allocation with its memory-limit hook,
+//! prints each answer and stops.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -75,9 +77,22 @@ pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
 async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), DemoError> {
     let plugin_dir = dir.join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await?;
-    let config = config::parse(DEMO_CONFIG, "demo config", &Overrides::default())?;
+    // A real, watched config file, so the script can reconfigure the running daemon.
+    let config_file = dir.join("config.yaml");
+    std::fs::write(&config_file, DEMO_CONFIG)?;
+    let config = config::load(Some(&config_file), &Overrides::default())?;
     let backend = Arc::new(SimBackend::open("mixed-a100")?);
     let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
+    let path = config_file.clone();
+    settings.reload = app::ReloadSettings {
+        load: Some(Arc::new(move || {
+            config::load(Some(&path), &Overrides::default())
+        })),
+        triggers: crate::reload::TriggerSettings {
+            config_file: Some(config_file.clone()),
+            ..crate::reload::TriggerSettings::default()
+        },
+    };
     // Health as `run --backend sim:… --health-events-file` does it, with a short quiet period.
     let events_file = dir.join("health-events.jsonl");
     settings.health_monitor = Some(HealthSettings {
@@ -94,7 +109,7 @@ async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), Demo
     let shutdown = CancellationToken::new();
     let daemon = app::run(settings, backend, shutdown.clone());
     let script = async {
-        let result = script(&emulator, ready_rx, &events_file, out).await;
+        let result = script(&emulator, ready_rx, &events_file, &config_file, out).await;
         shutdown.cancel();
         result
     };
@@ -110,6 +125,7 @@ async fn script(
     emulator: &KubeletEmulator,
     ready: oneshot::Receiver<app::Running>,
     events_file: &std::path::Path,
+    config_file: &std::path::Path,
     out: &mut impl Write,
 ) -> Result<(), DemoError> {
     let running = tokio::time::timeout(STEP_TIMEOUT, ready)
@@ -198,6 +214,81 @@ async fn script(
         "no new event for {DEMO_QUIET_PERIOD:?}, GPU 3 re-probed: all {} replicas Healthy again",
         shared.borrow().len()
     )?;
+    reconfigure(emulator, &running, config_file, &mut shared, out).await
+}
+
+/// Rewrite the watched config: GPU 3's replicas get a driver-enforced memory share. The
+/// running daemon reloads; only `nvidia.com/gpu.shared` changes.
+async fn reconfigure(
+    emulator: &KubeletEmulator,
+    running: &app::Running,
+    config_file: &std::path::Path,
+    shared: &mut tokio::sync::watch::Receiver<Vec<crate::kubelet::DeviceInfo>>,
+    out: &mut impl Write,
+) -> Result<(), DemoError> {
+    let before = running.reloads.borrow().clone();
+    let tmp = config_file.with_extension("tmp");
+    std::fs::write(
+        &tmp,
+        DEMO_CONFIG.replace("replicas: 4", "replicas: 4\n      isolation: memory"),
+    )?;
+    std::fs::rename(&tmp, config_file)?;
+    let mut reloads = running.reloads.clone();
+    let status = tokio::time::timeout(
+        STEP_TIMEOUT,
+        reloads.wait_for(|s| s.applied + s.failed > before.applied + before.failed),
+    )
+    .await
+    .map_err(|_| DemoError::Timeout("the reload"))?
+    .map_err(|_| DemoError::Timeout("the reload"))?
+    .clone();
+    match (&status.last_error, &status.last_diff) {
+        (Some(e), _) => writeln!(out, "\nreload refused: {e}")?,
+        (None, Some(diff)) => writeln!(
+            out,
+            "\nconfig file rewritten (GPU 3: isolation: memory): reloaded without a restart; changed {:?}, {} resources untouched",
+            diff.changed,
+            diff.unchanged.len()
+        )?,
+        (None, None) => writeln!(out, "\nreload: nothing changed")?,
+    }
+    shared.borrow_and_update();
+    // The 2-replica pod from before finishes, leaving all of GPU 3 free.
+    for held in emulator.allocations() {
+        if held.resource == "nvidia.com/gpu.shared" {
+            emulator.release(&held.pod.namespace, &held.pod.name);
+        }
+    }
+    let a = emulator.allocate("nvidia.com/gpu.shared", 3).await?;
+    print_allocation(out, &a)?;
+    // The hook the runtime will run for that CDI device, from the spec the daemon wrote.
+    // demo_in keeps the config file and the CDI directory side by side.
+    let spec_path = config_file
+        .parent()
+        .unwrap_or(config_file)
+        .join("cdi")
+        .join(crate::cdi::spec_file_name(
+            crate::config::DEFAULT_CDI_KIND,
+            crate::cdi::Format::Yaml,
+        ));
+    if let (Ok(text), Some(name)) = (
+        std::fs::read_to_string(&spec_path),
+        a.response.cdi_devices.first(),
+    ) && let Ok(spec) = crate::cdi::Spec::parse(&text, &spec_path)
+        && let Some(device) = spec
+            .devices
+            .iter()
+            .find(|d| name.ends_with(&format!("={}", d.name)))
+    {
+        for hook in &device.container_edits.hooks {
+            writeln!(
+                out,
+                "  CDI hook    {} {}",
+                hook.hook_name,
+                hook.args.join(" ")
+            )?;
+        }
+    }
     Ok(())
 }
 
