@@ -98,3 +98,57 @@ fn daemonset_args_are_real_run_flags() {
         );
     }
 }
+
+#[test]
+fn mps_overlay_mounts_what_the_config_names() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mps");
+    let cm: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
+            .unwrap();
+    let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
+    let cfg = gpu_slicer::config::parse(
+        text,
+        "deploy/mps/configmap.yaml",
+        &gpu_slicer::config::Overrides::default(),
+    )
+    .expect("the overlay's config is valid");
+    let root = cfg.mps_root.clone().expect("flags.mpsRoot set");
+    // It plans MPS daemons on a real node shape.
+    let inv = gpu_slicer::inventory::Backend::discover(
+        &gpu_slicer::inventory::sim::SimBackend::open("dgx-h100").unwrap(),
+    )
+    .unwrap();
+    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+    assert_eq!(
+        gpu_slicer::mps::daemons_for(&plan, &cfg).unwrap().len(),
+        8,
+        "one daemon per GPU"
+    );
+    let ds: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(format!("{dir}/daemonset.yaml")).unwrap())
+            .unwrap();
+    let spec = &ds["spec"]["template"]["spec"];
+    let mounts = spec["containers"][0]["volumeMounts"].as_sequence().unwrap();
+    let volumes = spec["volumes"].as_sequence().unwrap();
+    let host_path_of = |mount_path: &str| -> String {
+        let m = mounts
+            .iter()
+            .find(|m| m["mountPath"].as_str() == Some(mount_path))
+            .unwrap_or_else(|| panic!("no mount at {mount_path}"));
+        let v = volumes
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .expect("mounted volume");
+        v["hostPath"]["path"]
+            .as_str()
+            .expect("hostPath")
+            .to_string()
+    };
+    // Same path inside and out: CDI specs name host paths for tenants' bind mounts.
+    assert_eq!(host_path_of(root.to_str().unwrap()), root.to_str().unwrap());
+    assert_eq!(
+        std::path::PathBuf::from(host_path_of("/dev/shm")),
+        gpu_slicer::mps::shm_dir(&root),
+        "the daemons' /dev/shm is the directory tenants get"
+    );
+}
