@@ -12,12 +12,17 @@
 //!
 //! Run: `cargo bench --bench health` (`BENCH_QUICK=1` for fewer iterations and a 3 s idle window).
 
+// The test harness's helpers (the fake library's location) serve the bench too.
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::fake_lib;
 use gpu_slicer::app::{self, RunSettings};
 use gpu_slicer::config::{self, Overrides};
 use gpu_slicer::health::monitor::HealthSettings;
@@ -71,19 +76,6 @@ fn node_yaml() -> String {
         }
     }
     s
-}
-
-/// The fake library built by cargo as a dev-dependency, next to this bench binary.
-fn fake_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let deps = exe.parent().expect("exe dir");
-    for dir in [deps, deps.parent().expect("target dir")] {
-        let p = dir.join("libnvidia_ml.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libnvidia_ml.so not found near {}", exe.display());
 }
 
 /// A private copy of the fake (own inode, own state) with `node` set through its control

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use common::{SHARED_CONFIG, short_tempdir, within};
+use common::{SHARED_CONFIG, fake_lib, short_tempdir, within};
 use gpu_slicer::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -34,19 +34,6 @@ const RESOURCES: [&str; 4] = [
 
 fn node_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/nodes/mixed-a100.yaml")
-}
-
-/// The fake library built by cargo as a dev-dependency, next to this test binary.
-fn fake_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let deps = exe.parent().expect("exe dir");
-    for dir in [deps, deps.parent().expect("target dir")] {
-        let p = dir.join("libnvidia_ml.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libnvidia_ml.so not found near {}", exe.display());
 }
 
 /// The daemon's stderr, line by line, with a counter to wait on.

@@ -4,25 +4,16 @@
 //! Each test copies the fake library to its own path (a new inode is a new instance with its
 //! own state, nvml.md §7) and configures it through `fakeNvmlSetNodeJson` before NVML opens it.
 
+mod common;
+
 use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
+
+use common::fake_lib;
 
 use gpu_slicer::inventory::nvml::NvmlBackend;
 use gpu_slicer::inventory::sim::SimBackend;
 use gpu_slicer::inventory::{Backend, InventoryError};
-
-/// The fake library built by cargo as a dev-dependency, next to this test binary.
-fn fake_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let deps = exe.parent().expect("exe dir");
-    for dir in [deps, deps.parent().expect("target dir")] {
-        let p = dir.join("libnvidia_ml.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libnvidia_ml.so not found near {}", exe.display());
-}
 
 /// A private copy of the fake, configured with `node` (None: no driver).
 struct Fake {

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Stdio;
 
 use common::{short_tempdir, within};
@@ -11,6 +12,26 @@ use gpu_slicer::plugin::socket_name;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+/// `gpu-slicer run` on the `mixed-a100` sim node with `config` and the sockets and spec in
+/// `dir`, plus `extra` flags.
+fn spawn_run(dir: &Path, config: &Path, extra: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .arg("run")
+        .arg("--backend=sim:mixed-a100")
+        .arg("--config")
+        .arg(config)
+        .arg("--device-plugin-dir")
+        .arg(dir.join("dp"))
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn sigterm_removes_sockets() {
     let dir = short_tempdir();
@@ -18,26 +39,19 @@ async fn sigterm_removes_sockets() {
     let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .arg("run")
-        .arg("--backend=sim:mixed-a100")
-        .arg("--config")
-        .arg(&config)
-        .arg("--device-plugin-dir")
-        .arg(&plugin_dir)
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
+    let ledger_socket = dir.path().join("pod-resources.sock");
+    let mut child = spawn_run(
+        dir.path(),
+        &config,
         // Real flags of the ops surface: an ephemeral HTTP port, and a PodResources socket
         // that does not exist (the ledger degrades; the daemon still runs and stops).
-        .arg("--http-listen=127.0.0.1:0")
-        .arg("--pod-resources-socket")
-        .arg(dir.path().join("pod-resources.sock"))
-        .arg("--ledger-interval=50ms")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        &[
+            "--http-listen=127.0.0.1:0",
+            "--pod-resources-socket",
+            ledger_socket.to_str().unwrap(),
+            "--ledger-interval=50ms",
+        ],
+    );
     let names: Vec<String> = [
         "nvidia.com/gpu",
         "nvidia.com/mig-1g.10gb",
@@ -67,25 +81,17 @@ async fn sighup_reloads_the_config() {
     let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .arg("run")
-        .arg("--backend=sim:mixed-a100")
-        .arg("--config")
-        .arg(&config)
-        // Only the signal may trigger this reload.
-        .arg("--no-config-watch")
-        // Never the default :9400 in tests (parallel runs); no ledger (env vars of the flags).
-        .env("HTTP_LISTEN", "127.0.0.1:0")
-        .env("POD_RESOURCES_SOCKET", "")
-        .arg("--device-plugin-dir")
-        .arg(&plugin_dir)
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(
+        dir.path(),
+        &config,
+        // Only the signal may trigger this reload; never the default :9400 in tests
+        // (parallel runs); no ledger.
+        &[
+            "--no-config-watch",
+            "--http-listen=127.0.0.1:0",
+            "--pod-resources-socket=",
+        ],
+    );
     let gpu = vec!["nvidia.com/gpu".to_string()];
     within("registration", emulator.wait_registered(&gpu, 1)).await;
     let mut devices = emulator.devices("nvidia.com/gpu").unwrap();

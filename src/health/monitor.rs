@@ -19,8 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use node_spec::EventSpec;
-use serde::Deserialize;
+use node_spec::{EventLine, EventSpec};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -241,7 +240,7 @@ async fn run(
             for ev in timeline {
                 sim.schedule(
                     start + Duration::from_millis(ev.after_ms),
-                    Injection::Event(ev),
+                    EventLine::Event(ev),
                 );
             }
             (
@@ -348,49 +347,16 @@ impl Prober {
     }
 }
 
-/// One line of the sim event file (or one node-file event).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Injection {
-    /// A health event.
-    Event(EventSpec),
-    /// `{"gpu":N,"kind":"recover"}`: the GPU answers again.
-    Recover(u32),
-}
-
-/// Parse one event line: an [`EventSpec`] or `{"gpu":N,"kind":"recover"}`.
-fn parse_injection(line: &str) -> std::result::Result<Injection, String> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Recover {
-        gpu: u32,
-        #[allow(dead_code, reason = "only checked to be `recover`")]
-        kind: RecoverKind,
-    }
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    enum RecoverKind {
-        Recover,
-    }
-    if let Ok(r) = serde_json::from_str::<Recover>(line) {
-        return Ok(Injection::Recover(r.gpu));
-    }
-    let ev: EventSpec = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    if ev.kind == node_spec::EventKind::Xid && ev.xid.is_none() {
-        return Err("`xid` is required for kind `xid`".into());
-    }
-    Ok(Injection::Event(ev))
-}
-
 /// The sim injector's schedule and event file.
 #[derive(Debug)]
 struct Sim {
-    /// Injections not yet due, sorted by time.
-    pending: Vec<(tokio::time::Instant, Injection)>,
+    /// EventLines not yet due, sorted by time.
+    pending: Vec<(tokio::time::Instant, EventLine)>,
     events_file: Option<PathBuf>,
 }
 
 impl Sim {
-    fn schedule(&mut self, at: tokio::time::Instant, inj: Injection) {
+    fn schedule(&mut self, at: tokio::time::Instant, inj: EventLine) {
         let i = self.pending.partition_point(|(t, _)| *t <= at);
         self.pending.insert(i, (at, inj));
     }
@@ -399,7 +365,7 @@ impl Sim {
         self.pending.first().map(|(at, _)| *at)
     }
 
-    fn take_due(&mut self, now: tokio::time::Instant) -> Vec<Injection> {
+    fn take_due(&mut self, now: tokio::time::Instant) -> Vec<EventLine> {
         let n = self.pending.partition_point(|(t, _)| *t <= now);
         self.pending.drain(..n).map(|(_, inj)| inj).collect()
     }
@@ -418,11 +384,11 @@ impl Sim {
             if line.trim().is_empty() {
                 continue;
             }
-            match parse_injection(line) {
+            match EventLine::parse(line) {
                 Ok(inj) => {
                     let after = match &inj {
-                        Injection::Event(ev) => Duration::from_millis(ev.after_ms),
-                        Injection::Recover(_) => Duration::ZERO,
+                        EventLine::Event(ev) => Duration::from_millis(ev.after_ms),
+                        EventLine::Recover(_) => Duration::ZERO,
                     };
                     self.schedule(now + after, inj);
                 }
@@ -521,10 +487,10 @@ impl Monitor {
     }
 
     /// Turn one sim injection into an event (or a recovery of the lost mark).
-    fn inject(&mut self, prober: &mut Prober, inj: Injection) {
+    fn inject(&mut self, prober: &mut Prober, inj: EventLine) {
         let index = match &inj {
-            Injection::Event(ev) => ev.gpu,
-            Injection::Recover(gpu) => *gpu,
+            EventLine::Event(ev) => ev.gpu,
+            EventLine::Recover(gpu) => *gpu,
         };
         let Some(uuid) = self
             .inventory
@@ -544,12 +510,12 @@ impl Monitor {
             Prober::Nvml { .. } => return,
         };
         let ev = match inj {
-            Injection::Recover(_) => {
+            EventLine::Recover(_) => {
                 lost.remove(&uuid);
                 tracing::info!(gpu = %uuid, "sim GPU answers again");
                 return;
             }
-            Injection::Event(ev) => ev,
+            EventLine::Event(ev) => ev,
         };
         let kind = match ev.kind {
             node_spec::EventKind::Xid => match ev.xid {
@@ -607,35 +573,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn injection_lines() {
-        assert_eq!(
-            parse_injection(r#"{"gpu":2,"kind":"recover"}"#),
-            Ok(Injection::Recover(2))
-        );
-        let Ok(Injection::Event(ev)) =
-            parse_injection(r#"{"gpu":1,"kind":"xid","xid":79,"gpuInstanceId":3}"#)
-        else {
-            panic!("xid line");
-        };
-        assert_eq!((ev.gpu, ev.xid, ev.gpu_instance_id), (1, Some(79), Some(3)));
-        assert!(parse_injection(r#"{"gpu":1,"kind":"xid"}"#).is_err());
-        assert!(parse_injection(r#"{"gpu":1,"kind":"melted"}"#).is_err());
-    }
-
-    #[test]
     fn sim_schedule_keeps_order() {
         let t0 = tokio::time::Instant::now();
         let mut sim = Sim {
             pending: Vec::new(),
             events_file: None,
         };
-        sim.schedule(t0 + Duration::from_millis(20), Injection::Recover(2));
-        sim.schedule(t0, Injection::Recover(0));
-        sim.schedule(t0 + Duration::from_millis(10), Injection::Recover(1));
+        sim.schedule(t0 + Duration::from_millis(20), EventLine::Recover(2));
+        sim.schedule(t0, EventLine::Recover(0));
+        sim.schedule(t0 + Duration::from_millis(10), EventLine::Recover(1));
         assert_eq!(sim.next_due(), Some(t0));
         assert_eq!(
             sim.take_due(t0 + Duration::from_millis(10)),
-            vec![Injection::Recover(0), Injection::Recover(1)]
+            vec![EventLine::Recover(0), EventLine::Recover(1)]
         );
         assert_eq!(sim.pending.len(), 1);
     }

@@ -99,3 +99,17 @@ pub(crate) async fn start(profile: &str, config_text: &str) -> Harness {
     .await;
     h
 }
+
+/// The fake `libnvidia-ml` cargo builds as a dev-dependency, found next to the running test
+/// or bench binary (`target/<profile>/deps` or its parent).
+pub(crate) fn fake_lib() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("exe dir");
+    for dir in [deps, deps.parent().expect("target dir")] {
+        let p = dir.join("libnvidia_ml.so");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libnvidia_ml.so not found near {}", exe.display());
+}

@@ -73,7 +73,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use node_spec::{EventKind, EventSpec, GpuSpec, MigDeviceSpec, NodeSpec};
+use node_spec::{EventKind, EventLine, EventSpec, GpuSpec, MigDeviceSpec, NodeSpec};
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t,
     nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
@@ -353,15 +353,15 @@ impl State {
 
     /// Apply one injected line: an `EventSpec`, or `{"gpu":N,"kind":"recover"}`.
     fn inject(&mut self, line: &str) -> Result<(), String> {
-        match parse_injection(line)? {
-            Injection::Recover(gpu) => {
+        match EventLine::parse(line)? {
+            EventLine::Recover(gpu) => {
                 if let Some(node) = &self.node
                     && let Some(pos) = node.gpus.iter().position(|g| g.index == gpu)
                 {
                     self.lost.remove(&pos);
                 }
             }
-            Injection::Event(ev) => self.deliver(&ev, None),
+            EventLine::Event(ev) => self.deliver(&ev, None),
         }
         Ok(())
     }
@@ -409,36 +409,6 @@ impl State {
             }
         }
     }
-}
-
-/// One line of the injection interface.
-#[derive(Debug, PartialEq)]
-enum Injection {
-    Event(EventSpec),
-    Recover(u32),
-}
-
-fn parse_injection(line: &str) -> Result<Injection, String> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Recover {
-        gpu: u32,
-        #[allow(dead_code, reason = "only checked to be `recover`")]
-        kind: RecoverKind,
-    }
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    enum RecoverKind {
-        Recover,
-    }
-    if let Ok(r) = serde_json::from_str::<Recover>(line) {
-        return Ok(Injection::Recover(r.gpu));
-    }
-    let ev: EventSpec = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    if ev.kind == EventKind::Xid && ev.xid.is_none() {
-        return Err("`xid` is required for kind `xid`".into());
-    }
-    Ok(Injection::Event(ev))
 }
 
 fn mig_at(gpu: &GpuSpec, slot: u32) -> Option<&MigDeviceSpec> {
@@ -1426,22 +1396,6 @@ mod tests {
         assert_eq!(Dev::decode(set_handle(0) as nvmlDevice_t), None);
         assert_eq!(set_id(set_handle(5)), Some(5));
         assert_eq!(set_id(Dev::Gpu(0).handle() as nvmlEventSet_t), None);
-    }
-
-    #[test]
-    fn injection_lines() {
-        assert_eq!(
-            parse_injection(r#"{"gpu":2,"kind":"recover"}"#).unwrap(),
-            Injection::Recover(2)
-        );
-        let Injection::Event(ev) =
-            parse_injection(r#"{"gpu":1,"kind":"xid","xid":79,"gpuInstanceId":3}"#).unwrap()
-        else {
-            panic!("expected event");
-        };
-        assert_eq!((ev.gpu, ev.xid, ev.gpu_instance_id), (1, Some(79), Some(3)));
-        assert!(parse_injection(r#"{"gpu":1,"kind":"xid"}"#).is_err());
-        assert!(parse_injection(r#"{"gpu":1,"kind":"boom"}"#).is_err());
     }
 
     #[test]

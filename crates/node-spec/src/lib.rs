@@ -174,6 +174,43 @@ pub enum EventKind {
     GpuLost,
 }
 
+/// One line of an event-injection file (the fake NVML library's `FAKE_NVML_EVENT_FILE`,
+/// `gpu-slicer run --health-events-file`): an [`EventSpec`] as JSON, or the
+/// injection-only `{"gpu":N,"kind":"recover"}` (the GPU answers again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventLine {
+    /// A health event.
+    Event(EventSpec),
+    /// The GPU with this index answers again.
+    Recover(u32),
+}
+
+impl EventLine {
+    /// Parse one line; the error says what is wrong with it.
+    pub fn parse(line: &str) -> Result<Self, String> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Recover {
+            gpu: u32,
+            #[allow(dead_code, reason = "only checked to be `recover`")]
+            kind: RecoverKind,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        enum RecoverKind {
+            Recover,
+        }
+        if let Ok(r) = serde_json::from_str::<Recover>(line) {
+            return Ok(Self::Recover(r.gpu));
+        }
+        let ev: EventSpec = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        if ev.kind == EventKind::Xid && ev.xid.is_none() {
+            return Err("`xid` is required for kind `xid`".into());
+        }
+        Ok(Self::Event(ev))
+    }
+}
+
 /// Size of one `/dev/nvidia-caps` minor block per GPU: 15 GPU instances × (1 + 8 compute instances).
 const CAPS_PER_GI: u32 = 9;
 const GIS_PER_GPU: u32 = 15;
@@ -534,6 +571,26 @@ fn check_bus_id(raw: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_lines() {
+        assert_eq!(
+            EventLine::parse(r#"{"gpu":2,"kind":"recover"}"#),
+            Ok(EventLine::Recover(2))
+        );
+        let Ok(EventLine::Event(ev)) =
+            EventLine::parse(r#"{"gpu":1,"kind":"xid","xid":79,"gpuInstanceId":3}"#)
+        else {
+            panic!("xid line");
+        };
+        assert_eq!((ev.gpu, ev.xid, ev.gpu_instance_id), (1, Some(79), Some(3)));
+        assert_eq!(
+            EventLine::parse(r#"{"gpu":1,"kind":"xid"}"#),
+            Err("`xid` is required for kind `xid`".to_string())
+        );
+        let err = EventLine::parse(r#"{"gpu":1,"kind":"melted"}"#).unwrap_err();
+        assert!(err.contains("melted"), "{err}");
+    }
 
     const NODE: &str = r#"
 gpus:
