@@ -37,6 +37,9 @@ pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 /// Errors of the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
+    /// The config could not be loaded again (reload).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// Discovery failed.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
@@ -197,11 +200,11 @@ impl SpecWriter for CdiSpecWriter {
         }
         if !kept.is_empty() {
             tracing::info!(devices = ?kept, "CDI devices kept for running containers");
-        }
-        if !kept.is_empty() {
+            // A kept device may use a newer spec feature than the generated ones; `generate`
+            // checked its own spec, the merged one is checked again.
             spec.cdi_version = crate::cdi::minimum_version(&spec).to_string();
+            crate::cdi::validate(&spec).map_err(err)?;
         }
-        crate::cdi::validate(&spec).map_err(err)?;
         let bytes = spec.to_bytes(format).map_err(err)?;
         let outcome = crate::cdi::writer::write_spec(cdi_dir, &name, &bytes).map_err(err)?;
         tracing::info!(dir = %cdi_dir.display(), file = %name, ?outcome, kept = kept.len(), "CDI spec");
@@ -369,9 +372,8 @@ struct Daemon {
     cdi_dir: PathBuf,
     load: Option<ConfigLoader>,
     current: Current,
-    health: HealthMap,
     serving: watch::Sender<Arc<Serving>>,
-    allocations: AllocationLog,
+    /// Shared with every resource server: live health, the Allocate log, metrics, readiness.
     ctx: PluginContext,
     watch: plugin::KubeletWatch,
     /// One token per served resource: cancelling it stops that server and unlinks its socket.
@@ -397,7 +399,7 @@ impl Daemon {
         self.resources.insert(resource.clone(), token.clone());
         // Health metrics follow the view until the daemon stops or a re-plan removes the
         // resource (its channel closes and its series are forgotten).
-        if let Some(views) = self.health.subscribe(&resource) {
+        if let Some(views) = self.ctx.health.subscribe(&resource) {
             self.ctx.tracker.spawn(crate::metrics::follow_resource(
                 views,
                 self.ctx.metrics.clone(),
@@ -419,7 +421,7 @@ impl Daemon {
         let mut names = BTreeSet::new();
         let config = &self.current.config;
         let prefix = format!("{}=", config.cdi_kind);
-        for (resource, ids) in self.allocations.snapshot() {
+        for (resource, ids) in self.ctx.allocations.snapshot() {
             let Some(r) = self.current.plan.resource(&resource) else {
                 continue;
             };
@@ -438,35 +440,25 @@ impl Daemon {
     }
 
     /// Reload; on any error the running state is untouched.
-    async fn reload(&mut self, causes: Causes) -> Result<Option<PlanDiff>, String> {
+    async fn reload(&mut self, causes: Causes) -> Result<Option<PlanDiff>, AppError> {
         let config = match (&self.load, causes.config) {
             (Some(load), true) => {
                 let load = load.clone();
-                Arc::new(
-                    blocking("config loading", move || load())
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())?,
-                )
+                Arc::new(blocking("config loading", move || load()).await??)
             }
             _ => self.current.config.clone(),
         };
         let inventory = if causes.inventory {
             let backend = self.backend.clone();
-            Arc::new(
-                blocking("inventory discovery", move || backend.discover())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?,
-            )
+            Arc::new(blocking("inventory discovery", move || backend.discover()).await??)
         } else {
             self.current.inventory.clone()
         };
         if config == self.current.config && inventory == self.current.inventory {
             return Ok(None);
         }
-        let plan = Arc::new(crate::plan::build(&inventory, &config).map_err(|e| e.to_string())?);
-        let daemons = crate::mps::daemons_for(&plan, &config).map_err(|e| e.to_string())?;
+        let plan = Arc::new(crate::plan::build(&inventory, &config)?);
+        let daemons = crate::mps::daemons_for(&plan, &config)?;
         let restart_mps = daemons
             != crate::mps::daemons_for(&self.current.plan, &self.current.config)
                 .unwrap_or_default();
@@ -482,9 +474,7 @@ impl Daemon {
             blocking("CDI spec writing", move || {
                 writer.write(&dir, &inventory, &plan, &config, &keep)
             })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .await??;
         }
         // Past this point nothing fails: publish.
         self.serving.send_replace(Arc::new(Serving {
@@ -494,7 +484,7 @@ impl Daemon {
         if !Arc::ptr_eq(&inventory, &self.current.inventory) {
             self.inventory_tx.send_replace(inventory.clone());
         }
-        let diff = self.health.replace_plan(&plan);
+        let diff = self.ctx.health.replace_plan(&plan);
         if restart_mps {
             // The daemons' defaults follow the replica count: the set is replaced as a whole
             // (clients of a replaced daemon reconnect to the new one).
@@ -508,7 +498,7 @@ impl Daemon {
                 &plan,
                 &config,
                 self.mps.clone(),
-                &self.health,
+                &self.ctx.health,
                 &self.ctx.tracker,
                 self.mps_token.clone(),
             )
@@ -541,7 +531,7 @@ impl Daemon {
         if matches!(result, Ok(Some(_))) {
             self.ctx
                 .readiness
-                .expect_resources(self.health.resource_names());
+                .expect_resources(self.ctx.health.resource_names());
         }
         let plan = self.current.plan.clone();
         self.status.send_modify(|s| {
@@ -558,7 +548,7 @@ impl Daemon {
                 }
                 Err(e) => {
                     s.failed += 1;
-                    s.last_error = Some(e.clone());
+                    s.last_error = Some(e.to_string());
                 }
             }
         });
@@ -729,9 +719,7 @@ pub async fn run(
             inventory: inventory.clone(),
             plan: plan.clone(),
         },
-        health: health.clone(),
         serving,
-        allocations: allocations.clone(),
         ctx,
         watch,
         resources: BTreeMap::new(),
