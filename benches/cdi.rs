@@ -58,15 +58,18 @@ pub fn synthetic_inventory(gpus: u32, migs: u32) -> Inventory {
     }
 }
 
-/// Median wall time of generate + serialise for `gpus` × `migs`, and the device count.
-pub fn measure(gpus: u32, migs: u32, format: Format, runs: usize) -> (Duration, usize) {
-    let inv = synthetic_inventory(gpus, migs);
-    let opts = GenerateOptions::new("gpu-slicer.io/gpu");
+/// Median wall time of generate + serialise of `inv` with `opts`, and the device count.
+fn time_generate(
+    inv: &Inventory,
+    opts: &GenerateOptions,
+    format: Format,
+    runs: usize,
+) -> (Duration, usize) {
     let mut times = Vec::with_capacity(runs);
     let mut devices = 0;
     for _ in 0..runs {
         let start = Instant::now();
-        let spec = match cdi::generate(black_box(&inv), &opts, &NoProbe) {
+        let spec = match cdi::generate(black_box(inv), opts, &NoProbe) {
             Ok(s) => s,
             Err(e) => panic!("generate: {e}"),
         };
@@ -80,6 +83,13 @@ pub fn measure(gpus: u32, migs: u32, format: Format, runs: usize) -> (Duration, 
     }
     times.sort();
     (times[times.len() / 2], devices)
+}
+
+/// Median wall time of generate + serialise for `gpus` × `migs`, and the device count.
+pub fn measure(gpus: u32, migs: u32, format: Format, runs: usize) -> (Duration, usize) {
+    let inv = synthetic_inventory(gpus, migs);
+    let opts = GenerateOptions::new("gpu-slicer.io/gpu");
+    time_generate(&inv, &opts, format, runs)
 }
 
 /// As [`measure`] for `gpus` whole GPUs each split `replicas` ways with `memory+mps`.
@@ -108,24 +118,7 @@ pub fn measure_shares(gpus: u32, replicas: u32, format: Format, runs: usize) -> 
         }),
         ..GenerateOptions::new("gpu-slicer.io/gpu")
     };
-    let mut times = Vec::with_capacity(runs);
-    let mut devices = 0;
-    for _ in 0..runs {
-        let start = Instant::now();
-        let spec = match cdi::generate(black_box(&inv), &opts, &NoProbe) {
-            Ok(s) => s,
-            Err(e) => panic!("generate: {e}"),
-        };
-        let bytes = match spec.to_bytes(format) {
-            Ok(b) => b,
-            Err(e) => panic!("serialise: {e}"),
-        };
-        black_box(&bytes);
-        times.push(start.elapsed());
-        devices = spec.devices.len();
-    }
-    times.sort();
-    (times[times.len() / 2], devices)
+    time_generate(&inv, &opts, format, runs)
 }
 
 fn main() {
