@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use common::{SHARED_CONFIG, fake_lib, short_tempdir, within};
-use gpu_slicer::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
+use gpu_slicer::testkit::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;

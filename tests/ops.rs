@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{short_tempdir, within};
-use gpu_slicer::allocate::HealthMap;
-use gpu_slicer::app::{self, RunSettings};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::inventory::{Backend, Health};
-use gpu_slicer::kubelet::{KubeletEmulator, PodRef};
-use gpu_slicer::ledger::{Ledger, LedgerSettings, LedgerSnapshot, ViewSource};
-use gpu_slicer::metrics::Metrics;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::allocate::HealthMap;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::inventory::{Backend, Health};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::ledger::{Ledger, LedgerSettings, LedgerSnapshot, ViewSource};
+use gpu_slicer::runtime::metrics::Metrics;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -240,7 +240,8 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
         .discover()
         .expect("inventory");
     let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
-    let health = HealthMap::new(&gpu_slicer::plan::build(&inventory, &config).expect("plan"));
+    let health =
+        HealthMap::new(&gpu_slicer::domain::plan::build(&inventory, &config).expect("plan"));
     let metrics = Arc::new(Metrics::new());
     let tracker = TaskTracker::new();
     let token = CancellationToken::new();
@@ -306,9 +307,9 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
 /// ledger prunes the Allocate log once the holder is gone.
 #[tokio::test]
 async fn metrics_readiness_and_ledger_follow_a_reload() {
-    use gpu_slicer::app::ReloadSettings;
-    use gpu_slicer::ledger::Drift;
-    use gpu_slicer::reload::{Cause, TriggerSettings};
+    use gpu_slicer::runtime::ledger::Drift;
+    use gpu_slicer::runtime::supervisor::ReloadSettings;
+    use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
 
     const MIG: &str = "nvidia.com/mig-1g.10gb";
     let dir = short_tempdir();

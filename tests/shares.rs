@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::{short_tempdir, within};
-use gpu_slicer::kubelet::{DeviceInfo, KubeletEmulator};
+use gpu_slicer::testkit::kubelet::{DeviceInfo, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -141,8 +141,9 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     assert!(a.device_ids.iter().all(|id| id.starts_with(GPU3)));
     let share = format!("{KIND}={GPU3}-share-3");
     assert_eq!(a.response.cdi_devices, vec![share.clone()]);
-    let spec = gpu_slicer::cdi::validate::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
-        .expect("spec written");
+    let spec =
+        gpu_slicer::domain::cdi::validate::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
+            .expect("spec written");
     let dev = spec
         .devices
         .iter()

@@ -7,11 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_slicer::app::{self, AppError, RunSettings, Running};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, AppError, RunSettings, Running};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

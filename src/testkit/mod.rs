@@ -1,0 +1,4 @@
+//! Test and demo support: an in-process kubelet emulator (registration, device manager,
+//! PodResources) used by `gpu-slicer demo`, the integration tests and the benches.
+
+pub mod kubelet;
