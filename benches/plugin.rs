@@ -104,7 +104,7 @@ async fn stop_node(node: Node) {
 
 /// Domain-only cost of Allocate and GetPreferredAllocation (no gRPC).
 fn core_costs(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
-    use gpu_slicer::domain::allocate::{self, HealthMap};
+    use gpu_slicer::domain::allocate;
     use gpu_slicer::domain::inventory::Backend;
     let inv = SimBackend::open("dgx-h100")
         .expect("profile")
@@ -112,7 +112,11 @@ fn core_costs(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>
         .expect("discover");
     let cfg = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
     let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
-    let map = HealthMap::new(&plan);
+    let map = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
+        cfg.clone(),
+        inv.clone(),
+        plan,
+    ));
     let mut a = Vec::with_capacity(calls);
     let mut p = Vec::with_capacity(calls);
     for i in 0..calls {

@@ -71,7 +71,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     // A GPU event takes out every replica of that GPU and nothing else.
     let changed = h
         .running
-        .health
+        .store
         .set_health(GPU3, Health::Unhealthy, "Xid 79")
         .unwrap();
     assert_eq!(changed.len(), 1);
@@ -89,7 +89,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     assert!(!mig.has_changed().unwrap());
     // Parent GPU 0 of seven 1g.10gb slices.
     h.running
-        .health
+        .store
         .set_health(
             "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e00",
             Health::Unhealthy,
@@ -100,7 +100,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     assert_eq!(mig.borrow().iter().filter(|d| d.healthy).count(), 2);
     // Recovery.
     h.running
-        .health
+        .store
         .set_health(GPU3, Health::Healthy, "")
         .unwrap();
     within("recovery frame", gpu.changed()).await.unwrap();
@@ -170,7 +170,7 @@ async fn allocate_rule_unhealthy() {
     let mut gpu = h.emulator.devices("nvidia.com/gpu").unwrap();
     gpu.borrow_and_update();
     h.running
-        .health
+        .store
         .set_health(&rep(GPU2, 2), Health::Unhealthy, "ECC error")
         .unwrap();
     within("frame", gpu.changed()).await.unwrap();

@@ -317,7 +317,7 @@ async fn health_survives_a_reload() {
     let d = start(dir, file.clone(), "mixed-a100").await;
     const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
     d.running
-        .health
+        .store
         .set_health(
             GPU2,
             gpu_slicer::domain::inventory::Health::Unhealthy,

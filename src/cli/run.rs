@@ -82,7 +82,15 @@ pub struct RunArgs {
     /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
     #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::runtime::ledger::parse_interval)]
     pub ledger_interval: std::time::Duration,
+    /// Directory of gpu-slicer's own state: the checkpoint of held devices (`held.json`),
+    /// read before the first spec is written so a restart keeps them. Not the device-plugin
+    /// directory (the kubelet deletes files there). Empty: held devices are not persisted.
+    #[arg(long, env = "STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: String,
 }
+
+/// Default of `--state-dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-slicer";
 
 impl RunArgs {
     /// The daemon settings these flags describe (config loaded and validated).
@@ -103,7 +111,8 @@ impl RunArgs {
         };
         settings.mps = self.mps.supervisor_config();
         let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
-        settings.spec_writer = Arc::new(crate::runtime::supervisor::CdiSpecWriter::with_hook(hook));
+        settings.hook = Some(hook);
+        settings.state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));
         settings.health_monitor = Some(self.health.settings(&self.backend)?);
         settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
         settings.ledger = (!self.pod_resources_socket.is_empty()).then(|| {

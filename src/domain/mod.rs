@@ -5,7 +5,10 @@
 pub mod allocate;
 pub mod cdi;
 pub mod config;
+pub mod devnodes;
 pub mod health;
 pub mod inventory;
 pub mod mps;
 pub mod plan;
+pub mod snapshot;
+pub mod transition;

@@ -2,6 +2,7 @@
 //! the sim backend's node files, and files on disk (atomic CDI spec writes).
 
 pub mod cdi_writer;
+pub mod checkpoint;
 pub mod enforce;
 pub mod nvml;
 pub mod nvml_events;

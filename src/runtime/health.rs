@@ -1,5 +1,5 @@
 //! The health task: connects an event source to the policy ([`Tracker`]) and the policy to
-//! the daemon's device state ([`HealthMap`]), which streams every change to ListAndWatch.
+//! the daemon's device state (the state store, [`crate::state::Store`]), which streams every change to ListAndWatch.
 //!
 //! Sources:
 //! - `--backend nvml`: the [`NvmlEventWatcher`] (its own OS thread; blocking NVML never runs on
@@ -24,12 +24,12 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::domain::allocate::HealthMap;
 use crate::domain::health::{
     DEFAULT_QUIET_PERIOD, Event, EventKind, Tracker, Transition, XidFilter,
 };
 use crate::domain::inventory::{Health, Inventory};
 use crate::platform::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher};
+use crate::state::{Snapshot, Store};
 
 /// Longest single NVML event wait. Long, so an idle node costs (almost) no CPU; short enough
 /// that stopping the thread (checked after every wait) fits the daemon's 5 s shutdown deadline.
@@ -92,18 +92,18 @@ impl HealthSettings {
 /// the policy's state (a GPU waiting for its quiet period stays so).
 pub fn spawn(
     settings: HealthSettings,
-    inventory: watch::Receiver<Arc<Inventory>>,
-    health: HealthMap,
+    health: Store,
     tracker: &TaskTracker,
     token: CancellationToken,
 ) {
+    let inventory = health.subscribe();
     if !settings.filter.any_enabled() {
         tracing::info!(
             "health checks disabled (DP_DISABLE_HEALTHCHECKS); no health watcher started"
         );
         return;
     }
-    if inventory.borrow().gpus.is_empty() {
+    if inventory.borrow().inventory.gpus.is_empty() {
         tracing::info!("no GPUs; no health watcher started");
         return;
     }
@@ -113,11 +113,11 @@ pub fn spawn(
 /// The task body.
 async fn run(
     settings: HealthSettings,
-    mut inventory_rx: watch::Receiver<Arc<Inventory>>,
-    health: HealthMap,
+    mut inventory_rx: watch::Receiver<Arc<Snapshot>>,
+    health: Store,
     token: CancellationToken,
 ) {
-    let inventory = inventory_rx.borrow_and_update().clone();
+    let inventory = inventory_rx.borrow_and_update().inventory.clone();
     let mut inventory_open = true;
     let gpus = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
     let mut monitor = Monitor {
@@ -196,13 +196,16 @@ async fn run(
         tokio::select! {
             () = token.cancelled() => break,
             changed = inventory_rx.changed(), if inventory_open => match changed {
+                // The store changes on every health event too: only a new inventory matters.
                 Ok(()) => {
-                    let inventory = inventory_rx.borrow_and_update().clone();
-                    monitor
-                        .tracker
-                        .set_gpus(inventory.gpus.iter().map(|g| g.uuid.clone()).collect());
-                    monitor.inventory = inventory;
-                    tracing::info!("health monitor follows the re-scanned inventory");
+                    let inventory = inventory_rx.borrow_and_update().inventory.clone();
+                    if !Arc::ptr_eq(&inventory, &monitor.inventory) {
+                        monitor
+                            .tracker
+                            .set_gpus(inventory.gpus.iter().map(|g| g.uuid.clone()).collect());
+                        monitor.inventory = inventory;
+                        tracing::info!("health monitor follows the re-scanned inventory");
+                    }
                 }
                 Err(_) => inventory_open = false,
             },
@@ -341,7 +344,7 @@ fn read_and_remove(path: &Path) -> Option<String> {
 struct Monitor {
     tracker: Tracker,
     inventory: Arc<Inventory>,
-    health: HealthMap,
+    health: Store,
 }
 
 impl Monitor {

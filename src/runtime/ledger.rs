@@ -3,7 +3,7 @@
 //! `…/pod-resources/kubelet.sock`), with drift detection.
 //!
 //! Talks to the kubelet (gRPC client over a unix socket), reads the live plan through a
-//! [`ViewSource`] (the `HealthMap` views), publishes a [`LedgerSnapshot`] on a
+//! [`ViewSource`] (the state store's views), publishes a [`LedgerSnapshot`] on a
 //! `tokio::sync::watch` channel and mirrors it into [`Metrics`]. The reconciliation itself,
 //! [`reconcile`], is pure.
 //!
@@ -22,10 +22,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::domain::allocate::{AllocationLog, HealthMap, ResourceView};
+use crate::domain::allocate::ResourceView;
 use crate::domain::inventory::Health;
 use crate::proto::podresources as pb;
 use crate::runtime::metrics::{Metrics, PodLabels, ResourceLabels};
+use crate::state::Store;
 use pb::pod_resources_lister_client::PodResourcesListerClient;
 
 /// Default PodResources socket of the kubelet.
@@ -135,7 +136,7 @@ pub struct LedgerSnapshot {
     /// Mismatches found by the last successful round, sorted.
     pub drift: Vec<Drift>,
     /// When the last successful round sent `List`: an allocation made after it could not
-    /// be in it (see `AllocationLog::prune`).
+    /// be in it (see `Held::prune`).
     pub taken_at: Option<std::time::Instant>,
 }
 
@@ -377,35 +378,37 @@ impl Ledger {
     }
 }
 
-/// Start the ledger as the daemon runs it: the views come from the live `HealthMap` (a
-/// re-plan is seen on the next round), and every successful round prunes the Allocate log
-/// of devices the kubelet no longer reports held, so a reload stops keeping released
-/// devices in the CDI spec. A round that fails prunes nothing.
+/// What the daemon does when the ledger finds devices released.
+pub type OnRelease = Arc<dyn Fn(Arc<crate::state::Held>) + Send + Sync>;
+
+/// Start the ledger as the daemon runs it: the views come from the state store (a re-plan
+/// is seen on the next round), and every successful round releases, in the store, held
+/// devices the kubelet no longer reports, then calls `on_release` (persist the checkpoint,
+/// drop the released CDI devices from the spec). A round that fails releases nothing.
 pub fn start_for_daemon(
     settings: LedgerSettings,
-    health: &HealthMap,
-    allocations: &AllocationLog,
+    store: &Store,
+    on_release: OnRelease,
     metrics: Arc<Metrics>,
     tracker: &TaskTracker,
     token: &CancellationToken,
 ) -> Ledger {
-    let live = health.clone();
-    let views: ViewSource = Arc::new(move || {
-        let names = live.resource_names();
-        names.iter().filter_map(|r| live.view(r)).collect()
-    });
+    let live = store.clone();
+    let views: ViewSource = Arc::new(move || live.current().views.values().cloned().collect());
     let ledger = Ledger::start(settings, views, metrics, tracker, token.clone());
-    tracker.spawn(prune_allocations(
+    tracker.spawn(release_held(
         ledger.subscribe(),
-        allocations.clone(),
+        store.clone(),
+        on_release,
         token.clone(),
     ));
     ledger
 }
 
-async fn prune_allocations(
+async fn release_held(
     mut snapshots: watch::Receiver<Arc<LedgerSnapshot>>,
-    log: AllocationLog,
+    store: Store,
+    on_release: OnRelease,
     token: CancellationToken,
 ) {
     loop {
@@ -420,7 +423,13 @@ async fn prune_allocations(
                 .iter()
                 .map(|(r, devices)| (r.clone(), devices.keys().cloned().collect()))
                 .collect();
-            log.prune(&held, taken_at);
+            if let Some(now_held) = store.release(&held, taken_at) {
+                tracing::info!(
+                    held = now_held.len(),
+                    "held devices released by the kubelet"
+                );
+                on_release(now_held);
+            }
         }
     }
 }
@@ -647,27 +656,17 @@ impl PublishedPods {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::allocate::HealthMap;
-    use crate::domain::config::{self, Overrides};
-    use crate::domain::inventory::Backend;
-    use crate::platform::sim::SimBackend;
+    use crate::state::Store;
 
-    fn health() -> HealthMap {
-        let inv = SimBackend::open("dgx-h100").unwrap().discover().unwrap();
-        let cfg = config::parse(
+    fn health() -> Store {
+        crate::testkit::fixtures::store(
+            "dgx-h100",
             "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n",
-            "t.yaml",
-            &Overrides::default(),
         )
-        .unwrap();
-        HealthMap::new(&crate::domain::plan::build(&inv, &cfg).unwrap())
     }
 
-    fn views(h: &HealthMap) -> Vec<Arc<ResourceView>> {
-        h.resource_names()
-            .iter()
-            .filter_map(|r| h.view(r))
-            .collect()
+    fn views(h: &Store) -> Vec<Arc<ResourceView>> {
+        h.current().views.values().cloned().collect()
     }
 
     fn holder(pod: &str) -> Holder {

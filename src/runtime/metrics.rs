@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::allocate::ResourceView;
 use crate::domain::inventory::Health;
+use crate::state::Store;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -322,24 +322,26 @@ impl Metrics {
     }
 }
 
-/// Mirror one resource's health views into `metrics` as they change (no polling) until
-/// `token` is cancelled or the view's sender goes away (the resource left the plan: its
-/// series are then forgotten).
-pub async fn follow_resource(
-    mut views: watch::Receiver<Arc<ResourceView>>,
-    metrics: Arc<Metrics>,
-    token: CancellationToken,
-) {
-    let resource = views.borrow().resource.name.clone();
+/// Mirror every resource's view into `metrics` as the store changes (no polling) until
+/// `token` is cancelled: a view that changed (by identity) is published again, a resource
+/// that left the plan has its series forgotten.
+pub async fn follow_store(store: Store, metrics: Arc<Metrics>, token: CancellationToken) {
+    let mut rx = store.subscribe();
+    let mut last: BTreeMap<String, Arc<ResourceView>> = BTreeMap::new();
     loop {
-        let view = views.borrow_and_update().clone();
-        metrics.publish_view(&view);
+        let snapshot = rx.borrow_and_update().clone();
+        for (name, view) in snapshot.views.iter() {
+            if last.get(name).is_none_or(|old| !Arc::ptr_eq(old, view)) {
+                metrics.publish_view(view);
+            }
+        }
+        for gone in last.keys().filter(|n| !snapshot.views.contains_key(*n)) {
+            metrics.forget_resource(gone);
+        }
+        last = snapshot.views.as_ref().clone();
         tokio::select! {
             () = token.cancelled() => return,
-            changed = views.changed() => if changed.is_err() {
-                metrics.forget_resource(&resource);
-                return;
-            },
+            changed = rx.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -394,21 +396,10 @@ pub fn openmetrics_to_prometheus(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::allocate::HealthMap;
-    use crate::domain::inventory::Backend;
+    use crate::state::Store;
 
-    fn health() -> HealthMap {
-        let inv = crate::platform::sim::SimBackend::open("mixed-a100")
-            .unwrap()
-            .discover()
-            .unwrap();
-        let cfg = crate::domain::config::parse(
-            "flags: {migStrategy: mixed}\n",
-            "t.yaml",
-            &crate::domain::config::Overrides::default(),
-        )
-        .unwrap();
-        HealthMap::new(&crate::domain::plan::build(&inv, &cfg).unwrap())
+    fn health() -> Store {
+        crate::testkit::fixtures::store("mixed-a100", "flags: {migStrategy: mixed}\n")
     }
 
     fn series(m: &Metrics, prefix: &str) -> Vec<String> {

@@ -8,5 +8,6 @@ pub mod ledger;
 pub mod metrics;
 pub mod mps;
 pub mod plugin;
+pub mod reloader;
 pub mod supervisor;
 pub mod triggers;

@@ -50,6 +50,8 @@ pub enum Cause {
     Rescan,
     /// An embedder asked (tests, `Running::reload`): config and inventory.
     Request,
+    /// Held devices were released: the spec may drop devices kept only for them.
+    Released,
 }
 
 /// Merged causes of one reload.
@@ -59,6 +61,8 @@ pub struct Causes {
     pub config: bool,
     /// Re-discover the inventory.
     pub inventory: bool,
+    /// Rewrite the spec if it keeps devices nothing holds any more.
+    pub held: bool,
 }
 
 impl Causes {
@@ -66,6 +70,7 @@ impl Causes {
         match cause {
             Cause::ConfigFile => self.config = true,
             Cause::Rescan => self.inventory = true,
+            Cause::Released => self.held = true,
             Cause::Signal | Cause::Request => {
                 self.config = true;
                 self.inventory = true;
@@ -79,6 +84,7 @@ impl Causes {
             (true, true) => "config+inventory",
             (true, false) => "config",
             (false, true) => "inventory",
+            (false, false) if self.held => "released",
             (false, false) => "none",
         }
     }

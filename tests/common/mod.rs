@@ -113,3 +113,28 @@ pub(crate) fn fake_lib() -> std::path::PathBuf {
     }
     panic!("libnvidia_ml.so not found near {}", exe.display());
 }
+
+/// `gpu-slicer run` on `backend` with `config`, everything it writes in `dir` (`dp/`
+/// sockets, `cdi/` spec, `state/` checkpoint), HTTP on an ephemeral loopback port (never
+/// the default :9400: tests run in parallel) and no ledger. Callers add flags and spawn.
+pub(crate) fn run_command(
+    dir: &std::path::Path,
+    backend: &str,
+    config: &std::path::Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"));
+    cmd.arg("run")
+        .arg("--backend")
+        .arg(backend)
+        .arg("--config")
+        .arg(config)
+        .arg("--device-plugin-dir")
+        .arg(dir.join("dp"))
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .env("STATE_DIR", dir.join("state"))
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("POD_RESOURCES_SOCKET", "")
+        .kill_on_drop(true);
+    cmd
+}

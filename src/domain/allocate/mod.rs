@@ -20,13 +20,14 @@ use std::collections::HashSet;
 
 use crate::domain::plan::Device;
 
-pub use crate::state::{
-    AllocationLog, DeviceHealth, HealthMap, HealthUpdate, NodeHealth, ResourceView, StateError,
-};
+pub mod view;
+
+pub use crate::domain::devnodes::DeviceNodes;
 pub use preferred::preferred;
 pub use response::{
-    ContainerAllocation, DeviceNodes, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
+    ContainerAllocation, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
 };
+pub use view::{DeviceHealth, HealthUpdate, Overlay, ResourceView, StateError};
 
 /// Why a container request was refused. Every variant names the device and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

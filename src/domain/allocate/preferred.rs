@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 use crate::domain::config::AllocationPolicy;
 use crate::domain::plan::ResourceKind;
 
-use crate::state::ResourceView;
+use super::view::ResourceView;
 
 /// Pick `size` IDs out of `available`, including every ID of `must_include`.
 ///

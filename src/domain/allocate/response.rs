@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::domain::config::{Config, DeviceIdStrategy, DeviceListStrategy, Isolation};
-use crate::domain::inventory::Inventory;
+use crate::domain::devnodes::DeviceNodes;
 use crate::domain::plan::{Device, Resource};
 
 /// Env var carrying the granted memory in bytes (sum over the request).
@@ -191,38 +191,6 @@ fn fnv1a(bytes: &[u8]) -> u32 {
     })
 }
 
-/// Control nodes every CUDA container needs alongside its GPU nodes.
-const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
-
-/// Device nodes of each physical device (GPU or MIG UUID), from the inventory's minors:
-/// GPU `/dev/nvidia<minor>`; MIG the parent's node plus its GI and CI capability nodes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceNodes {
-    by_uuid: BTreeMap<String, Vec<String>>,
-}
-
-impl DeviceNodes {
-    /// Collect the nodes of every GPU and MIG device of an inventory.
-    pub fn new(inventory: &Inventory) -> Self {
-        let mut by_uuid = BTreeMap::new();
-        for gpu in &inventory.gpus {
-            let gpu_node = format!("/dev/nvidia{}", gpu.minor);
-            by_uuid.insert(gpu.uuid.clone(), vec![gpu_node.clone()]);
-            for mig in &gpu.mig_devices {
-                let mut nodes = vec![gpu_node.clone()];
-                nodes.extend(
-                    [mig.gi_cap_minor, mig.ci_cap_minor]
-                        .into_iter()
-                        .flatten()
-                        .map(|m| format!("/dev/nvidia-caps/nvidia-cap{m}")),
-                );
-                by_uuid.insert(mig.uuid.clone(), nodes);
-            }
-        }
-        Self { by_uuid }
-    }
-}
-
 /// With `passDeviceSpecs`, add DeviceSpecs (`rw`, host path under `devRoot`) for the control
 /// nodes and every node of the granted physical devices, deduplicated. Without it, nothing.
 pub fn add_device_specs(
@@ -235,13 +203,16 @@ pub fn add_device_specs(
         return;
     }
     let mut seen = HashSet::new();
-    let paths = CONTROL_NODES.iter().map(|p| (*p).to_string()).chain(
-        devices
-            .iter()
-            .filter_map(|d| nodes.by_uuid.get(&d.physical.uuid))
-            .flatten()
-            .cloned(),
-    );
+    let paths = crate::domain::devnodes::CONTROL_NODES
+        .iter()
+        .map(|p| (*p).to_string())
+        .chain(
+            devices
+                .iter()
+                .filter_map(|d| nodes.of(&d.physical.uuid))
+                .flatten()
+                .cloned(),
+        );
     for path in paths {
         if seen.insert(path.clone()) {
             let host = cfg.dev_root.join(path.trim_start_matches('/'));

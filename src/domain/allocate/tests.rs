@@ -16,9 +16,42 @@ const MIG07: &str = "MIG-1b2c3d4e-0000-4a00-8000-000000000007";
 const MIG1_3G: &str = "MIG-2c3d4e5f-0000-4b00-8000-000000000002";
 
 fn plan_of(profile: &str, text: &str) -> (Plan, Config) {
-    let inv = SimBackend::open(profile).unwrap().discover().unwrap();
-    let cfg = config::parse(text, "cfg.yaml", &Overrides::default()).unwrap();
-    (plan::build(&inv, &cfg).unwrap(), cfg)
+    let (_, cfg, plan) = crate::testkit::fixtures::planned(profile, text);
+    (plan, cfg)
+}
+
+/// Plan × health overlay, the way the state store derives views, without the store.
+struct NodeHealth {
+    plan: Plan,
+    overlay: Overlay,
+    views: std::collections::BTreeMap<String, std::sync::Arc<ResourceView>>,
+}
+
+impl NodeHealth {
+    fn new(plan: &Plan) -> Self {
+        let overlay = Overlay::default();
+        let views = view::views(plan, &overlay, &std::collections::BTreeMap::new(), 0);
+        Self {
+            plan: plan.clone(),
+            overlay,
+            views,
+        }
+    }
+
+    fn apply(
+        &mut self,
+        u: &HealthUpdate,
+    ) -> Result<std::collections::BTreeSet<String>, StateError> {
+        self.overlay.apply(&self.plan, u)?;
+        let next = view::views(&self.plan, &self.overlay, &self.views, 1);
+        let changed = view::changed(&self.views, &next);
+        self.views = next;
+        Ok(changed)
+    }
+
+    fn view(&self, name: &str) -> Option<ResourceView> {
+        self.views.get(name).map(|v| ResourceView::clone(v))
+    }
 }
 
 fn shared(extra: &str) -> (Plan, Config) {
@@ -295,19 +328,35 @@ fn mig_event_marks_only_that_slice() {
     ));
 }
 
-#[tokio::test]
-async fn health_map_publishes_changes_to_subscribers() {
-    let (plan, _) = shared("");
-    let map = HealthMap::new(&plan);
-    let mut rx = map.subscribe("nvidia.com/gpu").unwrap();
-    let mut mig_rx = map.subscribe("nvidia.com/mig-1g.10gb").unwrap();
-    assert_eq!(rx.borrow_and_update().healthy_count(), 8);
-    map.set_health(&rep(GPU3, 2), Health::Unhealthy, "test")
+#[test]
+fn the_store_publishes_changed_views_only() {
+    let (inv, cfg, plan) = crate::testkit::fixtures::planned(
+        "mixed-a100",
+        "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
+    );
+    let store =
+        crate::state::Store::new(crate::domain::snapshot::Snapshot::serving(cfg, inv, plan));
+    let mut rx = store.subscribe();
+    let before = rx.borrow_and_update().clone();
+    assert_eq!(before.view("nvidia.com/gpu").unwrap().healthy_count(), 8);
+    let changed = store
+        .set_health(&rep(GPU3, 2), Health::Unhealthy, "test")
         .unwrap();
+    assert_eq!(
+        changed.into_iter().collect::<Vec<_>>(),
+        vec!["nvidia.com/gpu".to_string()]
+    );
     assert!(rx.has_changed().unwrap());
-    assert_eq!(rx.borrow_and_update().healthy_count(), 7);
-    assert!(!mig_rx.has_changed().unwrap());
-    let _ = mig_rx.borrow_and_update();
+    let after = rx.borrow_and_update().clone();
+    assert_eq!(after.view("nvidia.com/gpu").unwrap().healthy_count(), 7);
+    assert!(after.generation > before.generation);
+    assert!(
+        std::sync::Arc::ptr_eq(
+            before.view("nvidia.com/mig-1g.10gb").unwrap(),
+            after.view("nvidia.com/mig-1g.10gb").unwrap()
+        ),
+        "an untouched resource keeps its view"
+    );
 }
 
 fn ids(v: &ResourceView) -> Vec<String> {
@@ -528,7 +577,7 @@ fn annotation_keys_are_valid_names() {
 fn device_specs_only_when_asked() {
     let inv = SimBackend::open("mixed-a100").unwrap().discover().unwrap();
     let (plan, mut cfg) = plan_of("mixed-a100", "flags: {migStrategy: mixed}");
-    let nodes = response::DeviceNodes::new(&inv);
+    let nodes = DeviceNodes::new(&inv).unwrap();
     let v = view(&plan, "nvidia.com/mig-1g.10gb");
     let devices = validate(&v, &[MIG07]).unwrap();
     let mut r = build_response(&cfg, &v.resource, &devices);

@@ -11,11 +11,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::{CdiError, ContainerEdits, Device, DeviceNode, Result, Spec, VISIBLE_DEVICES_VOID};
-use crate::domain::inventory::{Gpu, Inventory, MigDevice};
-
-/// Control nodes every GPU container needs. Left out under a dev root that lacks them (a
-/// host without UVM loaded, a sim node), so runtimes never fail to stat them.
-pub const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+use crate::domain::devnodes::{CONTROL_NODES, cap_minors};
+pub use crate::domain::devnodes::{cap_node_path, gpu_node_path};
+use crate::domain::inventory::{Inventory, MigDevice};
 
 /// What the generator needs to know besides the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,16 +123,6 @@ fn split_dev(dev: u64) -> (u32, u32) {
     (major as u32, minor as u32)
 }
 
-/// Container path of a GPU's device node.
-pub fn gpu_node_path(gpu: &Gpu) -> String {
-    format!("/dev/nvidia{}", gpu.minor)
-}
-
-/// Container path of a MIG capability node.
-pub fn cap_node_path(cap_minor: u32) -> String {
-    format!("/dev/nvidia-caps/nvidia-cap{cap_minor}")
-}
-
 /// Readable index name of a MIG device: `<gpu index>:<mig index>`, as in `nvidia-smi -L`.
 pub fn mig_index_name(mig: &MigDevice) -> String {
     format!("{}:{}", mig.parent_index, mig.index)
@@ -175,7 +163,10 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
         });
         all_gpu_nodes.push((gpu.minor, gpu_node.clone()));
         for mig in &gpu.mig_devices {
-            let caps = cap_minors(mig)?;
+            let caps = cap_minors(mig).map_err(|e| CdiError::MissingCapMinor {
+                device: e.device,
+                which: e.which,
+            })?;
             let mut device_nodes = vec![gpu_node.clone()];
             for cap in caps {
                 let node = nodes.required(&cap_node_path(cap));
@@ -236,18 +227,6 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
     spec.cdi_version = super::minimum_version(&spec).to_string();
     super::validate(&spec)?;
     Ok(spec)
-}
-
-fn cap_minors(mig: &MigDevice) -> Result<[u32; 2]> {
-    let gi = mig.gi_cap_minor.ok_or_else(|| CdiError::MissingCapMinor {
-        device: mig.uuid.clone(),
-        which: "GPU instance",
-    })?;
-    let ci = mig.ci_cap_minor.ok_or_else(|| CdiError::MissingCapMinor {
-        device: mig.uuid.clone(),
-        which: "compute instance",
-    })?;
-    Ok([gi, ci])
 }
 
 /// Turns container paths into device nodes under the options' dev root.

@@ -27,12 +27,12 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::domain::allocate::{AllocationLog, DeviceNodes, HealthMap};
-use crate::domain::config::Config;
+use crate::platform::checkpoint::Checkpoint;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::state::Store;
 
 pub use registration::{Backoff, RegistrationError};
-pub use service::plugin_options;
+pub use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE, plugin_options};
 pub use watch::{KubeletWatch, WatchError};
 
 /// Longest unix socket path (`sun_path` is 108 bytes including the terminator).
@@ -121,34 +121,75 @@ pub fn remove_socket(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// What Allocate needs besides the resource's view: the config (response formats,
-/// allocation policy) and the host device nodes (`passDeviceSpecs`). Published on a watch
-/// channel so a reload swaps both for every server at once.
-#[derive(Debug, Clone)]
-pub struct Serving {
-    /// Validated config.
-    pub config: Arc<Config>,
-    /// Device nodes of the inventory being served.
-    pub nodes: Arc<DeviceNodes>,
-}
-
 /// Everything a resource task needs, shared by all resources.
 #[derive(Debug, Clone)]
 pub struct PluginContext {
     /// Paths and timing.
     pub settings: Arc<PluginSettings>,
-    /// Live device state.
-    pub health: HealthMap,
-    /// Config and device nodes, replaced as a whole by a reload.
-    pub serving: tokio::sync::watch::Receiver<Arc<Serving>>,
-    /// Where Allocate records what it handed out.
-    pub allocations: AllocationLog,
+    /// The state every RPC reads one snapshot of.
+    pub store: Store,
+    /// Where Allocate persists what it hands out; `None`: not persisted.
+    pub checkpoint: Option<Arc<Checkpoint>>,
     /// Owner of every task spawned for serving.
     pub tracker: TaskTracker,
     /// RPC latencies, refusals and registrations are recorded here.
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
     /// Told when a resource is registered (or stops being), for `/readyz`.
     pub readiness: Arc<crate::runtime::http::Readiness>,
+}
+
+/// Keep one server per planned resource until `token` is cancelled: every new snapshot
+/// whose resource set differs starts servers for added resources and stops (and unlinks)
+/// removed ones. Changed resources keep their server: their streams send the new view.
+/// A resource that fails is reported on `failures` (the supervisor stops the daemon).
+pub fn spawn_manager(
+    ctx: PluginContext,
+    watch: KubeletWatch,
+    failures: tokio::sync::mpsc::Sender<PluginError>,
+    token: CancellationToken,
+) {
+    let tracker = ctx.tracker.clone();
+    tracker.spawn(async move {
+        let mut rx = ctx.store.subscribe();
+        let mut running: std::collections::BTreeMap<String, CancellationToken> =
+            std::collections::BTreeMap::new();
+        loop {
+            let names: Vec<String> = rx.borrow_and_update().resource_names();
+            if names.iter().ne(running.keys()) {
+                ctx.readiness.expect_resources(names.iter().cloned());
+                running.retain(|name, t| {
+                    let keep = names.contains(name);
+                    if !keep {
+                        t.cancel();
+                    }
+                    keep
+                });
+                for name in names {
+                    if running.contains_key(&name) {
+                        continue;
+                    }
+                    let instance = token.child_token();
+                    running.insert(name.clone(), instance.clone());
+                    let (ctx, kubelet, failures) =
+                        (ctx.clone(), watch.subscribe(), failures.clone());
+                    ctx.tracker.clone().spawn(async move {
+                        if let Err(e) = run_resource(name.clone(), ctx, kubelet, instance).await {
+                            tracing::error!(resource = %name, error = %e, "resource stopped");
+                            // Full only if many resources failed already; the first is enough.
+                            let _ = failures.try_send(e);
+                        }
+                    });
+                }
+            }
+            tokio::select! {
+                () = token.cancelled() => break,
+                changed = rx.changed() => if changed.is_err() { break },
+            }
+        }
+        // Resource tasks stop with their tokens (children of `token`); the inotify watch
+        // may end once they have.
+        drop(watch);
+    });
 }
 
 /// Serve one resource until `token` is cancelled: wait for `kubelet.sock`, bind and serve,
@@ -160,10 +201,10 @@ pub async fn run_resource(
     mut kubelet: tokio::sync::watch::Receiver<u64>,
     token: CancellationToken,
 ) -> Result<(), PluginError> {
-    let view = ctx
-        .health
-        .subscribe(&resource)
-        .ok_or_else(|| PluginError::UnknownResource(resource.clone()))?;
+    if ctx.store.view(&resource).is_none() {
+        return Err(PluginError::UnknownResource(resource.clone()));
+    }
+    let streams = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let endpoint = socket_name(&resource);
     let path = ctx.settings.device_plugin_dir.join(&endpoint);
     // Mark the current generation seen before looking for the socket, so a creation in
@@ -181,11 +222,10 @@ pub async fn run_resource(
         let listener = bind(&path)?;
         let service = service::DevicePluginService::new(
             &resource,
-            view.clone(),
-            ctx.serving.clone(),
-            ctx.allocations.clone(),
-            ctx.tracker.clone(),
+            ctx.store.clone(),
+            ctx.checkpoint.clone(),
             ctx.metrics.clone(),
+            streams.clone(),
             instance.clone(),
         );
         let stop = instance.clone().cancelled_owned();

@@ -1,24 +1,36 @@
 //! The `DevicePlugin` gRPC service of one resource: translates prost messages to the
 //! `crate::domain::allocate` domain and back, once, and maps refusals to gRPC codes.
 //!
-//! Reads the resource's live view from the `HealthMap` watch channel; never blocks on IO.
+//! Every RPC reads one snapshot of the state store: the resource's view, the config and the
+//! device nodes of one generation, never a mix. Never blocks on I/O, except that Allocate
+//! persists the held-device checkpoint (off the async workers) before answering when it
+//! hands out something new.
 
+use std::collections::BTreeSet;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Request, Response, Status};
 
-use crate::domain::allocate::{
-    self, AllocateError, AllocationLog, ContainerAllocation, ErrorClass, ResourceView,
-};
+use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
 use crate::domain::inventory::Health;
+use crate::platform::checkpoint::Checkpoint;
 use crate::proto::deviceplugin as pb;
 use crate::runtime::metrics::Metrics;
+use crate::state::{Snapshot, Store};
 
-use super::Serving;
+/// Open ListAndWatch streams one resource accepts at once. The kubelet opens one per
+/// registration; the bound keeps a misbehaving local client from making us hold memory
+/// for streams without end.
+pub const MAX_STREAMS_PER_RESOURCE: usize = 16;
+
+/// Annotation naming the state generation an Allocate answer was built from.
+pub const GENERATION_ANNOTATION: &str = "gpu-slicer.io/generation";
 
 /// Options this plugin registers with and reports: GetPreferredAllocation only.
 pub fn plugin_options() -> pb::DevicePluginOptions {
@@ -32,14 +44,13 @@ pub fn plugin_options() -> pb::DevicePluginOptions {
 #[derive(Debug, Clone)]
 pub(crate) struct DevicePluginService {
     resource: Arc<str>,
-    view: watch::Receiver<Arc<ResourceView>>,
-    /// Config and device nodes; a reload publishes new ones.
-    serving: watch::Receiver<Arc<Serving>>,
-    /// Records every device handed out (a reload keeps their CDI devices).
-    allocations: AllocationLog,
-    tracker: TaskTracker,
+    store: Store,
+    /// Persists what Allocate hands out; `None`: not persisted (tests, embedders).
+    checkpoint: Option<Arc<Checkpoint>>,
     /// RPC latencies and refusals are recorded here.
     metrics: Arc<Metrics>,
+    /// Open ListAndWatch streams of this resource.
+    streams: Arc<AtomicUsize>,
     /// Ends open ListAndWatch streams when this server instance stops; graceful server
     /// shutdown would otherwise wait forever on them.
     token: CancellationToken,
@@ -48,21 +59,81 @@ pub(crate) struct DevicePluginService {
 impl DevicePluginService {
     pub(crate) fn new(
         resource: &str,
-        view: watch::Receiver<Arc<ResourceView>>,
-        serving: watch::Receiver<Arc<Serving>>,
-        allocations: AllocationLog,
-        tracker: TaskTracker,
+        store: Store,
+        checkpoint: Option<Arc<Checkpoint>>,
         metrics: Arc<Metrics>,
+        streams: Arc<AtomicUsize>,
         token: CancellationToken,
     ) -> Self {
         Self {
             resource: Arc::from(resource),
-            view,
-            serving,
-            allocations,
-            tracker,
+            store,
+            checkpoint,
             metrics,
+            streams,
             token,
+        }
+    }
+
+    fn snapshot_view(&self) -> Result<(Arc<Snapshot>, Arc<ResourceView>), Status> {
+        let snapshot = self.store.current();
+        let view = snapshot.view(&self.resource).cloned().ok_or_else(|| {
+            Status::failed_precondition(format!("resource {} is no longer served", self.resource))
+        })?;
+        Ok((snapshot, view))
+    }
+}
+
+/// A ListAndWatch stream: the resource's view of each new snapshot, sent only when it
+/// changed (by identity). Ends when the resource leaves the plan, the store goes away or
+/// the server instance stops. No task and no channel per stream: it is polled by the
+/// connection that carries it, and everything it holds is freed when it is dropped.
+pub(crate) struct ViewStream {
+    resource: Arc<str>,
+    snapshots: WatchStream<Arc<Snapshot>>,
+    last: Option<Arc<ResourceView>>,
+    stop: Pin<Box<WaitForCancellationFutureOwned>>,
+    open: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for ViewStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewStream")
+            .field("resource", &self.resource)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ViewStream {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        tracing::debug!(resource = %self.resource, "list-and-watch closed");
+    }
+}
+
+impl Stream for ViewStream {
+    type Item = Result<pb::ListAndWatchResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        loop {
+            let snapshot = match Pin::new(&mut self.snapshots).poll_next(cx) {
+                Poll::Ready(Some(s)) => s,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            };
+            let Some(view) = snapshot.view(&self.resource) else {
+                return Poll::Ready(None);
+            };
+            if self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, view)) {
+                continue;
+            }
+            self.last = Some(view.clone());
+            let frame = frame(view);
+            tracing::trace!(resource = %self.resource, devices = frame.devices.len(), "list-and-watch frame");
+            return Poll::Ready(Some(Ok(frame)));
         }
     }
 }
@@ -133,33 +204,30 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         Ok(Response::new(plugin_options()))
     }
 
-    type ListAndWatchStream = ReceiverStream<Result<pb::ListAndWatchResponse, Status>>;
+    type ListAndWatchStream = ViewStream;
 
     async fn list_and_watch(
         &self,
         _request: Request<pb::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let (tx, rx) = mpsc::channel(4);
-        let mut view = self.view.clone();
-        let token = self.token.clone();
-        let resource = self.resource.clone();
-        tracing::debug!(resource = %resource, "list-and-watch opened");
-        self.tracker.spawn(async move {
-            loop {
-                let frame = frame(&view.borrow_and_update());
-                tracing::trace!(resource = %resource, devices = frame.devices.len(), "list-and-watch frame");
-                if tx.send(Ok(frame)).await.is_err() {
-                    break;
-                }
-                tokio::select! {
-                    () = token.cancelled() => break,
-                    () = tx.closed() => break,
-                    changed = view.changed() => if changed.is_err() { break },
-                }
-            }
-            tracing::debug!(resource = %resource, "list-and-watch closed");
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let open = self.streams.fetch_add(1, Ordering::AcqRel) + 1;
+        // The stream's drop gives the slot back, also when this call refuses it.
+        let stream = ViewStream {
+            resource: self.resource.clone(),
+            snapshots: WatchStream::new(self.store.subscribe()),
+            last: None,
+            stop: Box::pin(self.token.clone().cancelled_owned()),
+            open: self.streams.clone(),
+        };
+        if open > MAX_STREAMS_PER_RESOURCE {
+            tracing::warn!(resource = %self.resource, open, max = MAX_STREAMS_PER_RESOURCE, "list-and-watch refused: too many open streams");
+            return Err(Status::resource_exhausted(format!(
+                "{} already has {MAX_STREAMS_PER_RESOURCE} open ListAndWatch streams",
+                self.resource
+            )));
+        }
+        tracing::debug!(resource = %self.resource, open, "list-and-watch opened");
+        Ok(Response::new(stream))
     }
 
     async fn get_preferred_allocation(
@@ -167,8 +235,8 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         request: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
         let started = std::time::Instant::now();
-        let view = self.view.borrow().clone();
-        let policy = self.serving.borrow().config.allocation_policy;
+        let (snapshot, view) = self.snapshot_view()?;
+        let policy = snapshot.config.allocation_policy;
         let container_responses = request
             .into_inner()
             .container_requests
@@ -195,8 +263,9 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         request: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
         let started = std::time::Instant::now();
-        let view = self.view.borrow().clone();
-        let serving = self.serving.borrow().clone();
+        // One snapshot for the whole request: view, config and device nodes of one
+        // generation.
+        let (snapshot, view) = self.snapshot_view()?;
         let requests = request.into_inner().container_requests;
         // Validate every container request before answering any: all or nothing.
         let mut validated = Vec::with_capacity(requests.len());
@@ -211,21 +280,57 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 }
             }
         }
-        self.allocations.record(
-            &self.resource,
-            validated.iter().flatten().map(|d| d.id.as_str()),
-        );
-        let container_responses = validated
+        let prefix = format!("{}=", snapshot.config.cdi_kind);
+        let generation = snapshot.generation.to_string();
+        let mut held_cdi = BTreeSet::new();
+        let container_responses: Vec<pb::ContainerAllocateResponse> = validated
             .iter()
             .map(|devices| {
-                let mut answer = allocate::build_response(&serving.config, &view.resource, devices);
-                allocate::add_device_specs(&mut answer, &serving.config, &serving.nodes, devices);
+                let mut answer =
+                    allocate::build_response(&snapshot.config, &view.resource, devices);
+                allocate::add_device_specs(&mut answer, &snapshot.config, &snapshot.nodes, devices);
+                held_cdi.extend(
+                    answer
+                        .cdi_devices
+                        .iter()
+                        .filter_map(|q| q.strip_prefix(&prefix))
+                        .map(str::to_string),
+                );
+                answer
+                    .annotations
+                    .insert(GENERATION_ANNOTATION.to_string(), generation.clone());
                 to_pb(answer)
             })
             .collect();
+        let grew = self.store.hold(
+            &self.resource,
+            validated.iter().flatten().map(|d| d.id.as_str()),
+            &held_cdi,
+        );
+        if let (Some(_), Some(checkpoint)) = (grew, &self.checkpoint) {
+            // Persisted before answering: a restart must find what this answer hands out.
+            let (checkpoint, store) = (checkpoint.clone(), self.store.clone());
+            let saved = tokio::task::spawn_blocking(move || {
+                checkpoint.save_with(|| store.current().held.as_ref().clone())
+            })
+            .await;
+            let failed = match saved {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(error) = failed {
+                tracing::error!(resource = %self.resource, error = %error, "allocate refused: held devices not persisted");
+                self.metrics
+                    .record_allocate(&self.resource, started.elapsed(), Some("checkpoint"));
+                return Err(Status::unavailable(format!(
+                    "cannot persist held devices: {error}"
+                )));
+            }
+        }
         self.metrics
             .record_allocate(&self.resource, started.elapsed(), None);
-        tracing::debug!(resource = %self.resource, containers = requests.len(), "allocated");
+        tracing::debug!(resource = %self.resource, containers = requests.len(), generation = snapshot.generation, "allocated");
         Ok(Response::new(pb::AllocateResponse {
             container_responses,
         }))
