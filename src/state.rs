@@ -153,11 +153,12 @@ impl Store {
         &self,
         in_use: &BTreeMap<String, BTreeSet<String>>,
         taken_at: Instant,
+        grace: std::time::Duration,
     ) -> Option<Arc<Held>> {
         let mut pruned = None;
         self.tx.send_if_modified(|current| {
             let mut held = Held::clone(&current.held);
-            if !held.prune(in_use, taken_at) {
+            if !held.prune(in_use, taken_at, grace) {
                 return false;
             }
             let held = Arc::new(held);

@@ -35,7 +35,11 @@ fn block_on<E: Into<Error>>(
     f: impl std::future::Future<Output = Result<(), E>>,
 ) -> Result<(), Error> {
     let rt = runtime().map_err(Error::Runtime)?;
-    rt.block_on(f).map_err(Into::into)
+    let result = rt.block_on(f);
+    // Dropping a runtime waits for every blocking task; one stuck in a driver call (NVML,
+    // an MPS control command) must not hold the exit: the daemon has stopped already.
+    rt.shutdown_timeout(std::time::Duration::from_millis(50));
+    result.map_err(Into::into)
 }
 
 /// The async runtime of the daemon: one worker thread. The agent's work is a handful of

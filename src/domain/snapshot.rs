@@ -145,19 +145,22 @@ impl Held {
             .collect()
     }
 
-    /// Forget devices recorded before `taken_at` (or read from a checkpoint) that an
-    /// authoritative list taken then (`in_use`: resource → device IDs) no longer has. Later
-    /// records stay: the list could not know them. Returns whether anything was forgotten.
+    /// Forget devices that an authoritative list taken at `taken_at` (`in_use`: resource →
+    /// device IDs) no longer has, if they were recorded at least `grace` before it (or read
+    /// from a checkpoint). Newer records stay: the kubelet records an allocation only after
+    /// Allocate answered, so a list taken just after our record may not show it yet.
+    /// Returns whether anything was forgotten.
     pub fn prune(
         &mut self,
         in_use: &BTreeMap<String, BTreeSet<String>>,
         taken_at: Instant,
+        grace: std::time::Duration,
     ) -> bool {
         let before = self.len();
         for (resource, ids) in &mut self.resources {
             let used = in_use.get(resource);
             ids.retain(|id, d| {
-                d.at.is_some_and(|at| at >= taken_at) || used.is_some_and(|s| s.contains(id))
+                d.at.is_some_and(|at| at + grace > taken_at) || used.is_some_and(|s| s.contains(id))
             });
         }
         self.resources.retain(|_, ids| !ids.is_empty());
@@ -195,7 +198,7 @@ mod tests {
         assert_eq!(held.cdi_names(), names(&["GPU-1"]));
         let later = t0 + std::time::Duration::from_secs(1);
         let in_use = BTreeMap::from([("r".to_string(), names(&["b"]))]);
-        assert!(held.prune(&in_use, later));
+        assert!(held.prune(&in_use, later, std::time::Duration::ZERO));
         assert_eq!(held.ids()["r"], names(&["b"]));
         // A record newer than the list survives even when the list lacks it.
         held.record(
@@ -205,7 +208,7 @@ mod tests {
             later + std::time::Duration::from_secs(1),
         );
         assert!(
-            !held.prune(&in_use, later),
+            !held.prune(&in_use, later, std::time::Duration::ZERO),
             "b is in use, c is newer than the list"
         );
         assert_eq!(held.len(), 2);
@@ -219,7 +222,11 @@ mod tests {
         let mut back: Held = serde_json::from_str(&text).unwrap();
         assert_eq!(back.cdi_names(), names(&["GPU-1"]));
         assert!(back.resources["r"]["a"].at.is_none());
-        assert!(back.prune(&BTreeMap::new(), Instant::now()));
+        assert!(back.prune(
+            &BTreeMap::new(),
+            Instant::now(),
+            std::time::Duration::from_secs(60)
+        ));
         assert!(back.is_empty());
     }
 }

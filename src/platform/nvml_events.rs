@@ -135,6 +135,15 @@ impl NvmlEventWatcher {
         self.shutdown();
     }
 
+    /// Ask the thread to stop without waiting for it: it is blocked in
+    /// `nvmlEventSetWait_v2` (FFI, not cancellable) and exits when that wait returns. Used
+    /// at daemon shutdown, which must not wait up to a whole wait timeout; the process
+    /// exits right after.
+    pub fn detach(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.thread.take());
+    }
+
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take()

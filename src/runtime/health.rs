@@ -12,7 +12,7 @@
 //! Events name a GPU by index or UUID and a MIG instance by GI/CI ids; they are mapped to GPU
 //! and MIG UUIDs through the inventory, so the keys stay valid whatever positions the plan
 //! gives devices. The task is owned by the daemon's `TaskTracker` and stops on its token; the
-//! NVML thread is stopped and joined (at most one wait timeout, [`NVML_WAIT_TIMEOUT`]).
+//! NVML thread is told to stop and not waited for (it ends when its current wait returns).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -234,10 +234,9 @@ async fn run(
         }
     }
     if let Prober::Nvml { watcher, .. } = probe {
-        // Joining waits for the current NVML wait to time out: keep it off the workers.
-        if let Err(e) = tokio::task::spawn_blocking(move || watcher.stop()).await {
-            tracing::error!(error = %e, "stopping the NVML event watcher failed");
-        }
+        // Joining would wait for the current NVML wait to time out (up to
+        // NVML_WAIT_TIMEOUT): tell the thread to stop and let it end on its own.
+        watcher.detach();
     }
     tracing::info!("health monitor stopped");
 }

@@ -378,6 +378,10 @@ impl Ledger {
     }
 }
 
+/// Shortest time a held device must be missing from the kubelet's list before it is
+/// released (see [`start_for_daemon`]).
+pub const RELEASE_GRACE_MIN: Duration = Duration::from_secs(1);
+
 /// What the daemon does when the ledger finds devices released.
 pub type OnRelease = Arc<dyn Fn(Arc<crate::state::Held>) + Send + Sync>;
 
@@ -395,11 +399,17 @@ pub fn start_for_daemon(
 ) -> Ledger {
     let live = store.clone();
     let views: ViewSource = Arc::new(move || live.current().views.values().cloned().collect());
+    let settings_interval = settings.interval;
     let ledger = Ledger::start(settings, views, metrics, tracker, token.clone());
+    // A device recorded by Allocate may be missing from a list taken just after it (the
+    // kubelet records it once Allocate answered): only a device missing for longer than
+    // this is released.
+    let grace = (settings_interval * 2).max(RELEASE_GRACE_MIN);
     tracker.spawn(release_held(
         ledger.subscribe(),
         store.clone(),
         on_release,
+        grace,
         token.clone(),
     ));
     ledger
@@ -409,6 +419,7 @@ async fn release_held(
     mut snapshots: watch::Receiver<Arc<LedgerSnapshot>>,
     store: Store,
     on_release: OnRelease,
+    grace: Duration,
     token: CancellationToken,
 ) {
     loop {
@@ -423,7 +434,7 @@ async fn release_held(
                 .iter()
                 .map(|(r, devices)| (r.clone(), devices.keys().cloned().collect()))
                 .collect();
-            if let Some(now_held) = store.release(&held, taken_at) {
+            if let Some(now_held) = store.release(&held, taken_at, grace) {
                 tracing::info!(
                     held = now_held.len(),
                     "held devices released by the kubelet"

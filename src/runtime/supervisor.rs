@@ -291,6 +291,10 @@ pub async fn run(
         .spec_written
         .store(first.spec_written, std::sync::atomic::Ordering::Release);
 
+    let stale = plugin::remove_stale_sockets(&device_plugin_dir, &first.resource_names());
+    if !stale.is_empty() {
+        tracing::info!(sockets = ?stale, "removed sockets of resources no longer planned");
+    }
     let tracker = TaskTracker::new();
     let token = shutdown.child_token();
     let watch = plugin::KubeletWatch::start(&kubelet_socket)?;

@@ -61,6 +61,10 @@ impl DaemonState {
 /// States of all supervised daemons, keyed by device UUID.
 pub type DaemonStates = BTreeMap<String, DaemonState>;
 
+/// Longest each step of stopping a daemon (quit, wait for exit, compute mode back to
+/// DEFAULT) may take before it is given up on (the daemon is killed).
+const STOP_STEP: Duration = Duration::from_secs(1);
+
 /// Supervisor settings (binary paths and timing; tests shorten the timing).
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
@@ -223,7 +227,12 @@ impl DaemonTask {
             reason: "stopped".into(),
         });
         if whole_gpu {
-            set_compute_mode(&self.config, &self.spec.uuid, "DEFAULT").await;
+            // Bounded like the stop itself: shutdown has a deadline.
+            let _ = tokio::time::timeout(
+                STOP_STEP,
+                set_compute_mode(&self.config, &self.spec.uuid, "DEFAULT"),
+            )
+            .await;
         }
         tracing::info!("MPS control daemon stopped");
     }
@@ -273,10 +282,15 @@ impl DaemonTask {
                     status: describe(status),
                 });
             }
-            match control(&self.config, spec, "get_default_active_thread_percentage").await {
-                Ok(_) => break,
-                Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => {}
+            // A control client that hangs must not hold up a stop.
+            let answered = tokio::select! {
+                () = self.cancel.cancelled() => None,
+                r = control(&self.config, spec, "get_default_active_thread_percentage") => Some(r),
+            };
+            match answered {
+                Some(Ok(_)) => break,
+                Some(Err(e)) if Instant::now() >= deadline => return Err(e),
+                Some(Err(_)) | None => {}
             }
             tokio::select! {
                 () = self.cancel.cancelled() => {
@@ -396,14 +410,19 @@ async fn control(config: &SupervisorConfig, spec: &DaemonSpec, command: &str) ->
 
 /// Ask the daemon to quit; kill it if it has not exited by the deadline.
 async fn stop(config: &SupervisorConfig, spec: &DaemonSpec, child: &mut Child) {
-    if let Err(e) = control(config, spec, "quit").await {
-        tracing::warn!(error = %e, "MPS quit failed; killing the daemon");
+    // Stopping happens on reloads and at shutdown, which has a deadline of its own: a
+    // daemon or control client that hangs is given one short step each, then killed.
+    let step = config.stop_timeout.min(STOP_STEP);
+    match tokio::time::timeout(step, control(config, spec, "quit")).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "MPS quit failed; killing the daemon"),
+        Err(_) => tracing::warn!(timeout = ?step, "MPS quit did not answer; killing the daemon"),
     }
-    match tokio::time::timeout(config.stop_timeout, child.wait()).await {
+    match tokio::time::timeout(step, child.wait()).await {
         Ok(Ok(status)) => tracing::debug!(status = %describe(status), "MPS control daemon exited"),
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot wait for the MPS control daemon"),
         Err(_) => {
-            tracing::warn!(timeout = ?config.stop_timeout, "MPS control daemon ignored quit; killing it");
+            tracing::warn!(timeout = ?step, "MPS control daemon ignored quit; killing it");
             if let Err(e) = child.kill().await {
                 tracing::warn!(error = %e, "cannot kill the MPS control daemon");
             }

@@ -113,6 +113,36 @@ pub fn bind(path: &Path) -> Result<UnixListener, PluginError> {
     Ok(listener)
 }
 
+/// Remove sockets of ours (`gpu-slicer-*.sock`) in `dir` that serve none of `resources`:
+/// left by an earlier run (SIGKILL) whose plan had more resources. The kubelet would keep
+/// dialling them. Only sockets are removed, never followed; other files are left alone.
+/// Returns the names removed.
+pub fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let wanted: std::collections::BTreeSet<String> =
+        resources.iter().map(|r| socket_name(r)).collect();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("gpu-slicer-") && name.ends_with(".sock");
+        let is_socket = entry.file_type().is_ok_and(|t| t.is_socket());
+        if !ours || !is_socket || wanted.contains(&name) {
+            continue;
+        }
+        match remove_socket(&entry.path()) {
+            Ok(()) => removed.push(name),
+            Err(e) => {
+                tracing::warn!(socket = %entry.path().display(), error = %e, "cannot remove stale socket")
+            }
+        }
+    }
+    removed.sort();
+    removed
+}
+
 /// Remove a socket file; it being gone already (the kubelet deletes sockets) is fine.
 pub fn remove_socket(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
