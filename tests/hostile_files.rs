@@ -87,11 +87,17 @@ fn spec_writer_does_not_read_a_planted_fifo() {
     let dir = tempfile::tempdir().expect("tempdir");
     let name = "gpu-slicer.io-gpu.json";
     nix::unistd::mkfifo(&dir.path().join(name), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
-    // Reading a FIFO with no writer would block forever; the writer must replace it.
-    assert_eq!(
-        cdi::write_spec(dir.path(), name, b"{}\n").expect("write"),
-        WriteOutcome::Written
-    );
+    // Reading a FIFO with no writer would block forever; the writer must replace it. It
+    // runs on its own thread so a blocked writer fails this test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let at = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(cdi::write_spec(&at, name, b"{}\n").map_err(|e| e.to_string()));
+    });
+    let outcome = rx
+        .recv_timeout(common::STEP)
+        .expect("the writer blocked on a planted FIFO");
+    assert_eq!(outcome.expect("write"), WriteOutcome::Written);
     assert_eq!(std::fs::read(dir.path().join(name)).expect("read"), b"{}\n");
 }
 
