@@ -15,8 +15,11 @@ use crate::config::{
 };
 use crate::inventory::{Gpu, Health, Inventory, MigDevice};
 
+mod skip;
 #[cfg(test)]
 mod tests;
+
+pub use skip::{SkipReason, Skipped};
 
 /// Resource name of whole GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -37,23 +40,6 @@ pub enum PlanError {
         path: String,
         index: u32,
         uuid: String,
-    },
-    /// A `devices` entry names nothing on this node.
-    #[error("invalid config {path}: field `{field}` = `{value}`: no such device on this node")]
-    UnknownDevice {
-        path: String,
-        field: String,
-        value: String,
-    },
-    /// A sharing entry names a resource this node does not advertise.
-    #[error(
-        "invalid config {path}: field `{field}` = `{value}`: this node has no resource of that name (it has: {available})"
-    )]
-    UnknownResource {
-        path: String,
-        field: String,
-        value: String,
-        available: String,
     },
     /// Two sharing entries replicate the same device.
     #[error("invalid config {path}: field `{field}`: device {device} is already shared by {other}")]
@@ -319,8 +305,27 @@ pub fn mig_resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
-/// Build the plan. Pure: the same inputs always give the same plan.
+/// Build the plan, logging (as warnings) the config entries that match nothing here. Pure
+/// but for those log lines: the same inputs always give the same plan.
 pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
+    let (plan, skipped) = build_with_skips(inv, cfg)?;
+    for s in &skipped {
+        tracing::warn!(
+            config = %s.source,
+            field = %s.field,
+            value = %s.value,
+            reason = s.reason.code(),
+            available = s.available.as_deref().unwrap_or(""),
+            "config entry names nothing on this node; skipped here"
+        );
+    }
+    Ok(plan)
+}
+
+/// Build the plan and say which config entries (or `devices` references) were skipped
+/// because they name nothing on this node ([`skip`]).
+pub fn build_with_skips(inv: &Inventory, cfg: &Config) -> Result<(Plan, Vec<Skipped>)> {
+    let mut skipped = Vec::new();
     let candidates = candidates(inv, cfg)?;
     let path = || cfg.source.clone();
 
@@ -336,25 +341,29 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
         if of_resource.is_empty() {
             let available: BTreeSet<&str> =
                 candidates.iter().map(|c| c.resource.as_str()).collect();
-            return Err(PlanError::UnknownResource {
-                path: path(),
+            skipped.push(Skipped {
+                source: path(),
                 field: format!("{}.name", s.field()),
                 value: s.name.clone(),
-                available: if available.is_empty() {
+                reason: SkipReason::NoSuchResource,
+                available: Some(if available.is_empty() {
                     "none".into()
                 } else {
                     available.into_iter().collect::<Vec<_>>().join(", ")
-                },
+                }),
             });
+            continue;
         }
         if let DeviceSelector::List(refs) = &s.devices {
             for (ri, r) in refs.iter().enumerate() {
                 let known = candidates.iter().any(|c| c.matches(r));
                 if !known {
-                    return Err(PlanError::UnknownDevice {
-                        path: path(),
+                    skipped.push(Skipped {
+                        source: path(),
                         field: format!("{}.devices[{ri}]", s.field()),
                         value: r.to_string(),
+                        reason: SkipReason::NoSuchDevice,
+                        available: None,
                     });
                 }
             }
@@ -365,11 +374,14 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
             .filter(|&i| candidates[i].matches_selector(&s.devices))
             .collect();
         if selected.is_empty() {
-            return Err(PlanError::UnknownDevice {
-                path: path(),
+            skipped.push(Skipped {
+                source: path(),
                 field: format!("{}.devices", s.field()),
-                value: format!("{:?}", s.devices),
+                value: skip::selector_text(&s.devices),
+                reason: SkipReason::NoMatchingDevice,
+                available: None,
             });
+            continue;
         }
         if s.advertised_name == s.name && selected.len() != of_resource.len() {
             return Err(PlanError::MixedResource {
@@ -475,7 +487,7 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
     for r in &mut resources {
         r.devices.sort_by(|a, b| a.id.cmp(&b.id));
     }
-    Ok(Plan { resources })
+    Ok((Plan { resources }, skipped))
 }
 
 fn describe(kind: ResourceKind, shared: bool) -> String {
