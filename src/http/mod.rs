@@ -182,9 +182,12 @@ pub async fn serve(
                     tracing::warn!(%error, exhausted, suppressed, open = slots.len(), "http accept failed; backing off");
                 }
                 // Out of descriptors: give one back if we hold any, so the connection
-                // waiting in the backlog (perhaps the liveness probe) can be accepted.
-                if exhausted {
-                    slots.evict_oldest();
+                // waiting in the backlog (perhaps the liveness probe) can be accepted; let
+                // the evicted task run and close it, then try again at once. Each such
+                // round closes one of our own connections, so this cannot spin.
+                if exhausted && slots.evict_oldest() {
+                    tokio::task::yield_now().await;
+                    continue;
                 }
                 let delay = backoff.failed();
                 tokio::select! {
