@@ -190,8 +190,14 @@ fn bad_config_files_fail_clearly() {
             "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n",
             &["sharing.timeSlicing.resources[0].replicas", ">= 2"],
         ),
-        // A `devices` entry naming no device here is skipped with a warning, not refused
-        // (one ConfigMap serves a mixed cluster): see tests/mixed_cluster.rs.
+        (
+            "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, rename: g.shared, devices: [12], replicas: 2}\n",
+            &[
+                "sharing.timeSlicing.resources[0].devices[0]",
+                "`12`",
+                "no such device",
+            ],
+        ),
         (
             "flags:\n  migStrategy: single\n",
             &["flags.migStrategy", "single", "GPU 2"],

@@ -15,11 +15,8 @@ use crate::config::{
 };
 use crate::inventory::{Gpu, Health, Inventory, MigDevice};
 
-mod skip;
 #[cfg(test)]
 mod tests;
-
-pub use skip::{SkipReason, Skipped};
 
 /// Resource name of whole GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -40,6 +37,23 @@ pub enum PlanError {
         path: String,
         index: u32,
         uuid: String,
+    },
+    /// A `devices` entry names nothing on this node.
+    #[error("invalid config {path}: field `{field}` = `{value}`: no such device on this node")]
+    UnknownDevice {
+        path: String,
+        field: String,
+        value: String,
+    },
+    /// A sharing entry names a resource this node does not advertise.
+    #[error(
+        "invalid config {path}: field `{field}` = `{value}`: this node has no resource of that name (it has: {available})"
+    )]
+    UnknownResource {
+        path: String,
+        field: String,
+        value: String,
+        available: String,
     },
     /// Two sharing entries replicate the same device.
     #[error("invalid config {path}: field `{field}`: device {device} is already shared by {other}")]
@@ -305,27 +319,8 @@ pub fn mig_resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
-/// Build the plan, logging (as warnings) the config entries that match nothing here. Pure
-/// but for those log lines: the same inputs always give the same plan.
+/// Build the plan. Pure: the same inputs always give the same plan.
 pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
-    let (plan, skipped) = build_with_skips(inv, cfg)?;
-    for s in &skipped {
-        tracing::warn!(
-            config = %s.source,
-            field = %s.field,
-            value = %s.value,
-            reason = s.reason.code(),
-            available = s.available.as_deref().unwrap_or(""),
-            "config entry names nothing on this node; skipped here"
-        );
-    }
-    Ok(plan)
-}
-
-/// Build the plan and say which config entries (or `devices` references) were skipped
-/// because they name nothing on this node ([`skip`]).
-pub fn build_with_skips(inv: &Inventory, cfg: &Config) -> Result<(Plan, Vec<Skipped>)> {
-    let mut skipped = Vec::new();
     let candidates = candidates(inv, cfg)?;
     let path = || cfg.source.clone();
 
@@ -341,29 +336,25 @@ pub fn build_with_skips(inv: &Inventory, cfg: &Config) -> Result<(Plan, Vec<Skip
         if of_resource.is_empty() {
             let available: BTreeSet<&str> =
                 candidates.iter().map(|c| c.resource.as_str()).collect();
-            skipped.push(Skipped {
-                source: path(),
+            return Err(PlanError::UnknownResource {
+                path: path(),
                 field: format!("{}.name", s.field()),
                 value: s.name.clone(),
-                reason: SkipReason::NoSuchResource,
-                available: Some(if available.is_empty() {
+                available: if available.is_empty() {
                     "none".into()
                 } else {
                     available.into_iter().collect::<Vec<_>>().join(", ")
-                }),
+                },
             });
-            continue;
         }
         if let DeviceSelector::List(refs) = &s.devices {
             for (ri, r) in refs.iter().enumerate() {
                 let known = candidates.iter().any(|c| c.matches(r));
                 if !known {
-                    skipped.push(Skipped {
-                        source: path(),
+                    return Err(PlanError::UnknownDevice {
+                        path: path(),
                         field: format!("{}.devices[{ri}]", s.field()),
                         value: r.to_string(),
-                        reason: SkipReason::NoSuchDevice,
-                        available: None,
                     });
                 }
             }
@@ -374,14 +365,11 @@ pub fn build_with_skips(inv: &Inventory, cfg: &Config) -> Result<(Plan, Vec<Skip
             .filter(|&i| candidates[i].matches_selector(&s.devices))
             .collect();
         if selected.is_empty() {
-            skipped.push(Skipped {
-                source: path(),
+            return Err(PlanError::UnknownDevice {
+                path: path(),
                 field: format!("{}.devices", s.field()),
-                value: skip::selector_text(&s.devices),
-                reason: SkipReason::NoMatchingDevice,
-                available: None,
+                value: format!("{:?}", s.devices),
             });
-            continue;
         }
         if s.advertised_name == s.name && selected.len() != of_resource.len() {
             return Err(PlanError::MixedResource {
@@ -487,7 +475,7 @@ pub fn build_with_skips(inv: &Inventory, cfg: &Config) -> Result<(Plan, Vec<Skip
     for r in &mut resources {
         r.devices.sort_by(|a, b| a.id.cmp(&b.id));
     }
-    Ok((Plan { resources }, skipped))
+    Ok(Plan { resources })
 }
 
 fn describe(kind: ResourceKind, shared: bool) -> String {

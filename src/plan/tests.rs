@@ -117,72 +117,31 @@ fn partial_sharing_without_rename_is_rejected() {
 }
 
 #[test]
-fn an_unknown_device_reference_is_skipped_and_the_rest_applies() {
-    let (plan, skipped) = build_with_skips(
+fn unknown_device_names_field() {
+    let err = build(
         &inv("dgx-h100"),
         &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, rename: gpu.shared, devices: [0, 9], replicas: 2}\n"),
     )
-    .unwrap();
+    .unwrap_err();
     assert_eq!(
-        skipped,
-        vec![Skipped {
-            source: "cfg.yaml".into(),
+        err,
+        PlanError::UnknownDevice {
+            path: "cfg.yaml".into(),
             field: "sharing.timeSlicing.resources[0].devices[1]".into(),
             value: "9".into(),
-            reason: SkipReason::NoSuchDevice,
-            available: None,
-        }]
+        }
     );
-    let shared = plan.resource("nvidia.com/gpu.shared").unwrap();
-    assert_eq!(shared.devices.len(), 2, "GPU 0 is still split");
 }
 
 #[test]
-fn a_sharing_entry_for_a_resource_this_node_lacks_is_skipped() {
-    let (plan, skipped) = build_with_skips(
+fn unknown_resource_is_named() {
+    let err = build(
         &inv("dgx-h100"),
-        &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n    - {name: nvidia.com/gpu, replicas: 2}\n"),
+        &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n"),
     )
-    .unwrap();
-    assert_eq!(skipped.len(), 1, "{skipped:?}");
-    assert_eq!(skipped[0].reason, SkipReason::NoSuchResource);
-    assert_eq!(skipped[0].field, "sharing.timeSlicing.resources[0].name");
-    let shown = skipped[0].to_string();
-    assert!(
-        shown.contains("nvidia.com/mig-1g.10gb") && shown.contains("it has: nvidia.com/gpu"),
-        "{shown}"
-    );
-    // The entry that fits still applies: 8 GPUs × 2.
-    assert_eq!(plan.resource("nvidia.com/gpu").unwrap().devices.len(), 16);
-    assert_eq!(plan, build(&inv("dgx-h100"), &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n")).unwrap());
-}
-
-#[test]
-fn a_selector_matching_nothing_here_is_skipped() {
-    let (plan, skipped) = build_with_skips(
-        &inv("mixed-a100"),
-        &cfg("flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.10gb, rename: small, devices: [\"1:0\"], replicas: 2}\n"),
-    )
-    .unwrap();
-    // `1:0` exists but is a 3g.40gb: nothing of this resource is selected.
-    assert!(
-        skipped
-            .iter()
-            .any(|s| s.reason == SkipReason::NoMatchingDevice
-                && s.field == "sharing.timeSlicing.resources[0].devices"
-                && s.value == "[1:0]"),
-        "{skipped:?}"
-    );
-    assert!(plan.resource("small").is_none());
-    // Malformed entries are still errors.
-    assert!(
-        crate::config::parse(
-            "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n",
-            "cfg.yaml",
-            &crate::config::Overrides::default()
-        )
-        .is_err()
-    );
+    .unwrap_err();
+    assert!(err.to_string().contains("nvidia.com/mig-1g.10gb"), "{err}");
+    assert!(err.to_string().contains("it has: nvidia.com/gpu"), "{err}");
 }
 
 #[test]
