@@ -137,7 +137,7 @@ pub struct CdiRemoveArgs {
     /// Directory holding the spec.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub output: PathBuf,
-    /// Encoding the spec was written in.
+    /// Encoding the spec was written in (the file in the other encoding is removed too).
     #[arg(long, default_value = "yaml")]
     pub format: Format,
 }
@@ -270,17 +270,20 @@ pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-/// `cdi remove`: delete the spec file for the configured kind, if present.
+/// `cdi remove`: delete the spec file for the configured kind, in both formats (a stale
+/// twin in the other format would keep offering the devices), if present.
 pub fn remove(args: &CdiRemoveArgs, out: &mut dyn Write) -> Result<()> {
     let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
     let name = spec_file_name(&cfg.cdi_kind, args.format);
-    let what = if crate::platform::cdi_writer::remove_spec(&args.output, &name)? {
-        "removed"
-    } else {
-        "absent"
-    };
-    written(
-        out,
-        format_args!("{what} {}\n", args.output.join(&name).display()),
-    )
+    let removed = crate::platform::cdi_writer::remove_spec(&args.output, &name)?;
+    if removed.is_empty() {
+        return written(
+            out,
+            format_args!("absent {}\n", args.output.join(&name).display()),
+        );
+    }
+    for path in removed {
+        written(out, format_args!("removed {}\n", path.display()))?;
+    }
+    Ok(())
 }

@@ -33,7 +33,9 @@ pub struct InstallArgs {
 
 /// Copy `exe` to `<dir>/gpu-slicer` atomically (temp file, fsync, mode 0755, rename), so a
 /// runtime starting a hook at that moment sees the old binary or the new one, never half
-/// of one. Returns the installed path.
+/// of one. The temp file has a random name and is created exclusively (`tempfile`): the
+/// host directory may be writable by others, and a symlink planted at a predictable name
+/// would make us overwrite and chmod its target as root. Returns the installed path.
 pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |action: &'static str, path: &std::path::Path| {
@@ -46,21 +48,22 @@ pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, 
     };
     std::fs::create_dir_all(dir).map_err(err("create", dir))?;
     let target = dir.join("gpu-slicer");
-    let tmp = dir.join(format!(".gpu-slicer.{}.tmp", std::process::id()));
-    let copied = (|| {
-        std::fs::copy(exe, &tmp).map_err(err("copy to", &tmp))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-            .map_err(err("chmod", &tmp))?;
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(err("sync", &tmp))?;
-        std::fs::rename(&tmp, &target).map_err(err("rename into", &target))
-    })();
-    if copied.is_err() {
-        // Nothing half-written is left behind.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    copied.map(|()| target)
+    let mut src = std::fs::File::open(exe).map_err(err("open", exe))?;
+    // Dropped (and deleted) on any error: nothing half-written is left behind.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".gpu-slicer.")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(err("create a temp file in", dir))?;
+    let tmp_path = tmp.path().to_path_buf();
+    std::io::copy(&mut src, tmp.as_file_mut()).map_err(err("copy to", &tmp_path))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o755))
+        .map_err(err("chmod", &tmp_path))?;
+    tmp.as_file().sync_all().map_err(err("sync", &tmp_path))?;
+    tmp.persist(&target)
+        .map_err(|e| err("rename into", &target)(e.error))?;
+    Ok(target)
 }
 
 /// `cdi-hook set-memory-limit` arguments.
@@ -69,8 +72,9 @@ pub struct SetMemoryLimitArgs {
     /// GPU UUID (`GPU-…`; MIG devices are not supported by the driver).
     #[arg(long)]
     pub device: String,
-    /// Hard limit in bytes (k × device memory / N for k of N shares).
-    #[arg(long)]
+    /// Hard limit in bytes (k × device memory / N for k of N shares); at least 1 (0 would
+    /// mean "no memory", which no share plan produces).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub bytes: u64,
     /// NVML library (default: libnvidia-ml.so.1).
     #[arg(long)]

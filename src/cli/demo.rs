@@ -8,7 +8,6 @@
 //! prints each answer and stops.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,10 +67,11 @@ pub enum DemoError {
 
 /// Run the demo, writing a report to `out`.
 pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
-    // Short path: unix socket paths must fit in 108 bytes.
-    let dir = PathBuf::from(format!("/tmp/gsd-{}", std::process::id()));
-    let result = demo_in(&dir, out).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    // Short path: unix socket paths must fit in 108 bytes. Random and created 0700
+    // exclusively: a predictable name in /tmp could be planted by another user.
+    let dir = tempfile::Builder::new().prefix("gsd-").tempdir_in("/tmp")?;
+    let result = demo_in(dir.path(), out).await;
+    let _ = dir.close();
     result
 }
 

@@ -4,12 +4,18 @@
 //! appears in one step: written to a hidden temp file in the same directory (a name that
 //! does not end in `.yaml`/`.json`, so no runtime loads it half-written), fsync'ed, given mode
 //! 0644 and renamed over the target; the directory is fsync'ed so the rename survives a
-//! crash. Unchanged content is not rewritten (no spurious reloads, no mtime churn). Only the
-//! named file is ever touched. Called by `crate::cli::cdi` and, later, the agent.
+//! crash. The temp file comes from the `tempfile` crate: a random name created with
+//! `O_CREAT|O_EXCL`, so a symlink planted in the (possibly shared) spec directory is never
+//! followed. Unchanged content is not rewritten (no spurious reloads, no mtime churn).
+//!
+//! Files touched: the named file, and its other-format twin (`x.json` for `x.yaml` and the
+//! reverse), which is removed: runtimes load both, and two files offering the same devices
+//! make every one of those devices unresolvable. Called by `crate::cli::cdi` and the
+//! agent.
 
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::domain::cdi::validate::check_file_name;
@@ -34,7 +40,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CdiError + '_ {
     }
 }
 
-/// Write `contents` to `dir/file_name` atomically, creating `dir` if needed.
+/// Write `contents` to `dir/file_name` atomically, creating `dir` if needed, and remove the
+/// same spec's file in the other format, if any.
 pub fn write_spec(dir: &Path, file_name: &str, contents: &[u8]) -> Result<WriteOutcome> {
     let target = dir.join(file_name);
     if file_name.contains('/') || file_name.starts_with('.') {
@@ -44,58 +51,87 @@ pub fn write_spec(dir: &Path, file_name: &str, contents: &[u8]) -> Result<WriteO
         });
     }
     check_file_name(&target)?;
-    match fs::read(&target) {
-        Ok(existing) if existing == contents => return Ok(WriteOutcome::Unchanged),
-        Ok(_) => {}
-        Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&target)(e)),
+    crate::domain::cdi::foreign::check_file_name(&target)?;
+    let outcome = if same_content(&target, contents)? {
+        WriteOutcome::Unchanged
+    } else {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        // On any error the temp file is deleted when dropped and the old file (if any) is
+        // untouched, because the rename never ran.
+        write_and_rename(dir, file_name, &target, contents)?;
+        WriteOutcome::Written
+    };
+    let removed_twin = remove_if_present(&twin_path(&target))?;
+    if outcome == WriteOutcome::Written || removed_twin {
+        // Renames and unlinks are durable only once the directory entry is on disk.
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(dir))?;
     }
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    Ok(outcome)
+}
 
-    let tmp = temp_path(dir, file_name);
-    let result = write_and_rename(&tmp, &target, contents);
-    if result.is_err() {
-        // Leave nothing behind; the old file (if any) is untouched because rename never ran.
-        let _ = fs::remove_file(&tmp);
+/// Whether `target` is a regular file holding exactly `contents`. Anything else there (a
+/// symlink, a FIFO, a directory) is never opened: the rename replaces a link or fails.
+fn same_content(target: &Path, contents: &[u8]) -> Result<bool> {
+    match fs::symlink_metadata(target) {
+        Ok(m) if m.is_file() && m.len() == contents.len() as u64 => {
+            Ok(fs::read(target).map_err(io_err(target))? == contents)
+        }
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err(target)(e)),
     }
-    result?;
-    // The rename is durable only once the directory entry is on disk.
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+}
+
+fn write_and_rename(dir: &Path, file_name: &str, target: &Path, contents: &[u8]) -> Result<()> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{file_name}."))
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(SPEC_FILE_MODE))
+        .tempfile_in(dir)
         .map_err(io_err(dir))?;
-    Ok(WriteOutcome::Written)
-}
-
-fn temp_path(dir: &Path, file_name: &str) -> PathBuf {
-    dir.join(format!(".{file_name}.{}.tmp", std::process::id()))
-}
-
-fn write_and_rename(tmp: &Path, target: &Path, contents: &[u8]) -> Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(SPEC_FILE_MODE)
-        .open(tmp)
-        .map_err(io_err(tmp))?;
-    f.write_all(contents).map_err(io_err(tmp))?;
+    let tmp_path = tmp.path().to_path_buf();
+    let f = tmp.as_file_mut();
+    f.write_all(contents).map_err(io_err(&tmp_path))?;
     // The umask may have narrowed the mode at creation.
     f.set_permissions(fs::Permissions::from_mode(SPEC_FILE_MODE))
-        .map_err(io_err(tmp))?;
-    f.sync_all().map_err(io_err(tmp))?;
-    drop(f);
-    fs::rename(tmp, target).map_err(io_err(target))
+        .map_err(io_err(&tmp_path))?;
+    f.sync_all().map_err(io_err(&tmp_path))?;
+    tmp.persist(target)
+        .map(drop)
+        .map_err(|e| io_err(target)(e.error))
 }
 
-/// Remove `dir/file_name`; returns whether a file was there.
-pub fn remove_spec(dir: &Path, file_name: &str) -> Result<bool> {
-    let target = dir.join(file_name);
-    check_file_name(&target)?;
-    match fs::remove_file(&target) {
+/// The same spec in the other encoding: `a-b.json` for `a-b.yaml` and the reverse.
+fn twin_path(target: &Path) -> PathBuf {
+    let other = match target.extension().and_then(|e| e.to_str()) {
+        Some("yaml") => "json",
+        _ => "yaml",
+    };
+    target.with_extension(other)
+}
+
+fn remove_if_present(path: &Path) -> Result<bool> {
+    match fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(&target)(e)),
+        Err(e) => Err(io_err(path)(e)),
     }
+}
+
+/// Remove `dir/file_name` and its other-format twin; returns the paths that were there.
+pub fn remove_spec(dir: &Path, file_name: &str) -> Result<Vec<PathBuf>> {
+    let target = dir.join(file_name);
+    check_file_name(&target)?;
+    crate::domain::cdi::foreign::check_file_name(&target)?;
+    let mut removed = Vec::new();
+    for path in [target.clone(), twin_path(&target)] {
+        if remove_if_present(&path)? {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
@@ -134,8 +170,8 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 1, "no temp files left: {names:?}");
         assert_eq!(fs::read(&other).map_err(io_err(&other))?, b"keep");
-        assert!(remove_spec(&sub, "a-b.yaml")?);
-        assert!(!remove_spec(&sub, "a-b.yaml")?);
+        assert_eq!(remove_spec(&sub, "a-b.yaml")?, vec![path.clone()]);
+        assert!(remove_spec(&sub, "a-b.yaml")?.is_empty());
         Ok(())
     }
 

@@ -5,11 +5,15 @@
 //! receives merged [`Causes`] from [`Triggers::next`]. The config file's *directory* is
 //! watched, not the file: a Kubernetes ConfigMap volume updates by writing a new timestamped
 //! directory and renaming the `..data` symlink over the old one, so the file the daemon was
-//! given never changes in place (its path resolves through `..data`). Any event in that
-//! directory asks for a reload; the app compares the loaded config with the one it serves,
-//! so spurious events cost one parse and change nothing. Bursts (an editor's write + rename,
-//! the ConfigMap's three renames) are merged by a short settle delay.
+//! given never changes in place (its path resolves through `..data`), and editors replace
+//! a file by renaming a new one over it, which a watch on the old inode would miss. Only
+//! events naming the config file itself or `..data` ask for a reload: anything else in that
+//! directory (a log file, an editor's swap file, another ConfigMap key) is ignored, or a
+//! busy neighbour would reload the daemon forever (and, with a broken config, count a
+//! failed reload per write). Bursts (an editor's write + rename, the ConfigMap's renames)
+//! are merged by a short settle delay.
 
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -42,7 +46,7 @@ pub enum ReloadError {
 /// One reason to reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
-    /// Something changed in the config file's directory.
+    /// The config file (or the ConfigMap's `..data` link) changed.
     ConfigFile,
     /// SIGHUP: reload the config and re-scan the inventory.
     Signal,
@@ -189,24 +193,42 @@ impl Triggers {
     }
 }
 
-/// Watch the directory holding `file`; every event other than a read is a trigger.
+/// The ConfigMap volume's link to the current data directory: renamed over on every update.
+const CONFIGMAP_DATA: &str = "..data";
+
+/// Whether `event` (in the directory watched for `file_name`) may have changed the config:
+/// it names the file or the `..data` link, or it says events were lost.
+fn concerns_config(event: &notify::Event, file_name: &OsStr) -> bool {
+    if matches!(event.kind, EventKind::Access(_)) {
+        return false;
+    }
+    if event.need_rescan() {
+        return true;
+    }
+    event.paths.iter().any(|p| {
+        p.file_name()
+            .is_some_and(|n| n == file_name || n == CONFIGMAP_DATA)
+    })
+}
+
+/// Watch the directory holding `file`; events about the file or `..data` are triggers.
 fn watch_dir(file: &Path, tx: mpsc::Sender<Cause>) -> Result<RecommendedWatcher, ReloadError> {
+    let no_parent = || ReloadError::NoParent {
+        path: file.display().to_string(),
+    };
     let dir = match file.parent() {
         Some(d) if d.as_os_str().is_empty() => Path::new("."),
         Some(d) => d,
-        None => {
-            return Err(ReloadError::NoParent {
-                path: file.display().to_string(),
-            });
-        }
+        None => return Err(no_parent()),
     };
+    let file_name: OsString = file.file_name().ok_or_else(no_parent)?.to_os_string();
     let shown = dir.display().to_string();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         match event {
-            Ok(e) if matches!(e.kind, EventKind::Access(_)) => {}
-            Ok(_) => {
+            Ok(e) if concerns_config(&e, &file_name) => {
                 let _ = tx.try_send(Cause::ConfigFile);
             }
+            Ok(_) => {}
             // A queue overflow loses events: reload to be sure.
             Err(_) => {
                 let _ = tx.try_send(Cause::ConfigFile);
@@ -240,6 +262,49 @@ mod tests {
         let mut s = Causes::default();
         s.add(Cause::Signal);
         assert!(s.config && s.inventory);
+    }
+
+    #[test]
+    fn only_the_config_file_and_data_link_concern_the_config() {
+        use notify::event::{CreateKind, DataChange, ModifyKind, RenameMode};
+        let ev = |kind: EventKind, paths: &[&str]| {
+            let mut e = notify::Event::new(kind);
+            for p in paths {
+                e = e.add_path(PathBuf::from(p));
+            }
+            e
+        };
+        let name = OsStr::new("config.yaml");
+        let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        assert!(concerns_config(&ev(write, &["/etc/gs/config.yaml"]), name));
+        assert!(concerns_config(
+            &ev(rename, &["/etc/gs/..data_tmp", "/etc/gs/..data"]),
+            name
+        ));
+        assert!(concerns_config(
+            &ev(rename, &["/etc/gs/.config.yaml.swp", "/etc/gs/config.yaml"]),
+            name
+        ));
+        assert!(!concerns_config(&ev(write, &["/etc/gs/agent.log"]), name));
+        assert!(!concerns_config(
+            &ev(
+                EventKind::Create(CreateKind::File),
+                &["/etc/gs/config.yaml.bak"]
+            ),
+            name
+        ));
+        assert!(!concerns_config(
+            &ev(
+                EventKind::Create(CreateKind::Folder),
+                &["/etc/gs/..2026_v2"]
+            ),
+            name
+        ));
+        let read = EventKind::Access(notify::event::AccessKind::Any);
+        assert!(!concerns_config(&ev(read, &["/etc/gs/config.yaml"]), name));
+        let lost = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        assert!(concerns_config(&lost, name));
     }
 
     #[tokio::test]

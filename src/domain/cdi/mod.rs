@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub mod foreign;
 pub mod generate;
 pub mod shares;
 pub mod validate;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 pub mod file;
+pub mod perms;
 
 use file::{DeviceRefValue, FileConfig, FileDevices, FileReplicas, Quantity, StringOrList};
 
@@ -316,6 +317,14 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config> {
                 path: origin.clone(),
                 source,
             })?;
+            for w in perms::world_writable(path) {
+                tracing::warn!(
+                    config = %origin,
+                    path = %w.path.display(),
+                    mode = format_args!("{:04o}", w.mode),
+                    "config is world-writable: any local user can change it, and it decides host paths mounted into containers (mpsRoot); make it writable by root only"
+                );
+            }
             parse(&text, &origin, overrides)
         }
     }
@@ -493,7 +502,9 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
         };
     }
     if let Some(s) = ov.cdi_kind.as_ref().or(plugin.cdi_kind.as_ref()) {
-        check_cdi_kind(s).map_err(|m| invalid("flags.plugin.cdiKind", s, &m))?;
+        check_cdi_kind(s)
+            .and_then(|()| crate::domain::cdi::foreign::check_kind(s))
+            .map_err(|m| invalid("flags.plugin.cdiKind", s, &m))?;
         cfg.cdi_kind = s.clone();
     }
     if let Some(imex) = &raw.imex

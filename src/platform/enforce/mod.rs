@@ -10,10 +10,10 @@
 //!
 //! cgroup resolution: NVIDIA's memory partitioning needs cgroup v2 at `/sys/fs/cgroup`,
 //! so the `0::<path>` line is preferred: `<root>/<path>` on a pure v2 host (detected by
-//! `<root>/cgroup.controllers`), `<root>/unified/<path>` on a hybrid host. Only if neither
-//! exists is the v1 `memory` controller's directory used (`<root>/memory/<path>`): the
-//! driver is then expected to refuse it, which fails the hook and the container, rather
-//! than starting it unlimited. `/proc/<pid>/cgroup` paths are relative to the reader's
+//! `<root>/cgroup.controllers`), `<root>/unified/<path>` on a hybrid host. A process found
+//! only in v1 hierarchies (a cgroup-v1-only host) fails the hook with a message saying
+//! so: handing the driver a v1 directory would at best fail obscurely and at worst start
+//! the container unlimited. `/proc/<pid>/cgroup` paths are relative to the reader's
 //! cgroup namespace; the hook runs in the host's, so they are host paths.
 
 use std::collections::BTreeMap;
@@ -50,6 +50,18 @@ pub enum EnforceError {
         root: PathBuf,
         tried: String,
     },
+    /// The process is in cgroup v1 hierarchies only; the driver limits v2 cgroups.
+    #[error(
+        "pid {pid} has no cgroup v2 directory under {root} (only the v1 memory cgroup {v1_path}): the driver's GPU memory limits need cgroup v2; boot the host with the unified hierarchy (systemd.unified_cgroup_hierarchy=1) or do not use enforced shares on it"
+    )]
+    CgroupV1Only {
+        pid: i64,
+        root: PathBuf,
+        v1_path: PathBuf,
+    },
+    /// A zero-byte limit was asked for.
+    #[error("--bytes 0: a limit of 0 bytes would leave no GPU memory; the hook needs at least 1")]
+    ZeroBytes,
     /// The limiter failed.
     #[error(transparent)]
     Limit(#[from] LimitError),
@@ -185,19 +197,24 @@ pub fn resolve_cgroup_dir(
         }
         candidates.push(join(root.join("unified"), p));
     }
-    if let Some(p) = cg.v1.get("memory") {
-        candidates.push(join(root.join("memory"), p));
-    }
     for c in &candidates {
         if exists(c) {
             return Ok(c.clone());
         }
     }
+    // Fail closed on v1: name the v1 directory so the operator sees why.
+    if let Some(p) = cg.v1.get("memory") {
+        return Err(EnforceError::CgroupV1Only {
+            pid,
+            root: root.to_path_buf(),
+            v1_path: join(root.join("memory"), p),
+        });
+    }
     Err(EnforceError::NoCgroup {
         pid,
         root: root.to_path_buf(),
         tried: if candidates.is_empty() {
-            "no v2 or memory-controller entry".into()
+            "no cgroup v2 entry".into()
         } else {
             candidates
                 .iter()
@@ -222,6 +239,9 @@ pub fn set_memory_limit(
             "{device_uuid}: the driver does not support memory limits on MIG devices"
         ))
         .into());
+    }
+    if bytes == 0 {
+        return Err(EnforceError::ZeroBytes);
     }
     let state = parse_oci_state(state_json)?;
     let pid = state.pid.unwrap_or_default();
@@ -291,16 +311,22 @@ mod tests {
             resolve_cgroup_dir(&cg, root, 1, hybrid).unwrap(),
             Path::new("/sys/fs/cgroup/unified/u/c1")
         );
+        // Only the v1 memory cgroup exists: refused, naming it and cgroup v2.
         let v1 = have(&["/sys/fs/cgroup/memory/m/c1"]);
-        assert_eq!(
-            resolve_cgroup_dir(&cg, root, 1, v1).unwrap(),
-            Path::new("/sys/fs/cgroup/memory/m/c1")
-        );
-        let err = resolve_cgroup_dir(&cg, root, 1, have(&[])).unwrap_err();
+        let err = resolve_cgroup_dir(&cg, root, 1, v1).unwrap_err();
+        assert!(matches!(err, EnforceError::CgroupV1Only { .. }), "{err}");
+        let shown = err.to_string();
         assert!(
-            err.to_string().contains("/sys/fs/cgroup/memory/m/c1"),
-            "{err}"
+            shown.contains("/sys/fs/cgroup/memory/m/c1") && shown.contains("cgroup v2"),
+            "{shown}"
         );
+        // A v1-only host: no `0::` line at all.
+        let legacy = parse_proc_cgroup("5:memory:/m/c1\n1:name=systemd:/m/c1\n", "x").unwrap();
+        let err = resolve_cgroup_dir(&legacy, root, 1, have(&["/sys/fs/cgroup/memory/m/c1"]))
+            .unwrap_err();
+        assert!(matches!(err, EnforceError::CgroupV1Only { .. }), "{err}");
+        let err = resolve_cgroup_dir(&cg, root, 1, have(&[])).unwrap_err();
+        assert!(matches!(err, EnforceError::CgroupV1Only { .. }), "{err}");
     }
 
     #[derive(Debug, Default)]
@@ -338,6 +364,11 @@ mod tests {
         let mut failing = Recorder(Vec::new(), true);
         assert!(set_memory_limit(STATE, &proc_root, &cg_root, "GPU-1", 1, &mut failing).is_err());
         assert!(set_memory_limit(STATE, &proc_root, &cg_root, "MIG-1", 1, &mut rec).is_err());
+        // Zero bytes is refused before anything is read or limited.
+        let before = rec.0.len();
+        let err = set_memory_limit(STATE, &proc_root, &cg_root, "GPU-1", 0, &mut rec).unwrap_err();
+        assert!(matches!(err, EnforceError::ZeroBytes), "{err}");
+        assert_eq!(rec.0.len(), before);
         let other = STATE.replace("4242", "7");
         assert!(set_memory_limit(&other, &proc_root, &cg_root, "GPU-1", 1, &mut rec).is_err());
     }

@@ -2,7 +2,9 @@
 //! (registered with the kubelet and CDI spec written), on hyper 1.
 //!
 //! It reads [`crate::runtime::metrics::Metrics`] and a [`Readiness`] handle that the supervisor
-//! updates; it owns nothing else. Unknown paths get 404, other methods 405.
+//! updates; it owns nothing else. Unknown paths get 404, other methods 405. Clients are
+//! bounded by [`guard`]: a connection cap (the oldest goes first), a header-read timeout,
+//! and paced, rate-limited accept errors, so idle connections cannot exhaust descriptors.
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
@@ -22,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::runtime::metrics::Metrics;
+
+mod guard;
 
 /// Errors of the HTTP endpoint.
 #[derive(Debug, thiserror::Error)]
@@ -148,21 +152,61 @@ pub async fn serve(
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
 ) {
+    let limits = guard::ConnectionLimits::for_this_process();
     let tracker = TaskTracker::new();
     let local = listener.local_addr().ok();
-    tracing::info!(addr = ?local, "http endpoint listening");
+    tracing::info!(
+        addr = ?local,
+        max_connections = limits.max_connections,
+        header_read_timeout_s = limits.header_read_timeout.as_secs(),
+        "http endpoint listening"
+    );
+    let slots = guard::Slots::new(limits.max_connections);
+    let mut backoff = guard::AcceptBackoff::default();
+    let mut accept_warn = guard::LogEvery::new(guard::ACCEPT_WARN_INTERVAL);
+    let mut cap_warn = guard::LogEvery::new(guard::ACCEPT_WARN_INTERVAL);
+    let mut evicted_since_warn = 0usize;
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
             a = listener.accept() => a,
         };
         let (stream, peer) = match accepted {
-            Ok(a) => a,
+            Ok(a) => {
+                backoff.reset();
+                a
+            }
             Err(error) => {
-                tracing::warn!(%error, "http accept failed");
-                continue;
+                let exhausted = guard::is_exhaustion(&error);
+                if let Some(suppressed) = accept_warn.ready(std::time::Instant::now()) {
+                    tracing::warn!(%error, exhausted, suppressed, open = slots.len(), "http accept failed; backing off");
+                }
+                // Out of descriptors: give one back if we hold any, so the connection
+                // waiting in the backlog (perhaps the liveness probe) can be accepted; let
+                // the evicted task run and close it, then try again at once. Each such
+                // round closes one of our own connections, so this cannot spin.
+                if exhausted && slots.evict_oldest() {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                let delay = backoff.failed();
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(delay) => continue,
+                }
             }
         };
+        let (slot, evicted) = slots.admit();
+        evicted_since_warn += evicted;
+        if evicted > 0
+            && let Some(_) = cap_warn.ready(std::time::Instant::now())
+        {
+            tracing::warn!(
+                max_connections = limits.max_connections,
+                closed = std::mem::take(&mut evicted_since_warn),
+                "http connection cap reached; closing the oldest connections"
+            );
+        }
         let metrics = metrics.clone();
         let readiness = readiness.clone();
         let conn_shutdown = shutdown.clone();
@@ -171,17 +215,23 @@ pub async fn serve(
                 let response = route(&req, &metrics, &readiness);
                 async move { Ok::<_, Infallible>(response) }
             });
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let conn = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
                 r = conn.as_mut() => if let Err(error) = r {
                     tracing::debug!(%error, %peer, "http connection ended with an error");
                 },
+                // Closed at once (dropped) to make room for a newer connection.
+                () = slot.evicted.cancelled() => {},
                 () = conn_shutdown.cancelled() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
             }
+            drop(slot);
         });
     }
     tracker.close();
