@@ -150,7 +150,8 @@ pub async fn serve(
 ) {
     let tracker = TaskTracker::new();
     let local = listener.local_addr().ok();
-    tracing::info!(addr = ?local, "http endpoint listening");
+    let addr = local.map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    tracing::info!(%addr, "http endpoint listening");
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,

@@ -58,6 +58,16 @@ impl DaemonState {
     }
 }
 
+impl std::fmt::Display for DaemonState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DaemonState::Starting => f.write_str("starting"),
+            DaemonState::Up => f.write_str("up"),
+            DaemonState::Down { reason } => write!(f, "down ({reason})"),
+        }
+    }
+}
+
 /// States of all supervised daemons, keyed by device UUID.
 pub type DaemonStates = BTreeMap<String, DaemonState>;
 
@@ -147,7 +157,7 @@ impl Supervisor {
             .borrow()
             .iter()
             .filter(|(_, s)| !s.is_up())
-            .map(|(u, s)| format!("{u}: {s:?}"))
+            .map(|(u, s)| format!("{u}: {s}"))
             .collect::<Vec<_>>()
             .join(", ");
         Err(MpsError::NotUp {
