@@ -315,7 +315,7 @@ pub fn spec_file_name(kind: &str, format: Format) -> String {
     format!("{}.{}", kind.replace('/', "-"), format.extension())
 }
 
-/// Single-quote device names that contain `:`. serde_yaml leaves `1:0` plain, which YAML
+/// Single-quote device names that contain `:`. The YAML serialiser leaves `1:0` plain, which YAML
 /// 1.1 readers (PyYAML, some linters) take for a base-60 integer; names are validated to
 /// `[A-Za-z0-9_.:-]`, so single quotes need no escaping.
 fn quote_colon_names(yaml: &str) -> String {
@@ -346,9 +346,9 @@ impl Spec {
                 Ok(s.into_bytes())
             }
             Format::Yaml => {
-                let s =
-                    serde_yaml::to_string(self).map_err(|e| CdiError::Serialize(e.to_string()))?;
-                // serde_yaml leaves `0.5.0` bare (it is not a YAML number); quote it anyway so
+                let s = serde_yaml_ng::to_string(self)
+                    .map_err(|e| CdiError::Serialize(e.to_string()))?;
+                // The YAML serialiser leaves `0.5.0` bare (it is not a YAML number); quote it anyway so
                 // hand edits such as `0.5` cannot silently turn into floats.
                 let unquoted = format!("cdiVersion: {}\n", self.cdi_version);
                 let s = match s.strip_prefix(&unquoted) {
@@ -369,7 +369,7 @@ impl Spec {
                 message: "empty file".into(),
             });
         }
-        serde_yaml::from_str(text).map_err(|e| CdiError::Parse {
+        serde_yaml_ng::from_str(text).map_err(|e| CdiError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })
