@@ -334,7 +334,7 @@ pub struct Overrides {
     /// Where each set override came from, by config field path (`flags.migStrategy` →
     /// ``flag `--mig-strategy` ``), so a bad value is blamed on the flag or environment
     /// variable the user set rather than on the file. A set override with no entry is
-    /// blamed on "the command line".
+    /// blamed on "command-line setting".
     pub sources: std::collections::BTreeMap<String, String>,
 }
 
