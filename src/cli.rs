@@ -92,6 +92,13 @@ pub struct ConfigArgs {
     /// Host driver root.
     #[arg(long = "driver-root", env = "NVIDIA_DRIVER_ROOT")]
     pub driver_root: Option<String>,
+    /// Host root of `/dev` (default: the driver root), NVIDIA's `--nvidia-dev-root`.
+    #[arg(
+        long = "dev-root",
+        visible_alias = "nvidia-dev-root",
+        env = "NVIDIA_DEV_ROOT"
+    )]
+    pub dev_root: Option<String>,
     /// Also return DeviceSpecs in Allocate responses (bare `--pass-device-specs` = true).
     #[arg(long, env = "PASS_DEVICE_SPECS", num_args = 0..=1,
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
@@ -115,7 +122,7 @@ impl ConfigArgs {
             fail_on_init_error: self.fail_on_init_error,
             mps_root: self.mps_root.clone(),
             driver_root: self.driver_root.clone(),
-            dev_root: None,
+            dev_root: self.dev_root.clone(),
             pass_device_specs: self.pass_device_specs,
             device_list_strategy: self.device_list_strategy.clone(),
             device_id_strategy: self.device_id_strategy.clone(),

@@ -94,6 +94,7 @@ fn nvidia_daemonset_args_parse_and_load() {
         "--container-driver-root=/driver-root",
         "--cdi-annotation-prefix=cdi.k8s.io/",
         "--mps-root=/run/nvidia/mps",
+        "--nvidia-dev-root=/host",
         "--imex-channel-ids=0",
         "--gds-enabled=false",
         "--mofed-enabled=false",
@@ -109,6 +110,7 @@ fn nvidia_daemonset_args_parse_and_load() {
         "flag beats file"
     );
     assert_eq!(loaded.source, cfg);
+    assert_eq!(loaded.dev_root, Path::new("/host"));
 
     // `=false` still works, and NVIDIA's aliases of the hook path.
     let args = run_args(&[
