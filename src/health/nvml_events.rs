@@ -513,3 +513,18 @@ fn event_to_health(nvml: &Nvml, ev: RawEvent) -> Option<HealthEvent> {
         kind,
     })
 }
+
+#[cfg(test)]
+mod display_tests {
+    use super::HealthEventKind;
+
+    #[test]
+    fn event_kinds_log_as_codes() {
+        assert_eq!(HealthEventKind::Xid(79).to_string(), "xid-79");
+        assert_eq!(HealthEventKind::GpuLost.to_string(), "gpu-lost");
+        assert_eq!(
+            HealthEventKind::WaitError("timeout".into()).to_string(),
+            "event-wait-error (timeout)"
+        );
+    }
+}

@@ -459,6 +459,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn states_read_as_words_not_rust_debug_text() {
+        let down = DaemonState::Down {
+            reason: "exit status: 1".into(),
+        };
+        assert_eq!(down.to_string(), "down (exit status: 1)");
+        assert_eq!(DaemonState::Starting.to_string(), "starting");
+        assert_eq!(DaemonState::Up.to_string(), "up");
+    }
+
+    #[test]
     fn backoff_doubles_up_to_the_max() {
         let config = SupervisorConfig {
             backoff_base: Duration::from_millis(100),
