@@ -190,12 +190,14 @@ fn bad_config_files_fail_clearly() {
             "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n",
             &["sharing.timeSlicing.resources[0].replicas", ">= 2"],
         ),
+        // A device this node lacks is skipped (one ConfigMap serves a mixed cluster);
+        // a reference that is no device name at all stays an error.
         (
-            "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, rename: g.shared, devices: [12], replicas: 2}\n",
+            "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, rename: g.shared, devices: [\"1:x\"], replicas: 2}\n",
             &[
                 "sharing.timeSlicing.resources[0].devices[0]",
-                "`12`",
-                "no such device",
+                "`1:x`",
+                "expected a GPU index",
             ],
         ),
         (

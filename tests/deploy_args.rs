@@ -2,13 +2,13 @@
 //! `gpu-slicer` command line, and its probes and port match the HTTP endpoint `run` starts.
 
 use clap::Parser;
-use gpu_slicer::cli::args::{Cli, Command};
+use gpu_slicer::cli::{Cli, Command};
 
 #[test]
 fn daemonset_args_are_real_run_flags() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/daemonset.yaml");
     let text = std::fs::read_to_string(path).expect("daemonset");
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
     let container = &doc["spec"]["template"]["spec"]["containers"][0];
     let args: Vec<String> = container["args"]
         .as_sequence()
@@ -102,8 +102,8 @@ fn daemonset_args_are_real_run_flags() {
 #[test]
 fn mps_overlay_mounts_what_the_config_names() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mps");
-    let cm: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
+    let cm: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
             .unwrap();
     let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
     let cfg = gpu_slicer::domain::config::parse(
@@ -126,8 +126,8 @@ fn mps_overlay_mounts_what_the_config_names() {
         8,
         "one daemon per GPU"
     );
-    let ds: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(format!("{dir}/daemonset.yaml")).unwrap())
+    let ds: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(format!("{dir}/daemonset.yaml")).unwrap())
             .unwrap();
     let spec = &ds["spec"]["template"]["spec"];
     let mounts = spec["containers"][0]["volumeMounts"].as_sequence().unwrap();

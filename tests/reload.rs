@@ -358,7 +358,9 @@ fn a_bad_rescan_interval_is_refused_naming_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--rescan-interval") && stderr.contains("unknown unit \"parsecs\""),
+        stderr.contains("--rescan-interval")
+            && stderr.contains("`5parsecs` is not a duration")
+            && stderr.contains("\"parsecs\""),
         "{stderr}"
     );
 }

@@ -155,6 +155,7 @@ pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> Result<()> {
 fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
     let overrides = Overrides {
         cdi_kind: kind.cloned(),
+        sources: [("flags.plugin.cdiKind".into(), "flag `--kind`".into())].into(),
         ..Overrides::default()
     };
     Ok(config::load(path, &overrides)?)

@@ -7,13 +7,53 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod demo;
 pub mod inventory;
+pub mod logging;
+pub mod nvidia;
 pub mod run;
 
 use std::io::Write;
 
-use args::{Cli, Command};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::error::Error;
+
+/// gpu-slicer: hand out exactly the GPU share a workload asks for.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-slicer", version, about)]
+pub struct Cli {
+    /// Log output format.
+    #[arg(long, global = true, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the node's GPUs, MIG slices and the resources the config turns them into.
+    Inventory(Box<args::InventoryArgs>),
+    /// Generate, check, list and remove CDI specs.
+    #[command(subcommand)]
+    Cdi(cdi::CdiCommand),
+    /// Run the node daemon: serve every resource to the kubelet until SIGTERM/SIGINT.
+    Run(Box<run::RunArgs>),
+    /// Show the device plugin at work against an in-process kubelet emulator.
+    Demo,
+    /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
+    #[command(subcommand)]
+    CdiHook(cdi_hook::CdiHookCommand),
+}
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the
 /// other commands are synchronous.

@@ -42,6 +42,8 @@ pub struct Snapshot {
     /// CDI devices the spec carries only because they are held (the plan no longer has
     /// them): dropped by the first rewrite after they are released.
     pub kept: Arc<Vec<String>>,
+    /// Config entries this node has nothing for (one ConfigMap for a mixed cluster).
+    pub skipped: Arc<Vec<crate::domain::plan::Skipped>>,
     /// The MPS control daemons the plan needs.
     pub mps: Arc<Vec<DaemonSpec>>,
     /// Whether a spec describing this plan has been written (for `/readyz`).

@@ -86,10 +86,11 @@ pub fn next(
     host: &Host,
 ) -> Result<Next, TransitionError> {
     // No devices: the config's resources cannot be checked against this node, so serve none.
-    let plan = if host.no_driver {
-        Plan::default()
+    let (plan, skipped) = if host.no_driver {
+        (Plan::default(), Vec::new())
     } else {
-        plan::build(&inventory, &config)?
+        let planned = plan::build_reporting(&inventory, &config)?;
+        (planned.plan, planned.skipped)
     };
     let nodes = if host.no_driver {
         DeviceNodes::default()
@@ -118,6 +119,7 @@ pub fn next(
         held: current.held.clone(),
         spec: spec.clone().map(Arc::new),
         kept: Arc::new(kept.clone()),
+        skipped: Arc::new(skipped),
         mps: Arc::new(daemons),
         spec_written: spec.is_some(),
     };

@@ -86,6 +86,19 @@ pub enum HealthEventKind {
     WaitError(String),
 }
 
+impl std::fmt::Display for HealthEventKind {
+    /// The short codes health reasons use (`xid-79`, `gpu-lost`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HealthEventKind::Xid(x) => write!(f, "xid-{x}"),
+            HealthEventKind::DoubleBitEcc => f.write_str("double-bit-ecc"),
+            HealthEventKind::SingleBitEcc => f.write_str("single-bit-ecc"),
+            HealthEventKind::GpuLost => f.write_str("gpu-lost"),
+            HealthEventKind::WaitError(m) => write!(f, "event-wait-error ({m})"),
+        }
+    }
+}
+
 /// A running watcher. Dropping it stops and joins the thread.
 #[derive(Debug)]
 pub struct NvmlEventWatcher {
@@ -395,7 +408,7 @@ fn wait_loop(
             }
         };
         for ev in events {
-            tracing::debug!(gpu = %ev.gpu_uuid, kind = ?ev.kind, "NVML health event");
+            tracing::debug!(gpu = %ev.gpu_uuid, kind = %ev.kind, "NVML health event");
             if tx.send(ev).is_err() {
                 tracing::info!("health receiver gone; stopping the NVML event watcher");
                 return;
@@ -508,4 +521,19 @@ fn event_to_health(nvml: &Nvml, ev: RawEvent) -> Option<HealthEvent> {
         compute_instance_id: id(ev.compute_instance_id),
         kind,
     })
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::HealthEventKind;
+
+    #[test]
+    fn event_kinds_log_as_codes() {
+        assert_eq!(HealthEventKind::Xid(79).to_string(), "xid-79");
+        assert_eq!(HealthEventKind::GpuLost.to_string(), "gpu-lost");
+        assert_eq!(
+            HealthEventKind::WaitError("timeout".into()).to_string(),
+            "event-wait-error (timeout)"
+        );
+    }
 }

@@ -353,7 +353,7 @@ impl Monitor {
         for event in self.resolve(ev) {
             let transitions = self.tracker.on_event(&event, now);
             if transitions.is_empty() {
-                tracing::info!(gpu = %ev.gpu_uuid, kind = ?ev.kind, "health event: no change (ignored or already unhealthy)");
+                tracing::info!(gpu = %ev.gpu_uuid, kind = %ev.kind, "health event: no change (ignored or already unhealthy)");
             }
             self.apply(&transitions);
         }
@@ -398,7 +398,7 @@ impl Monitor {
             })
             .collect();
         if migs.is_empty() {
-            tracing::warn!(gpu = %ev.gpu_uuid, gpu_instance = gi, compute_instance = ?ev.compute_instance_id, "event names no known MIG device; marking the whole GPU");
+            tracing::warn!(gpu = %ev.gpu_uuid, gpu_instance = gi, compute_instance = ev.compute_instance_id, "event names no known MIG device; marking the whole GPU");
             return whole();
         }
         migs

@@ -41,7 +41,7 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let d = crate::cli::args::parse_duration(text)?;
     if d.is_zero() {
-        return Err(format!("{text:?}: the ledger interval must be positive"));
+        return Err(format!("`{text}`: the ledger interval must be positive"));
     }
     Ok(d)
 }
@@ -636,7 +636,10 @@ impl PublishedPods {
         self.pods = pods;
 
         // Allocated counts for every planned resource (0 when nothing is held) and for
-        // resources still held after a reload removed them.
+        // resources still held after a reload removed them (their devices stay in the CDI
+        // spec for the holder). For a planned resource only devices the plan has count:
+        // an ID the kubelet lists that this node does not have (a stale checkpoint, a
+        // previous MIG layout) is drift, reported as such, not used capacity.
         let mut resources: BTreeSet<String> =
             views.iter().map(|v| v.resource.name.clone()).collect();
         resources.extend(
@@ -652,7 +655,14 @@ impl PublishedPods {
             });
         }
         for r in &resources {
-            let n = snapshot.allocations.get(r).map_or(0, BTreeMap::len);
+            let planned = views.iter().find(|v| v.resource.name == *r);
+            let n = snapshot.allocations.get(r).map_or(0, |held| match planned {
+                Some(v) => held
+                    .keys()
+                    .filter(|id| v.resource.device(id).is_some())
+                    .count(),
+                None => held.len(),
+            });
             metrics
                 .allocated
                 .get_or_create(&ResourceLabels {
@@ -755,6 +765,43 @@ mod tests {
     }
 
     #[test]
+    fn allocated_counts_only_devices_the_plan_has() {
+        let h = health();
+        let v = views(&h);
+        let ids: Vec<String> = v[0].devices().map(|(d, _)| d.id.clone()).collect();
+        let report = KubeletReport {
+            assigned: vec![
+                (holder("a"), "nvidia.com/gpu".into(), vec![ids[0].clone()]),
+                // A stale ID the kubelet still lists (e.g. from an old layout).
+                (
+                    holder("b"),
+                    "nvidia.com/gpu".into(),
+                    vec!["GPU-gone::0".into()],
+                ),
+                // Held from a resource a reload removed: kept for its holder.
+                (
+                    holder("c"),
+                    "nvidia.com/mig-1g.10gb".into(),
+                    vec!["MIG-x".into()],
+                ),
+            ],
+            allocatable: vec![("nvidia.com/gpu".into(), ids.clone())],
+        };
+        let snapshot = reconcile(&report, &v, 1);
+        let metrics = Metrics::new();
+        PublishedPods::default().publish(&metrics, &snapshot, &v);
+        let text = metrics.encode_prometheus();
+        assert!(
+            text.contains("gpu_slicer_allocated_devices{resource=\"nvidia.com/gpu\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_slicer_allocated_devices{resource=\"nvidia.com/mig-1g.10gb\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_matching_report_has_no_drift() {
         let h = health();
         let v = views(&h);
@@ -775,7 +822,10 @@ mod tests {
         assert_eq!(parse_interval("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_interval("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "0s", "0", "-1s", "1.5s", "10x"] {
+        // Go-style fractions and compounds, as NVIDIA's configs write durations.
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_interval("1m30s"), Ok(Duration::from_secs(90)));
+        for bad in ["", "s", "0s", "0", "-1s", "10x"] {
             assert!(parse_interval(bad).is_err(), "{bad}");
         }
     }

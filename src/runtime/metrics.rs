@@ -71,6 +71,57 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Labels of `config_entries_skipped`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct SkipLabels {
+    /// [`crate::domain::plan::SkipReason`] code (`resource-not-on-node`, …).
+    pub reason: String,
+}
+
+/// Labels of `build_info`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// Crate version (`0.1.0`).
+    pub version: String,
+    /// CPU architecture the binary was built for (`x86_64`).
+    pub arch: String,
+    /// `release` or `debug`.
+    pub profile: String,
+}
+
+/// Reason codes of unhealthy devices that are label-safe as they are: lower-case letters,
+/// digits and `-`, a letter first, at most 32 characters (`xid-79`, `gpu-lost`,
+/// `mps-down`).
+fn is_reason_code(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 32
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && text.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// The `reason` label for a device's health reason: a short code, never free text (free
+/// text would put UUIDs and error strings into label values, one series per message).
+/// The health state keys an override set on a physical device as `<uuid>: <code>` for
+/// the devices it covers, so the code after the last `: ` is used; anything else is
+/// `other` (the full text is in the log line of the transition).
+pub fn reason_code(reason: &str) -> String {
+    if reason.is_empty() || is_reason_code(reason) {
+        return reason.to_string();
+    }
+    if let Some((_, tail)) = reason.rsplit_once(": ")
+        && is_reason_code(tail)
+    {
+        return tail.to_string();
+    }
+    // The inventory's own verdict (crate::domain::allocate's "unhealthy at discovery").
+    if reason == "unhealthy at discovery" {
+        return "at-discovery".to_string();
+    }
+    "other".to_string()
+}
+
 /// All metrics of one agent.
 #[derive(Debug)]
 pub struct Metrics {
@@ -101,6 +152,11 @@ pub struct Metrics {
     /// Devices in drift at the last reconciliation (`crate::runtime::ledger::Drift`: held but not
     /// planned or unhealthy, or allocatable on one side only).
     pub ledger_drift: Gauge,
+    /// Config entries (or device references) skipped on this node at the last plan, by
+    /// reason; every reason is present, 0 when nothing was skipped.
+    pub config_entries_skipped: Family<SkipLabels, Gauge>,
+    /// Always 1; the labels say which build runs.
+    pub build_info: Family<BuildLabels, Gauge>,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
     /// Per-device series published for each resource, so a device whose reason changed,
@@ -139,6 +195,8 @@ impl Metrics {
         let registrations = Family::<ResourceLabels, Counter>::default();
         let ledger_up = Gauge::default();
         let ledger_drift = Gauge::default();
+        let config_entries_skipped = Family::<SkipLabels, Gauge>::default();
+        let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "allocatable_devices",
             "Devices advertised to the kubelet as healthy",
@@ -199,6 +257,40 @@ impl Metrics {
             "Devices in drift: held but not planned or unhealthy, or allocatable on one side only",
             ledger_drift.clone(),
         );
+        registry.register(
+            "config_entries_skipped",
+            "Config sharing entries or device references this node has nothing for, skipped at the last plan",
+            config_entries_skipped.clone(),
+        );
+        registry.register(
+            "build_info",
+            "Always 1; labels name the running build",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                arch: std::env::consts::ARCH.to_string(),
+                profile: if cfg!(debug_assertions) {
+                    "debug".to_string()
+                } else {
+                    "release".to_string()
+                },
+            })
+            .set(1);
+        // Every family has a series from the start, so an alert on absence (or on a
+        // rate of a counter that has never moved) can be written; per-resource series
+        // appear when the resource is first published.
+        for outcome in ["ok", "failed"] {
+            drop(reloads.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            }));
+        }
+        for reason in crate::domain::plan::SkipReason::ALL {
+            drop(config_entries_skipped.get_or_create(&SkipLabels {
+                reason: reason.as_str().into(),
+            }));
+        }
         Self {
             registry,
             allocatable,
@@ -213,6 +305,8 @@ impl Metrics {
             registrations,
             ledger_up,
             ledger_drift,
+            config_entries_skipped,
+            build_info,
             encode_lock: Mutex::new(()),
             device_series: Mutex::new(BTreeMap::new()),
         }
@@ -226,6 +320,19 @@ impl Metrics {
                 outcome: outcome.into(),
             })
             .inc();
+    }
+
+    /// Record what the last plan skipped (`crate::domain::plan::Planned::skipped`): one gauge per
+    /// reason, every reason set (0 when none).
+    pub fn record_skipped(&self, skipped: &[crate::domain::plan::Skipped]) {
+        for reason in crate::domain::plan::SkipReason::ALL {
+            let n = skipped.iter().filter(|s| s.reason == reason).count();
+            self.config_entries_skipped
+                .get_or_create(&SkipLabels {
+                    reason: reason.as_str().into(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Count a registration (first or re-registration) of `resource` with the kubelet.
@@ -275,7 +382,11 @@ impl Metrics {
             let labels = DeviceLabels {
                 resource: resource.clone(),
                 device: d.id.clone(),
-                reason: h.reason.as_deref().unwrap_or("").to_string(),
+                reason: if ok {
+                    String::new()
+                } else {
+                    reason_code(h.reason.as_deref().unwrap_or(""))
+                },
             };
             self.device_healthy
                 .get_or_create(&labels)
@@ -292,9 +403,24 @@ impl Metrics {
             .device_series
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(old) = published.insert(resource, series.clone()) {
-            for gone in old.difference(&series) {
-                self.device_healthy.remove(gone);
+        match published.insert(resource.clone(), series.clone()) {
+            Some(old) => {
+                for gone in old.difference(&series) {
+                    self.device_healthy.remove(gone);
+                }
+            }
+            None => {
+                // First publication: zero-valued series for this resource's event
+                // families, so they exist before the first event.
+                drop(self.registrations.get_or_create(&key));
+                drop(self.allocate_seconds.get_or_create(&key));
+                drop(self.preferred_seconds.get_or_create(&key));
+                for rule in crate::domain::allocate::AllocateError::RULES {
+                    drop(self.allocate_errors.get_or_create(&RuleLabels {
+                        resource: resource.clone(),
+                        rule: rule.into(),
+                    }));
+                }
             }
         }
     }
@@ -519,5 +645,94 @@ mod tests {
         );
         assert!(classic.contains("gpu_slicer_config_reloads_total{outcome=\"ok\"} 1"));
         assert!(!classic.contains("# EOF"));
+    }
+
+    #[test]
+    fn a_fresh_registry_has_build_info_and_zero_valued_series() {
+        let text = Metrics::new().encode_prometheus();
+        assert!(
+            text.contains(&format!(
+                "gpu_slicer_build_info{{version=\"{}\",arch=\"{}\"",
+                env!("CARGO_PKG_VERSION"),
+                std::env::consts::ARCH
+            )),
+            "{text}"
+        );
+        for line in [
+            "gpu_slicer_config_reloads_total{outcome=\"ok\"} 0",
+            "gpu_slicer_config_reloads_total{outcome=\"failed\"} 0",
+            "gpu_slicer_config_entries_skipped{reason=\"resource-not-on-node\"} 0",
+            "gpu_slicer_config_entries_skipped{reason=\"no-matching-devices\"} 0",
+            "gpu_slicer_config_entries_skipped{reason=\"device-not-on-node\"} 0",
+            "gpu_slicer_ledger_up 0",
+        ] {
+            assert!(text.contains(line), "missing {line}: {text}");
+        }
+    }
+
+    #[test]
+    fn skipped_entries_are_counted_by_reason_and_reset() {
+        let m = Metrics::new();
+        let skipped = |reason| crate::domain::plan::Skipped {
+            field: "sharing.timeSlicing.resources[0].name".into(),
+            value: "nvidia.com/mig-1g.10gb".into(),
+            reason,
+        };
+        use crate::domain::plan::SkipReason::*;
+        m.record_skipped(&[
+            skipped(ResourceNotOnNode),
+            skipped(ResourceNotOnNode),
+            skipped(DeviceNotOnNode),
+        ]);
+        let text = m.encode_prometheus();
+        assert!(
+            text.contains("gpu_slicer_config_entries_skipped{reason=\"resource-not-on-node\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_slicer_config_entries_skipped{reason=\"device-not-on-node\"} 1"),
+            "{text}"
+        );
+        m.record_skipped(&[]);
+        assert!(
+            m.encode_prometheus()
+                .contains("gpu_slicer_config_entries_skipped{reason=\"resource-not-on-node\"} 0")
+        );
+    }
+
+    #[test]
+    fn reason_labels_are_short_codes() {
+        assert_eq!(reason_code("xid-79"), "xid-79");
+        assert_eq!(reason_code("mps-down"), "mps-down");
+        assert_eq!(reason_code(""), "");
+        // An override set on the GPU, seen on one of its replicas.
+        assert_eq!(reason_code("GPU-0000-1111: xid-79"), "xid-79");
+        assert_eq!(reason_code("unhealthy at discovery"), "at-discovery");
+        assert_eq!(
+            reason_code("MPS control daemon for GPU-1 is down: exit status: 1"),
+            "other"
+        );
+    }
+
+    #[test]
+    fn the_reason_label_of_a_replica_of_a_sick_gpu_is_the_code() {
+        let m = Metrics::new();
+        let h = health();
+        let gpu = h.view("nvidia.com/gpu").unwrap().resource.devices[0]
+            .physical
+            .gpu_uuid
+            .clone();
+        h.set_health(&gpu, Health::Unhealthy, "xid-79").unwrap();
+        m.publish_view(&h.view("nvidia.com/gpu").unwrap());
+        let devs = series(&m, "gpu_slicer_device_healthy{");
+        assert!(
+            devs.iter().any(|l| l.contains("reason=\"xid-79\"")),
+            "{devs:?}"
+        );
+        assert!(
+            devs.iter()
+                .all(|l| !l.contains("GPU-") || !l.contains(": ")),
+            "{devs:?}"
+        );
     }
 }

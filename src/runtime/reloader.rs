@@ -206,6 +206,7 @@ impl Reloader {
                 blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
             }
             let committed = self.store.commit(next.snapshot);
+            self.metrics.record_skipped(&committed.skipped);
             first_diff.get_or_insert(next.diff);
             let missing = match &committed.spec {
                 Some(spec) => {

@@ -265,7 +265,7 @@ impl NodeSpec {
         let parsed: Result<NodeSpec, String> = if trimmed.starts_with('{') {
             serde_json::from_str(text).map_err(|e| e.to_string())
         } else {
-            serde_yaml::from_str(text).map_err(|e| e.to_string())
+            serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
         };
         let mut spec = parsed.map_err(|message| NodeSpecError::Parse {
             path: origin.to_string(),

@@ -88,6 +88,17 @@ impl AllocateError {
     }
 
     /// Short name of the broken rule, for metrics labels.
+    /// Every code [`AllocateError::rule`] returns, for zero-valued metric series.
+    pub const RULES: [&'static str; 7] = [
+        "empty",
+        "unknown-device",
+        "duplicate",
+        "unhealthy",
+        "fail-requests-greater-than-one",
+        "multi-gpu",
+        "whole-and-mig",
+    ];
+
     pub fn rule(&self) -> &'static str {
         match self {
             AllocateError::Empty => "empty",

@@ -53,7 +53,7 @@ pub struct FileFlags {
     pub plugin: FilePluginFlags,
     /// GPU feature discovery flags: not used by a device plugin (the incumbent drops them too).
     #[serde(default)]
-    pub gfd: Option<serde_yaml::Value>,
+    pub gfd: Option<serde_yaml_ng::Value>,
 }
 
 /// `flags.plugin:`.
@@ -182,4 +182,22 @@ pub enum DeviceRefValue {
 pub enum Quantity {
     Bytes(u64),
     Text(String),
+}
+
+impl std::fmt::Display for DeviceRefValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceRefValue::Index(n) => write!(f, "{n}"),
+            DeviceRefValue::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl std::fmt::Display for Quantity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Quantity::Bytes(n) => write!(f, "{n}"),
+            Quantity::Text(t) => f.write_str(t),
+        }
+    }
 }

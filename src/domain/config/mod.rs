@@ -47,6 +47,19 @@ pub enum ConfigError {
         value: String,
         message: String,
     },
+    /// The file is not YAML at all (a tab in the indentation, an unclosed quote): no field
+    /// is to blame, the position is.
+    #[error("invalid config file {path}: not valid YAML: {message}")]
+    Syntax { path: String, message: String },
+    /// A flag or environment variable has a bad value.
+    /// `setting` names it as the user set it (flag `--mig-strategy`, env var
+    /// `MIG_STRATEGY`), not the config file.
+    #[error("invalid {setting} = {value}: {message}")]
+    Setting {
+        setting: String,
+        value: String,
+        message: String,
+    },
 }
 
 /// Result alias for this module.
@@ -206,6 +219,20 @@ pub enum DeviceSelector {
     List(Vec<DeviceRef>),
 }
 
+impl std::fmt::Display for DeviceSelector {
+    /// As a config would write it: `all`, a count, or `[0, 1:2, GPU-…]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSelector::All => f.write_str("all"),
+            DeviceSelector::Count(n) => write!(f, "{n}"),
+            DeviceSelector::List(refs) => {
+                let refs: Vec<String> = refs.iter().map(ToString::to_string).collect();
+                write!(f, "[{}]", refs.join(", "))
+            }
+        }
+    }
+}
+
 /// One validated `sharing.*.resources[]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -305,6 +332,40 @@ pub struct Overrides {
     pub cdi_annotation_prefix: Option<String>,
     pub allocation_policy: Option<String>,
     pub cdi_kind: Option<String>,
+    /// Where each set override came from, by config field path (`flags.migStrategy` →
+    /// ``flag `--mig-strategy` ``), so a bad value is blamed on the flag or environment
+    /// variable the user set rather than on the file. A set override with no entry is
+    /// blamed on "command-line setting".
+    pub sources: std::collections::BTreeMap<String, String>,
+}
+
+impl Overrides {
+    /// Whether the override for the config field `field` is set (it then wins over the
+    /// file, so a bad value of that field came from it).
+    fn is_set(&self, field: &str) -> bool {
+        match field {
+            "flags.migStrategy" => self.mig_strategy.is_some(),
+            "flags.failOnInitError" => self.fail_on_init_error.is_some(),
+            "flags.mpsRoot" => self.mps_root.is_some(),
+            "flags.nvidiaDriverRoot" => self.driver_root.is_some(),
+            "flags.nvidiaDevRoot" => self.dev_root.is_some(),
+            "flags.plugin.passDeviceSpecs" => self.pass_device_specs.is_some(),
+            "flags.plugin.deviceListStrategy" => self.device_list_strategy.is_some(),
+            "flags.plugin.deviceIDStrategy" => self.device_id_strategy.is_some(),
+            "flags.plugin.cdiAnnotationPrefix" => self.cdi_annotation_prefix.is_some(),
+            "flags.plugin.sharedDevicesAllocationPolicy" => self.allocation_policy.is_some(),
+            "flags.plugin.cdiKind" => self.cdi_kind.is_some(),
+            _ => false,
+        }
+    }
+
+    /// The name of whatever set `field`, for an error message.
+    fn source(&self, field: &str) -> String {
+        self.sources
+            .get(field)
+            .cloned()
+            .unwrap_or_else(|| "command-line setting".to_string())
+    }
 }
 
 /// Load a config file (or defaults when `path` is `None`) and apply overrides.
@@ -346,26 +407,48 @@ pub fn parse_file(text: &str, origin: &str) -> Result<FileConfig> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    let de = serde_yaml::Deserializer::from_str(text);
+    // Syntax first: a scanner error (a tab in the indentation) happens wherever the
+    // deserializer happens to be, so the field path it would carry is meaningless.
+    if let Err(e) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) {
+        return Err(ConfigError::Syntax {
+            path: origin.to_string(),
+            message: e.to_string(),
+        });
+    }
+    let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize::<_, FileConfig>(de).map_err(|e| {
         let field = e.path().to_string();
+        let message = e.into_inner().to_string();
+        // The YAML library prefixes its message with the same path: say it once.
+        let message = message
+            .strip_prefix(&format!("{field}: "))
+            .map_or(message.clone(), str::to_string);
         let field = if field == "." {
             "(top level)".into()
         } else {
             field
         };
-        parse_err(field, e.into_inner().to_string())
+        parse_err(field, message)
     })
 }
 
 fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Config> {
-    let invalid =
-        |field: &str, value: &dyn std::fmt::Display, message: &str| ConfigError::Invalid {
-            path: origin.to_string(),
-            field: field.to_string(),
-            value: format!("`{value}`"),
-            message: message.to_string(),
-        };
+    let invalid = |field: &str, value: &dyn std::fmt::Display, message: &str| {
+        if ov.is_set(field) {
+            ConfigError::Setting {
+                setting: ov.source(field),
+                value: format!("`{value}`"),
+                message: message.to_string(),
+            }
+        } else {
+            ConfigError::Invalid {
+                path: origin.to_string(),
+                field: field.to_string(),
+                value: format!("`{value}`"),
+                message: message.to_string(),
+            }
+        }
+    };
     let mut cfg = Config {
         source: origin.to_string(),
         ..Config::default()
@@ -626,7 +709,7 @@ fn shared_resources(
                         DeviceRefValue::Text(t) => parse_device_ref(t),
                     }
                     .map_err(|m| {
-                        invalid(format!("{}[{i}]", field("devices")), format!("{v:?}"), m)
+                        invalid(format!("{}[{i}]", field("devices")), format!("`{v}`"), m)
                     })?;
                     if refs.contains(&dr) {
                         return Err(invalid(
@@ -661,7 +744,7 @@ fn shared_resources(
         let memory_per_replica = match &r.memory {
             None => None,
             Some(q) => {
-                Some(parse_quantity(q).map_err(|m| invalid(field("memory"), format!("{q:?}"), m))?)
+                Some(parse_quantity(q).map_err(|m| invalid(field("memory"), format!("`{q}`"), m))?)
             }
         };
         out.push(SharedResource {

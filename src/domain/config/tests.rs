@@ -191,3 +191,85 @@ fn nothing_panics_on_garbage() {
         let _ = parse(text, "t", &Overrides::default());
     }
 }
+
+#[test]
+fn a_tab_in_yaml_is_a_syntax_error_with_a_position_not_a_field() {
+    let err = parse(
+        "flags:\n\tmigStrategy: mixed\n",
+        "t.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("invalid config file t.yaml: not valid YAML: "),
+        "{text}"
+    );
+    assert!(text.contains("line 2"), "{text}");
+    assert!(!text.contains("field"), "{text}");
+}
+
+#[test]
+fn a_parse_error_names_the_field_once() {
+    let err = parse(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: two}\n",
+        "t.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err.matches("sharing.timeSlicing.resources[0].replicas")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("line 4"), "{err}");
+}
+
+#[test]
+fn bad_override_values_are_blamed_on_their_flag_not_the_file() {
+    let mut ov = Overrides {
+        device_id_strategy: Some("serial".into()),
+        ..Overrides::default()
+    };
+    let err = parse("version: v1\n", "cm.yaml", &ov)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "invalid command-line setting = `serial`: expected uuid or index"
+    );
+    ov.sources.insert(
+        "flags.plugin.deviceIDStrategy".into(),
+        "env var `DEVICE_ID_STRATEGY`".into(),
+    );
+    let err = load(None, &ov).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "invalid env var `DEVICE_ID_STRATEGY` = `serial`: expected uuid or index"
+    );
+    assert!(!err.contains("built-in defaults"));
+}
+
+#[test]
+fn device_and_memory_values_are_printed_as_written() {
+    let err = parse(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [\"0\", \"x:y\"]}\n",
+        "t.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("= `x:y`"), "{err}");
+    assert!(!err.contains("Text("), "{err}");
+    let err = parse(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, memory: 5Zi}\n",
+        "t.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("= `5Zi`"), "{err}");
+}

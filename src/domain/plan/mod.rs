@@ -38,23 +38,6 @@ pub enum PlanError {
         index: u32,
         uuid: String,
     },
-    /// A `devices` entry names nothing on this node.
-    #[error("invalid config {path}: field `{field}` = `{value}`: no such device on this node")]
-    UnknownDevice {
-        path: String,
-        field: String,
-        value: String,
-    },
-    /// A sharing entry names a resource this node does not advertise.
-    #[error(
-        "invalid config {path}: field `{field}` = `{value}`: this node has no resource of that name (it has: {available})"
-    )]
-    UnknownResource {
-        path: String,
-        field: String,
-        value: String,
-        available: String,
-    },
     /// Two sharing entries replicate the same device.
     #[error("invalid config {path}: field `{field}`: device {device} is already shared by {other}")]
     SharedTwice {
@@ -319,10 +302,98 @@ pub fn mig_resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
-/// Build the plan. Pure: the same inputs always give the same plan.
+/// Why part of the config was left out of this node's plan. One ConfigMap serves a mixed
+/// cluster, so, as NVIDIA's plugin does, an entry this node has nothing for is skipped
+/// with a warning rather than failing the node; malformed entries stay errors (the config
+/// module refuses them before planning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipReason {
+    /// The entry's `name` is a resource this node does not have (e.g. a MIG profile on a
+    /// node without MIG): the whole entry is skipped.
+    ResourceNotOnNode,
+    /// The entry's `devices` select none of this node's devices: the whole entry is
+    /// skipped.
+    NoMatchingDevices,
+    /// One reference in `devices` names no device here; the entry keeps the others.
+    DeviceNotOnNode,
+}
+
+impl SkipReason {
+    /// Every reason, for zero-valued metric series.
+    pub const ALL: [SkipReason; 3] = [
+        SkipReason::ResourceNotOnNode,
+        SkipReason::NoMatchingDevices,
+        SkipReason::DeviceNotOnNode,
+    ];
+
+    /// Short code, as metric labels and logs use it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::ResourceNotOnNode => "resource-not-on-node",
+            SkipReason::NoMatchingDevices => "no-matching-devices",
+            SkipReason::DeviceNotOnNode => "device-not-on-node",
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A config entry (or one device reference of it) this node has nothing for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Skipped {
+    /// Config path, e.g. `sharing.timeSlicing.resources[0].name`.
+    pub field: String,
+    /// The value as the config wrote it.
+    pub value: String,
+    /// Why.
+    pub reason: SkipReason,
+}
+
+/// A plan and what of the config it left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Planned {
+    /// The plan to serve.
+    pub plan: Plan,
+    /// Entries and references skipped on this node, in config order; each was logged
+    /// as a warning. The daemon records them as
+    /// `gpu_slicer_config_entries_skipped{reason}` ([`crate::runtime::metrics::Metrics::record_skipped`]).
+    pub skipped: Vec<Skipped>,
+}
+
+/// Build the plan. Pure: the same inputs always give the same plan. Entries this node
+/// has nothing for are skipped (see [`build_reporting`] for the list).
 pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
+    build_reporting(inv, cfg).map(|p| p.plan)
+}
+
+/// Build the plan and say which config entries were skipped on this node, logging a
+/// warning for each.
+pub fn build_reporting(inv: &Inventory, cfg: &Config) -> Result<Planned> {
     let candidates = candidates(inv, cfg)?;
     let path = || cfg.source.clone();
+    let mut skipped: Vec<Skipped> = Vec::new();
+    let mut skip = |field: String, value: String, reason: SkipReason, has: &str| {
+        tracing::warn!(
+            config = %cfg.source,
+            field = %field,
+            value = %value,
+            reason = %reason,
+            node_has = has,
+            "config entry skipped: nothing on this node matches it"
+        );
+        skipped.push(Skipped {
+            field,
+            value,
+            reason,
+        });
+    };
 
     // Which candidate each sharing entry takes, checking every reference resolves.
     let mut taken: BTreeMap<usize, usize> = BTreeMap::new(); // candidate -> sharing entry
@@ -336,26 +407,28 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
         if of_resource.is_empty() {
             let available: BTreeSet<&str> =
                 candidates.iter().map(|c| c.resource.as_str()).collect();
-            return Err(PlanError::UnknownResource {
-                path: path(),
-                field: format!("{}.name", s.field()),
-                value: s.name.clone(),
-                available: if available.is_empty() {
-                    "none".into()
-                } else {
-                    available.into_iter().collect::<Vec<_>>().join(", ")
-                },
-            });
+            let available = if available.is_empty() {
+                "none".to_string()
+            } else {
+                available.into_iter().collect::<Vec<_>>().join(", ")
+            };
+            skip(
+                format!("{}.name", s.field()),
+                s.name.clone(),
+                SkipReason::ResourceNotOnNode,
+                &available,
+            );
+            continue;
         }
         if let DeviceSelector::List(refs) = &s.devices {
             for (ri, r) in refs.iter().enumerate() {
-                let known = candidates.iter().any(|c| c.matches(r));
-                if !known {
-                    return Err(PlanError::UnknownDevice {
-                        path: path(),
-                        field: format!("{}.devices[{ri}]", s.field()),
-                        value: r.to_string(),
-                    });
+                if !of_resource.iter().any(|&i| candidates[i].matches(r)) {
+                    skip(
+                        format!("{}.devices[{ri}]", s.field()),
+                        r.to_string(),
+                        SkipReason::DeviceNotOnNode,
+                        &format!("{} devices of {}", of_resource.len(), s.name),
+                    );
                 }
             }
         }
@@ -365,11 +438,15 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
             .filter(|&i| candidates[i].matches_selector(&s.devices))
             .collect();
         if selected.is_empty() {
-            return Err(PlanError::UnknownDevice {
-                path: path(),
-                field: format!("{}.devices", s.field()),
-                value: format!("{:?}", s.devices),
-            });
+            // The per-reference entries above already name each reference; this one
+            // says the whole entry is out.
+            skip(
+                format!("{}.devices", s.field()),
+                s.devices.to_string(),
+                SkipReason::NoMatchingDevices,
+                &format!("{} devices of {}", of_resource.len(), s.name),
+            );
+            continue;
         }
         if s.advertised_name == s.name && selected.len() != of_resource.len() {
             return Err(PlanError::MixedResource {
@@ -465,7 +542,9 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
                 path: path(),
                 field: "sharing".into(),
                 message: format!(
-                    "resource {name} is produced by entries with different sharing rules ({a:?} vs {b:?}); give them different names"
+                    "resource {name} is produced by entries with different sharing rules ({} vs {}); give them different names",
+                    describe_sharing(a),
+                    describe_sharing(b)
                 ),
             });
         }
@@ -475,7 +554,21 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
     for r in &mut resources {
         r.devices.sort_by(|a, b| a.id.cmp(&b.id));
     }
-    Ok(Plan { resources })
+    Ok(Planned {
+        plan: Plan { resources },
+        skipped,
+    })
+}
+
+/// A sharing rule in config words, for messages.
+fn describe_sharing(s: &Sharing) -> String {
+    format!(
+        "{} with isolation `{}`, failRequestsGreaterThanOne: {}, allowMultiGpu: {}",
+        s.kind.field(),
+        s.isolation.as_str(),
+        s.fail_requests_greater_than_one,
+        s.allow_multi_gpu
+    )
 }
 
 fn describe(kind: ResourceKind, shared: bool) -> String {

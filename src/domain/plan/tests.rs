@@ -118,31 +118,91 @@ fn partial_sharing_without_rename_is_rejected() {
 }
 
 #[test]
-fn unknown_device_names_field() {
-    let err = build(
+fn a_device_reference_this_node_lacks_is_skipped_and_the_rest_kept() {
+    let planned = build_reporting(
         &inv("dgx-h100"),
         &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, rename: gpu.shared, devices: [0, 9], replicas: 2}\n"),
     )
-    .unwrap_err();
+    .unwrap();
     assert_eq!(
-        err,
-        PlanError::UnknownDevice {
-            path: "cfg.yaml".into(),
+        planned.skipped,
+        vec![Skipped {
             field: "sharing.timeSlicing.resources[0].devices[1]".into(),
             value: "9".into(),
-        }
+            reason: SkipReason::DeviceNotOnNode,
+        }]
     );
+    let shared = planned.plan.resource("nvidia.com/gpu.shared").unwrap();
+    assert_eq!(shared.devices.len(), 2);
+    assert!(shared.devices.iter().all(|d| d.physical.gpu_index == 0));
 }
 
 #[test]
-fn unknown_resource_is_named() {
-    let err = build(
-        &inv("dgx-h100"),
-        &cfg("sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n"),
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("nvidia.com/mig-1g.10gb"), "{err}");
-    assert!(err.to_string().contains("it has: nvidia.com/gpu"), "{err}");
+fn a_sharing_entry_for_a_resource_this_node_lacks_is_skipped() {
+    // One ConfigMap for a mixed cluster: MIG sharing on a node without MIG.
+    let text = "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n    - {name: gpu, replicas: 3}\n";
+    let planned = build_reporting(&inv("dgx-h100"), &cfg(text)).unwrap();
+    assert_eq!(
+        planned.skipped,
+        vec![Skipped {
+            field: "sharing.timeSlicing.resources[0].name".into(),
+            value: "nvidia.com/mig-1g.10gb".into(),
+            reason: SkipReason::ResourceNotOnNode,
+        }]
+    );
+    // The entry that does apply still does.
+    assert_eq!(
+        counts(&planned.plan),
+        vec![("nvidia.com/gpu".into(), 8 * 3)]
+    );
+    assert_eq!(build(&inv("dgx-h100"), &cfg(text)).unwrap(), planned.plan);
+}
+
+#[test]
+fn a_selector_matching_nothing_here_skips_the_entry() {
+    let text = "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, rename: gpu.big, devices: [\"GPU-not-here\", 12], replicas: 2}\n";
+    let planned = build_reporting(&inv("dgx-h100"), &cfg(text)).unwrap();
+    let reasons: Vec<(&str, &str, SkipReason)> = planned
+        .skipped
+        .iter()
+        .map(|s| (s.field.as_str(), s.value.as_str(), s.reason))
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            (
+                "sharing.timeSlicing.resources[0].devices[0]",
+                "GPU-not-here",
+                SkipReason::DeviceNotOnNode
+            ),
+            (
+                "sharing.timeSlicing.resources[0].devices[1]",
+                "12",
+                SkipReason::DeviceNotOnNode
+            ),
+            (
+                "sharing.timeSlicing.resources[0].devices",
+                "[GPU-not-here, 12]",
+                SkipReason::NoMatchingDevices
+            ),
+        ]
+    );
+    // The node serves its GPUs whole, as if the entry were absent.
+    assert_eq!(counts(&planned.plan), vec![("nvidia.com/gpu".into(), 8)]);
+}
+
+#[test]
+fn malformed_entries_stay_errors() {
+    for bad in [
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.10gb, replicas: 1}\n",
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: \"Not A Name\", replicas: 2}\n",
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, devices: [\"x:y:z\"], replicas: 2}\n",
+    ] {
+        assert!(
+            config::parse(bad, "cfg.yaml", &Overrides::default()).is_err(),
+            "{bad}"
+        );
+    }
 }
 
 #[test]

@@ -155,8 +155,9 @@ pub async fn serve(
     let limits = guard::ConnectionLimits::for_this_process();
     let tracker = TaskTracker::new();
     let local = listener.local_addr().ok();
+    let addr = local.map_or_else(|| "unknown".to_string(), |a| a.to_string());
     tracing::info!(
-        addr = ?local,
+        %addr,
         max_connections = limits.max_connections,
         header_read_timeout_s = limits.header_read_timeout.as_secs(),
         "http endpoint listening"

@@ -58,6 +58,16 @@ impl DaemonState {
     }
 }
 
+impl std::fmt::Display for DaemonState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DaemonState::Starting => f.write_str("starting"),
+            DaemonState::Up => f.write_str("up"),
+            DaemonState::Down { reason } => write!(f, "down ({reason})"),
+        }
+    }
+}
+
 /// States of all supervised daemons, keyed by device UUID.
 pub type DaemonStates = BTreeMap<String, DaemonState>;
 
@@ -151,7 +161,7 @@ impl Supervisor {
             .borrow()
             .iter()
             .filter(|(_, s)| !s.is_up())
-            .map(|(u, s)| format!("{u}: {s:?}"))
+            .map(|(u, s)| format!("{u}: {s}"))
             .collect::<Vec<_>>()
             .join(", ");
         Err(MpsError::NotUp {
@@ -466,6 +476,16 @@ async fn set_compute_mode(config: &SupervisorConfig, gpu_uuid: &str, mode: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn states_read_as_words_not_rust_debug_text() {
+        let down = DaemonState::Down {
+            reason: "exit status: 1".into(),
+        };
+        assert_eq!(down.to_string(), "down (exit status: 1)");
+        assert_eq!(DaemonState::Starting.to_string(), "starting");
+        assert_eq!(DaemonState::Up.to_string(), "up");
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_max() {

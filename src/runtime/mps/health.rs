@@ -167,23 +167,19 @@ fn mirror(health: &Store, replicas: &Replicas, current: &DaemonStates, last: &mu
         if before == Some(state.is_up()) {
             continue;
         }
+        // The device state carries a short code (it becomes the `reason` metric label and
+        // the Allocate refusal); the daemon's own words go to the log line below.
         let (h, reason) = match state {
-            DaemonState::Up => (Health::Healthy, "MPS control daemon up".to_string()),
-            DaemonState::Starting => (
-                Health::Unhealthy,
-                format!("MPS control daemon for {uuid} is starting"),
-            ),
-            DaemonState::Down { reason } => (
-                Health::Unhealthy,
-                format!("MPS control daemon for {uuid} is down: {reason}"),
-            ),
+            DaemonState::Up => (Health::Healthy, "mps-up"),
+            DaemonState::Starting => (Health::Unhealthy, "mps-starting"),
+            DaemonState::Down { .. } => (Health::Unhealthy, "mps-down"),
         };
         for id in replicas.get(uuid).into_iter().flatten() {
-            if let Err(e) = health.set_health(id, h, &reason) {
+            if let Err(e) = health.set_health(id, h, reason) {
                 tracing::warn!(device = %id, error = %e, "MPS health update ignored");
             }
         }
-        tracing::info!(uuid = %uuid, health = %h, reason = %reason, "MPS daemon state applied to its devices");
+        tracing::info!(uuid = %uuid, health = %h, reason, state = %state, "MPS daemon state applied to its devices");
         last.insert(uuid.clone(), state.clone());
     }
 }
