@@ -58,6 +58,10 @@ pub struct DisableDeviceNodeModificationArgs {
     /// The host's driver params file to copy.
     #[arg(long, default_value = crate::driver::hooks::PARAMS_PATH)]
     pub params: PathBuf,
+    /// Host directory for the moment between writing the copy and binding it (the file
+    /// is unlinked right after the mount).
+    #[arg(long, default_value = "/run")]
+    pub scratch_dir: PathBuf,
 }
 
 fn read_state() -> Result<String, EnforceError> {
@@ -176,10 +180,14 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
         }
         CdiHookCommand::DisableDeviceNodeModification(args) => {
             use crate::driver::hooks;
-            let root = hooks::container_root(&read_state()?)?;
+            let state = read_state()?;
+            let root = hooks::container_root(&state)?;
+            let pid = hooks::container_pid(&state)?;
             Ok(hooks::disable_device_node_modification(
                 &root,
                 &args.params,
+                pid,
+                &args.scratch_dir,
             )?)
         }
     }
