@@ -525,6 +525,7 @@ fn disable_device_node_modification_binds_a_copy_only_inside_the_container_names
         scratch.to_str().expect("utf8"),
     ];
     // In this process's own namespace (not a container's): refused, nothing mounted.
+    // (Here PID 1's namespace is either ours or unreadable and the target not on procfs.)
     let state = format!(
         r#"{{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":{},"bundle":"{}"}}"#,
         std::process::id(),
@@ -541,12 +542,13 @@ fn disable_device_node_modification_binds_a_copy_only_inside_the_container_names
     assert!(!mounts.contains(target.to_str().expect("utf8")), "{mounts}");
 
     // As a runtime runs it: the "container" is a shell in its own mount namespace, under
-    // a PID 1 in another (private pid namespace, so /proc/1 is readable and not ours).
+    // a PID 1 in another (private pid namespace, so /proc/1 is readable and not ours). The
+    // state says pid 1, as runc's createContainer state does (its own pid namespace).
     let script = t.path().join("container.sh");
     std::fs::write(
         &script,
         format!(
-            "printf '{{\"ociVersion\":\"1.0.2\",\"id\":\"c1\",\"status\":\"creating\",\"pid\":%s,\"bundle\":\"%s\"}}' $$ '{}' | '{exe}' cdi-hook {} && cat '{}'\n",
+            "printf '{{\"ociVersion\":\"1.0.2\",\"id\":\"c1\",\"status\":\"creating\",\"pid\":1,\"bundle\":\"%s\"}}' '{}' | '{exe}' cdi-hook {} && cat '{}'\n",
             b.path().display(),
             args.join(" "),
             target.display()

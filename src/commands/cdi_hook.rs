@@ -180,13 +180,10 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
         }
         CdiHookCommand::DisableDeviceNodeModification(args) => {
             use crate::driver::hooks;
-            let state = read_state()?;
-            let root = hooks::container_root(&state)?;
-            let pid = hooks::container_pid(&state)?;
+            let root = hooks::container_root(&read_state()?)?;
             Ok(hooks::disable_device_node_modification(
                 &root,
                 &args.params,
-                pid,
                 &args.scratch_dir,
             )?)
         }

@@ -33,17 +33,6 @@ pub const PARAMS_PATH: &str = "/proc/driver/nvidia/params";
 #[derive(Debug, Deserialize)]
 struct State {
     bundle: String,
-    #[serde(default)]
-    pid: Option<i64>,
-}
-
-/// The container's init process from the OCI state JSON (required by
-/// [`disable_device_node_modification`] to check it runs in that process's mount
-/// namespace).
-pub fn container_pid(state_json: &str) -> Result<Option<i64>> {
-    let state: State = serde_json::from_str(state_json)
-        .map_err(|e| DriverError::OciState(format!("stdin: {e}")))?;
-    Ok(state.pid.filter(|p| *p > 0))
 }
 
 #[derive(Debug, Deserialize)]
@@ -322,12 +311,11 @@ pub fn params_without_device_file_modification(params: &str) -> Option<String> {
 /// the file. The copy is written to a fresh file in `scratch` (a host directory, normally
 /// `/run`), bound, and unlinked at once: the mount keeps it alive, nothing stays on disk.
 /// (A memfd cannot be the source: the kernel refuses bind mounts from its internal
-/// mount.) Refuses to run outside the mount namespace of the container's process `pid`
-/// (from the OCI state), where the mount would land on the host.
+/// mount.) Refuses to run in the host's mount namespace, where the mount would land on
+/// the host.
 pub fn disable_device_node_modification(
     root: &Path,
     params_source: &Path,
-    pid: Option<i64>,
     scratch: &Path,
 ) -> Result<()> {
     let params = match std::fs::read_to_string(params_source) {
@@ -348,30 +336,30 @@ pub fn disable_device_node_modification(
     if !target.is_file() {
         return Ok(());
     }
-    check_mount_namespace(pid, &target)?;
+    check_mount_namespace(root, &target)?;
     bind_copy(&target, &modified, scratch)
 }
 
-/// Fail unless this process is in the mount namespace of the container's process `pid`
-/// (where `createContainer` hooks run) and that namespace is not the host's: PID 1's
-/// namespace differs, or, where PID 1's cannot be read (a runtime in a user namespace),
-/// `target` sits on the container's own procfs (the host never sees that mount).
-fn check_mount_namespace(pid: Option<i64>, target: &Path) -> Result<()> {
+/// Fail unless this process is in a mount namespace that is not the host's, as a
+/// `createContainer` hook is (the container's, before `pivot_root`): PID 1's namespace
+/// differs from ours, or, where PID 1's cannot be read (a runtime in a user namespace),
+/// `target` sits on a procfs, which inside the container root is only the container's
+/// own `/proc` (the host's namespace sees the image's empty directory there). The OCI
+/// state's `pid` cannot be used: runc reports the container's pid in its own pid
+/// namespace (1) while the hook still sees the host's `/proc`.
+fn check_mount_namespace(root: &Path, target: &Path) -> Result<()> {
     let refuse = |why: String| DriverError::Mount {
         what: "disable-device-node-modification".into(),
         message: format!(
             "{why}: run it as a createContainer hook (a bind mount elsewhere would land on the host)"
         ),
     };
+    if std::fs::canonicalize(root).is_ok_and(|r| r == Path::new("/")) {
+        return Err(refuse("the container root is the host's /".into()));
+    }
     let ns = |p: &str| std::fs::read_link(p).ok();
-    let pid = pid.ok_or_else(|| refuse("the OCI state names no container pid".into()))?;
     let mine =
         ns("/proc/self/ns/mnt").ok_or_else(|| refuse("cannot read /proc/self/ns/mnt".into()))?;
-    if ns(&format!("/proc/{pid}/ns/mnt")).as_ref() != Some(&mine) {
-        return Err(refuse(format!(
-            "not in the mount namespace of container pid {pid}"
-        )));
-    }
     match ns("/proc/1/ns/mnt") {
         Some(init) if init == mine => Err(refuse("in the host's mount namespace".into())),
         Some(_) => Ok(()),
