@@ -622,3 +622,33 @@ fn config_file_driver_roots_are_read_and_checked() {
         "{err}"
     );
 }
+
+#[test]
+fn list_without_arguments_reads_the_runtimes_default_dirs() {
+    let d = tempfile::tempdir().expect("tmp");
+    let o = generate(&[
+        "--output",
+        d.path().join("spec.yaml").to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // A private mount namespace with an empty /etc/cdi (when present) and a fresh
+    // /var/run (or /run it links to) holding only our spec, so the host's own specs do not matter.
+    let script = format!(
+        "set -e; if [ -d /etc/cdi ]; then mount -t tmpfs none /etc/cdi; fi; \
+         if [ -L /var/run ]; then mount -t tmpfs none /run; else mount -t tmpfs none /var/run; fi; \
+         mkdir -p /var/run/cdi; cp '{}' /var/run/cdi/gpu-slicer.yaml; exec '{}' cdi list",
+        d.path().join("spec.yaml").display(),
+        env!("CARGO_BIN_EXE_gpu-slicer")
+    );
+    let o = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux) as root");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let listed = text(&o.stdout);
+    assert_eq!(listed.lines().count(), 31, "{listed}");
+    assert!(
+        listed.lines().all(|l| l.starts_with("gpu-slicer.io/gpu=")),
+        "{listed}"
+    );
+}
