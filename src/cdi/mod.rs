@@ -125,6 +125,7 @@ impl CdiError {
         match self {
             CdiError::Io { .. }
             | CdiError::Serialize(_)
+            | CdiError::Driver(crate::driver::DriverError::Io { .. })
             | CdiError::Inventory(Inv::Nvml { .. } | Inv::NvmlDevice { .. } | Inv::Io { .. }) => {
                 std::process::ExitCode::from(1)
             }
