@@ -258,13 +258,15 @@ struct Finder<'a> {
 }
 
 impl Finder<'_> {
-    /// Resolve `path` inside the visible root: `(in-root path, visible path)`.
+    /// Resolve `path` inside the visible root: `(in-root path, visible path)`. The in-root
+    /// path is empty when it is not UTF-8 (a spec cannot name it).
     fn resolve(&self, path: &Path) -> Result<(String, PathBuf)> {
         let visible = inroot::resolve(&self.root.visible, path)?;
         let rel = visible
             .strip_prefix(&self.root.visible)
             .unwrap_or(Path::new(""));
-        Ok((format!("/{}", rel.display()), visible))
+        let inside = rel.to_str().map(|r| format!("/{r}")).unwrap_or_default();
+        Ok((inside, visible))
     }
 
     /// The driver file at `path` (logical container path `container`) when it resolves to
@@ -280,7 +282,7 @@ impl Finder<'_> {
             Ok(m) if keep(&m) => {}
             _ => return Ok(None),
         }
-        if inside.contains(|c: char| c.is_control()) {
+        if inside.is_empty() || inside.contains(|c: char| c.is_control()) {
             return Ok(None);
         }
         let host = self.root.host.join(inside.trim_start_matches('/'));

@@ -37,6 +37,13 @@ fn fake_root() -> (tempfile::TempDir, std::os::unix::net::UnixListener) {
         r.join(LIB).join(format!("libnvidia-up.so.{V}")),
     )
     .expect("ln");
+    // A name no spec can carry (not UTF-8), directly and behind a UTF-8 link.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = std::ffi::OsStr::from_bytes(b"libnvidia-\xff.so.550.54.14");
+        std::fs::write(r.join(LIB).join(bad), "x").expect("write");
+        symlink(bad, r.join(LIB).join(format!("libnvidia-odd.so.{V}"))).expect("ln");
+    }
     write(r, &format!("lib/firmware/nvidia/{V}/gsp_ga10x.bin"), "fw");
     write(r, &format!("lib/firmware/nvidia/{V}/gsp_tu10x.bin"), "fw");
     write(
