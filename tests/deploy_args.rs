@@ -2,7 +2,7 @@
 //! `gpu-slicer` command line, and its probes and port match the HTTP endpoint `run` starts.
 
 use clap::Parser;
-use gpu_slicer::cli::{Cli, Command};
+use gpu_slicer::cli::args::{Cli, Command};
 
 #[test]
 fn daemonset_args_are_real_run_flags() {
@@ -37,7 +37,7 @@ fn daemonset_args_are_real_run_flags() {
             Ok(c) => c,
             Err(e) => panic!("{path}: init container args do not parse: {e}"),
         };
-    let Command::CdiHook(gpu_slicer::commands::cdi_hook::CdiHookCommand::Install(install)) =
+    let Command::CdiHook(gpu_slicer::cli::cdi_hook::CdiHookCommand::Install(install)) =
         init_cli.command
     else {
         panic!("{path}: the init container does not run `cdi-hook install`");
@@ -106,21 +106,23 @@ fn mps_overlay_mounts_what_the_config_names() {
         serde_yaml::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
             .unwrap();
     let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
-    let cfg = gpu_slicer::config::parse(
+    let cfg = gpu_slicer::domain::config::parse(
         text,
         "deploy/mps/configmap.yaml",
-        &gpu_slicer::config::Overrides::default(),
+        &gpu_slicer::domain::config::Overrides::default(),
     )
     .expect("the overlay's config is valid");
     let root = cfg.mps_root.clone().expect("flags.mpsRoot set");
     // It plans MPS daemons on a real node shape.
-    let inv = gpu_slicer::inventory::Backend::discover(
-        &gpu_slicer::inventory::sim::SimBackend::open("dgx-h100").unwrap(),
+    let inv = gpu_slicer::domain::inventory::Backend::discover(
+        &gpu_slicer::platform::sim::SimBackend::open("dgx-h100").unwrap(),
     )
     .unwrap();
-    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
     assert_eq!(
-        gpu_slicer::mps::daemons_for(&plan, &cfg).unwrap().len(),
+        gpu_slicer::domain::mps::daemons_for(&plan, &cfg)
+            .unwrap()
+            .len(),
         8,
         "one daemon per GPU"
     );
@@ -148,7 +150,7 @@ fn mps_overlay_mounts_what_the_config_names() {
     assert_eq!(host_path_of(root.to_str().unwrap()), root.to_str().unwrap());
     assert_eq!(
         std::path::PathBuf::from(host_path_of("/dev/shm")),
-        gpu_slicer::mps::shm_dir(&root),
+        gpu_slicer::domain::mps::shm_dir(&root),
         "the daemons' /dev/shm is the directory tenants get"
     );
 }

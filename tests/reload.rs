@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{short_tempdir, within};
-use gpu_slicer::app::{self, AppError, ReloadSettings, ReloadStatus, RunSettings, Running};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
-use gpu_slicer::reload::{Cause, TriggerSettings};
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{
+    self as app, AppError, ReloadSettings, ReloadStatus, RunSettings, Running,
+};
+use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -293,8 +295,10 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
         "allocated device dropped from the spec"
     );
     assert!(!spec.contains(FREE), "free device kept");
-    gpu_slicer::cdi::validate(&gpu_slicer::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap())
-        .expect("spec with a kept device is valid");
+    gpu_slicer::domain::cdi::validate(
+        &gpu_slicer::domain::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap(),
+    )
+    .expect("spec with a kept device is valid");
     // The device is gone from the resource: Allocate refuses it by name.
     let err = d
         .emulator
@@ -313,8 +317,12 @@ async fn health_survives_a_reload() {
     let d = start(dir, file.clone(), "mixed-a100").await;
     const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
     d.running
-        .health
-        .set_health(GPU2, gpu_slicer::inventory::Health::Unhealthy, "XID 79")
+        .store
+        .set_health(
+            GPU2,
+            gpu_slicer::domain::inventory::Health::Unhealthy,
+            "XID 79",
+        )
         .unwrap();
     let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
     within(

@@ -11,7 +11,7 @@
 //! Every path written is resolved inside the container root ([`super::inroot`]): an image
 //! is untrusted input, and a symlink such as `/usr/lib/x86_64-linux-gnu -> /host-root`
 //! must not make a hook write on the host. Any failure is an error: the runtime then
-//! refuses to start the container (fail closed). Called by `crate::commands::cdi_hook`.
+//! refuses to start the container (fail closed). Called by `crate::cli::cdi_hook`.
 
 use std::ffi::OsString;
 use std::io::ErrorKind;

@@ -9,7 +9,7 @@
 //! the driver root never leads to the agent's own files.
 //!
 //! [`container_edits`] turns a [`Driver`] into spec-level CDI edits (read-only bind mounts
-//! and the `cdi-hook` hooks of [`hooks`]); `crate::cdi::generate` merges them into the spec
+//! and the `cdi-hook` hooks of [`hooks`]); `crate::domain::cdi::generate` merges them into the spec
 //! through `GenerateOptions::driver`. [`spec_edits`] is the daemon's one call: discovery
 //! plus the `failOnInitError` rule.
 //!
@@ -21,7 +21,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::cdi::{ContainerEdits, Hook, Mount};
+use crate::domain::cdi::{ContainerEdits, Hook, Mount};
 
 pub mod hooks;
 pub(crate) mod inroot;
@@ -167,7 +167,7 @@ pub struct DriverRoot {
 
 impl DriverRoot {
     /// The root from the config's `driver_root` and `container_driver_root`.
-    pub fn from_config(cfg: &crate::config::Config) -> Self {
+    pub fn from_config(cfg: &crate::domain::config::Config) -> Self {
         Self {
             host: cfg.driver_root.clone(),
             visible: cfg
@@ -608,7 +608,7 @@ pub fn kernel_release() -> Option<String> {
 /// `hook_path`. When nothing usable is found: the error when `cfg.fail_on_init_error`,
 /// else a warning and `None` (a devices-only spec). Blocking.
 pub fn spec_edits(
-    cfg: &crate::config::Config,
+    cfg: &crate::domain::config::Config,
     version: Option<&str>,
     library_search_paths: &[PathBuf],
     hook_path: &Path,

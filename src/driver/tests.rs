@@ -357,10 +357,10 @@ fn missing_driver_errors_name_root_and_version() {
 #[test]
 fn spec_edits_follow_fail_on_init_error_and_container_driver_root() -> Result<()> {
     let (t, _sock) = fake_root();
-    let mut cfg = crate::config::Config {
+    let mut cfg = crate::domain::config::Config {
         driver_root: PathBuf::from("/run/nvidia/driver"),
         container_driver_root: Some(t.path().to_path_buf()),
-        ..crate::config::Config::default()
+        ..crate::domain::config::Config::default()
     };
     let hook = Path::new("/usr/local/bin/gpu-slicer");
     let (d, edits) = spec_edits(&cfg, Some(V), &[], hook)?.expect("driver found");
@@ -382,12 +382,12 @@ fn spec_edits_follow_fail_on_init_error_and_container_driver_root() -> Result<()
 
 #[test]
 fn generated_spec_carries_driver_edits_at_spec_level_and_stays_valid() -> Result<()> {
-    use crate::cdi::{GenerateOptions, NoProbe, VISIBLE_DEVICES_VOID, generate};
-    use crate::inventory::Backend;
+    use crate::domain::cdi::{GenerateOptions, NoProbe, VISIBLE_DEVICES_VOID, generate};
+    use crate::domain::inventory::Backend;
     let (t, _sock) = fake_root();
     let d = discover(&opts("/run/nvidia/driver", t.path()))?;
     let edits = container_edits(&d, Path::new("/usr/local/bin/gpu-slicer"));
-    let inv = crate::inventory::sim::SimBackend::open("mixed-a100")
+    let inv = crate::platform::sim::SimBackend::open("mixed-a100")
         .and_then(|b| b.discover())
         .expect("profile");
     let spec = generate(

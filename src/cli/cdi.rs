@@ -1,0 +1,494 @@
+//! `gpu-slicer cdi generate | validate | list | remove`.
+//!
+//! Loads the inventory (sim backend for now) and the config, calls [`crate::domain::cdi`] to build,
+//! check and write specs, and prints one line per result to the writer it is given.
+//! Argument structs live here so the top-level `crate::cli::args` only nests them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+
+use crate::domain::cdi::{
+    self, CdiError, Format, GenerateOptions, HostProbe, Result, spec_file_name,
+};
+use crate::domain::config::{self, Config, Overrides};
+use crate::domain::inventory::Inventory;
+use crate::platform::cdi_writer::WriteOutcome;
+
+/// `gpu-slicer cdi …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CdiCommand {
+    /// Generate the CDI spec for this node's GPUs and MIG devices.
+    Generate(Box<CdiGenerateArgs>),
+    /// Check spec files against the rules every supported runtime enforces.
+    Validate(CdiValidateArgs),
+    /// Print the qualified device names (`vendor/class=name`) spec files offer.
+    List(CdiListArgs),
+    /// Remove the spec file `generate` would write.
+    Remove(CdiRemoveArgs),
+}
+
+/// Arguments of `cdi generate`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiGenerateArgs {
+    /// Where the inventory comes from (`--backend`, `--nvml-lib`, `--proc-root`).
+    #[command(flatten)]
+    pub backend: crate::cli::args::BackendArgs,
+    /// Config file (NVIDIA `version: v1` format); its `flags.plugin.cdiKind`,
+    /// `flags.nvidiaDevRoot`, `flags.mpsRoot` and `sharing` (per-share devices) are used.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// CDI kind `vendor/class` (overrides the config).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// A spec file (`PATH.yaml` / `PATH.json`, the extension sets the encoding), a
+    /// directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
+    #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
+    pub output: String,
+    /// Encoding: yaml or json (default: from the `--output` file's extension, else yaml).
+    #[arg(long)]
+    pub format: Option<Format>,
+    /// HOST path of the driver root: `/` for a host-installed driver, `/run/nvidia/driver`
+    /// for a containerised one (overrides `flags.nvidiaDriverRoot`). Its libraries,
+    /// firmware, binaries and sockets go into the spec's container edits.
+    #[arg(long = "driver-root", visible_alias = "nvidia-driver-root")]
+    pub driver_root: Option<String>,
+    /// Where this process sees the driver root when it runs in a container, e.g. `/host`
+    /// (overrides `flags.plugin.containerDriverRoot`).
+    #[arg(long)]
+    pub container_driver_root: Option<String>,
+    /// Extra folder (inside the driver root) to look for driver libraries in; repeatable.
+    #[arg(long = "library-search-path")]
+    pub library_search_path: Vec<PathBuf>,
+    /// Device names: index (`0`, `1:3`), uuid (`GPU-…`), type-index (`gpu0`, `mig1:3`);
+    /// repeatable. Default: index and uuid.
+    #[arg(long = "device-name-strategy")]
+    pub device_name_strategy: Vec<cdi::naming::DeviceNameStrategy>,
+    /// Leave the driver out: device nodes only. Without it the driver is added when the
+    /// backend is `nvml` or a driver root other than `/` is set.
+    #[arg(long, conflicts_with = "driver_root")]
+    pub no_driver: bool,
+    /// Host root under which `/dev` is found (hostPath = DIR + /dev/…); nodes found there
+    /// get their type and numbers, missing control nodes are left out.
+    #[arg(long)]
+    pub dev_root: Option<PathBuf>,
+    /// The memory-limit hook written into per-share devices.
+    #[command(flatten)]
+    pub hook: HookArgs,
+}
+
+/// Where the `set-memory-limit` CDI hook is on the host, and what it is told. Shared by
+/// `cdi generate` and `run`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HookArgs {
+    /// Absolute HOST path of the gpu-slicer binary the runtime runs as the CDI hook
+    /// (default: this executable). In a DaemonSet, the host path the binary is copied to.
+    #[arg(long, env = "CDI_HOOK_PATH")]
+    pub cdi_hook_path: Option<PathBuf>,
+    /// NVML library the hook loads (default: `--nvml-lib` when given, else the system's
+    /// libnvidia-ml.so.1).
+    #[arg(long, env = "CDI_HOOK_NVML_LIB")]
+    pub cdi_hook_nvml_lib: Option<PathBuf>,
+    /// `KEY=VALUE` environment of the hook process (repeat the flag; comma list in the env).
+    #[arg(long, env = "CDI_HOOK_ENV", value_delimiter = ',')]
+    pub cdi_hook_env: Vec<String>,
+}
+
+impl HookArgs {
+    /// The hook settings, `nvml_lib` being the backend's `--nvml-lib`. The path must be
+    /// absolute: runtimes execute it from their own working directory.
+    pub fn settings(&self, nvml_lib: Option<&Path>) -> Result<cdi::shares::HookSettings> {
+        let path = match &self.cdi_hook_path {
+            Some(p) => p.clone(),
+            None => cdi::shares::HookSettings::current_exe(None)?.path,
+        };
+        if !path.is_absolute() {
+            return Err(CdiError::HookPath {
+                path,
+                rule: "must be absolute (the runtime runs the hook from its own directory)".into(),
+            });
+        }
+        if let Some(bad) = self
+            .cdi_hook_env
+            .iter()
+            .find(|e| e.find('=').is_none_or(|i| i == 0))
+        {
+            return Err(CdiError::HookPath {
+                path,
+                rule: format!("hook env `{bad}` is not KEY=VALUE"),
+            });
+        }
+        Ok(cdi::shares::HookSettings {
+            path,
+            nvml_lib: self
+                .cdi_hook_nvml_lib
+                .clone()
+                .or_else(|| nvml_lib.map(Path::to_path_buf)),
+            env: self.cdi_hook_env.clone(),
+        })
+    }
+}
+
+/// Arguments of `cdi validate`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiValidateArgs {
+    /// Spec files, or directories whose `.yaml`/`.json` files are all checked together
+    /// (a device name offered by two files of one directory is a conflict runtimes drop).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// Arguments of `cdi list`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiListArgs {
+    /// Spec files or directories to read (default: `/etc/cdi` and `/var/run/cdi`, as
+    /// runtimes scan them).
+    pub files: Vec<PathBuf>,
+}
+
+/// The directories runtimes scan by default, lowest priority first.
+pub const DEFAULT_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
+
+/// Arguments of `cdi remove`.
+#[derive(Debug, Clone, Args)]
+pub struct CdiRemoveArgs {
+    /// Config file whose CDI kind names the spec.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// CDI kind `vendor/class` (overrides the config).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Directory holding the spec.
+    #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
+    pub output: PathBuf,
+    /// Encoding the spec was written in.
+    #[arg(long, default_value = "yaml")]
+    pub format: Format,
+}
+
+/// Run one `cdi` subcommand.
+pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> Result<()> {
+    match cmd {
+        CdiCommand::Generate(a) => generate(a, out),
+        CdiCommand::Validate(a) => validate(a, out),
+        CdiCommand::List(a) => list(a, out),
+        CdiCommand::Remove(a) => remove(a, out),
+    }
+}
+
+fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
+    let overrides = Overrides {
+        cdi_kind: kind.cloned(),
+        ..Overrides::default()
+    };
+    Ok(config::load(path, &overrides)?)
+}
+
+/// Where `cdi generate` puts the spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Stdout(Format),
+    /// Directory and file name.
+    File(PathBuf, String, Format),
+}
+
+/// Read `--output` and `--format`: `-`, a `.yaml`/`.json` file, or a directory.
+fn output_target(output: &str, format: Option<Format>, kind: &str) -> Result<Target> {
+    if output == "-" {
+        return Ok(Target::Stdout(format.unwrap_or_default()));
+    }
+    let path = PathBuf::from(output);
+    let ext = path.extension().and_then(|e| e.to_str());
+    let from_ext = match ext {
+        Some("yaml") => Some(Format::Yaml),
+        Some("json") => Some(Format::Json),
+        _ => None,
+    };
+    if path.is_dir() || (from_ext.is_none() && ext != Some("yml")) {
+        let format = format.unwrap_or_default();
+        return Ok(Target::File(path, spec_file_name(kind, format), format));
+    }
+    let Some(ext_format) = from_ext else {
+        return Err(CdiError::FileName {
+            path,
+            rule: "--output: runtimes only load files ending in .yaml or .json (.yml is ignored)"
+                .into(),
+        });
+    };
+    if let Some(f) = format
+        && f != ext_format
+    {
+        return Err(CdiError::FileName {
+            path,
+            rule: format!("--output: the extension says {ext_format} but --format says {f}"),
+        });
+    }
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string();
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(Target::File(dir, name, ext_format))
+}
+
+/// Discover the inventory behind `--backend`, as every other command does.
+pub fn load_inventory(backend: &crate::cli::args::BackendArgs) -> Result<Inventory> {
+    Ok(super::backend::open_backend(backend)?.discover()?)
+}
+
+fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
+    out.write_fmt(text)
+        .and_then(|()| out.flush())
+        .map_err(|source| CdiError::Io {
+            path: PathBuf::from("<stdout>"),
+            source,
+        })
+}
+
+/// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
+/// check fails, so an existing good spec stays in place.
+pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
+    let overrides = Overrides {
+        cdi_kind: args.kind.clone(),
+        driver_root: args.driver_root.clone(),
+        container_driver_root: args.container_driver_root.clone(),
+        ..Overrides::default()
+    };
+    let cfg = config::load(args.config.as_deref(), &overrides)?;
+    let target = output_target(&args.output, args.format, &cfg.cdi_kind)?;
+    // The config's default dev root `/` means "the real /dev": no hostPath needed.
+    let dev_root = args
+        .dev_root
+        .clone()
+        .or_else(|| (cfg.dev_root != Path::new("/")).then(|| cfg.dev_root.clone()));
+    if let Some(root) = &dev_root {
+        HostProbe::check_root(root)?;
+    }
+    let inv = load_inventory(&args.backend)?;
+    // The plan says which devices are split how many ways: their shares get devices.
+    let plan = crate::domain::plan::build(&inv, &cfg)?;
+    let hook = args.hook.settings(args.backend.nvml_lib.as_deref())?;
+    // A sim node has no driver unless one is pointed at; a real node always has one.
+    let want_driver =
+        !args.no_driver && (args.backend.backend == "nvml" || cfg.driver_root != Path::new("/"));
+    let driver = if want_driver {
+        crate::driver::spec_edits(
+            &cfg,
+            inv.driver_version.as_deref(),
+            &args.library_search_path,
+            &hook.path,
+        )?
+    } else {
+        None
+    };
+    let opts = GenerateOptions {
+        kind: cfg.cdi_kind.clone(),
+        dev_root,
+        shares: Some(cdi::shares::ShareOptions {
+            plan,
+            mps_root: cfg.mps_root.clone(),
+            hook,
+        }),
+        driver: driver.as_ref().map(|(_, edits)| edits.clone()),
+    };
+    let mut spec = cdi::generate(&inv, &opts, &HostProbe)?;
+    cdi::naming::apply(&mut spec, &args.device_name_strategy)?;
+    let (dir, name, format) = match target {
+        Target::Stdout(format) => {
+            let bytes = spec.to_bytes(format)?;
+            out.write_all(&bytes).map_err(|source| CdiError::Io {
+                path: PathBuf::from("<stdout>"),
+                source,
+            })?;
+            return Ok(());
+        }
+        Target::File(dir, name, format) => (dir, name, format),
+    };
+    let bytes = spec.to_bytes(format)?;
+    let what = match crate::platform::cdi_writer::write_spec(&dir, &name, &bytes)? {
+        WriteOutcome::Written => "wrote",
+        WriteOutcome::Unchanged => "unchanged",
+    };
+    let driver_note = match &driver {
+        Some((d, _)) => format!(
+            "; driver {} from {}: {} libraries, {} firmware, {} binaries, {} sockets",
+            d.version,
+            d.host_root.display(),
+            d.libraries.len(),
+            d.firmware.len(),
+            d.binaries.len(),
+            d.ipc_sockets.len()
+        ),
+        None => String::new(),
+    };
+    written(
+        out,
+        format_args!(
+            "{what} {} ({} devices, cdiVersion {}{driver_note})\n",
+            dir.join(&name).display(),
+            spec.devices.len(),
+            spec.cdi_version
+        ),
+    )
+}
+
+/// Expand directories into the spec files a runtime would load from them (regular files
+/// directly inside, ending `.yaml`/`.json`, in lexical order); files stay as given.
+/// Returns the files and the names a runtime would ignore. A missing directory is skipped
+/// when `skip_missing` (the default spec dirs need not exist).
+fn spec_files(paths: &[PathBuf], skip_missing: bool) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let mut files = Vec::new();
+    let mut ignored = Vec::new();
+    for p in paths {
+        if !p.is_dir() {
+            if skip_missing && !p.exists() {
+                continue;
+            }
+            files.push(p.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(p).map_err(|source| CdiError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| f.is_file())
+            .collect();
+        found.sort();
+        for f in found {
+            if cdi::validate::check_file_name(&f).is_ok() {
+                files.push(f);
+            } else {
+                ignored.push(f);
+            }
+        }
+    }
+    Ok((files, ignored))
+}
+
+/// Devices offered by two files of one directory: runtimes drop such a device entirely.
+fn conflicts(specs: &[(PathBuf, cdi::Spec)]) -> Vec<String> {
+    let mut seen: std::collections::BTreeMap<(PathBuf, String), &Path> = Default::default();
+    let mut out = Vec::new();
+    for (path, spec) in specs {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        for name in spec.qualified_names() {
+            match seen.get(&(dir.clone(), name.clone())) {
+                Some(first) if *first != path.as_path() => out.push(format!(
+                    "{name} is offered by {} and {}: runtimes drop a device two files of one directory define",
+                    first.display(),
+                    path.display()
+                )),
+                Some(_) => {}
+                None => {
+                    seen.insert((dir.clone(), name), path);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `cdi validate`: one line per file; directories are checked as runtimes load them,
+/// including device names that two of their files define. An error when anything is wrong.
+pub fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
+    let (files, ignored) = spec_files(&args.files, false)?;
+    for f in &ignored {
+        written(
+            out,
+            format_args!(
+                "ignored {}: runtimes only load .yaml and .json files\n",
+                f.display()
+            ),
+        )?;
+    }
+    let mut failures = Vec::new();
+    let mut good = Vec::new();
+    for path in &files {
+        match cdi::validate::validate_file(path) {
+            Ok(spec) => {
+                written(
+                    out,
+                    format_args!(
+                        "ok {}: {}, {} devices, cdiVersion {}\n",
+                        path.display(),
+                        spec.kind,
+                        spec.devices.len(),
+                        spec.cdi_version
+                    ),
+                )?;
+                good.push((path.clone(), spec));
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    let clashes = conflicts(&good);
+    for c in &clashes {
+        written(out, format_args!("conflict: {c}\n"))?;
+    }
+    if files.is_empty() {
+        return Err(CdiError::FileName {
+            path: args.files[0].clone(),
+            rule: "no .yaml or .json spec files to check".into(),
+        });
+    }
+    match failures.len() {
+        0 if clashes.is_empty() => Ok(()),
+        0 => Err(CdiError::Conflicts {
+            count: clashes.len(),
+        }),
+        1 if files.len() == 1 => Err(failures.remove(0)),
+        failed => {
+            for e in &failures {
+                written(out, format_args!("invalid: {e}\n"))?;
+            }
+            Err(CdiError::SomeInvalid {
+                failed,
+                total: files.len(),
+            })
+        }
+    }
+}
+
+/// `cdi list`: the qualified names of every device in the files (or the directories'
+/// files; default the runtimes' spec dirs), sorted. Invalid files fail the command.
+pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
+    let defaults: Vec<PathBuf> = DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect();
+    let (paths, skip_missing) = if args.files.is_empty() {
+        (&defaults, true)
+    } else {
+        (&args.files, false)
+    };
+    let (files, _) = spec_files(paths, skip_missing)?;
+    let mut names = Vec::new();
+    for path in &files {
+        names.extend(cdi::validate::validate_file(path)?.qualified_names());
+    }
+    names.sort();
+    for n in names {
+        written(out, format_args!("{n}\n"))?;
+    }
+    Ok(())
+}
+
+/// `cdi remove`: delete the spec file for the configured kind, if present.
+pub fn remove(args: &CdiRemoveArgs, out: &mut dyn Write) -> Result<()> {
+    let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
+    let name = spec_file_name(&cfg.cdi_kind, args.format);
+    let what = if crate::platform::cdi_writer::remove_spec(&args.output, &name)? {
+        "removed"
+    } else {
+        "absent"
+    };
+    written(
+        out,
+        format_args!("{what} {}\n", args.output.join(&name).display()),
+    )
+}

@@ -1,0 +1,208 @@
+//! `gpu-slicer cdi-hook set-memory-limit`: the CDI hook that binds a container's GPU memory.
+//! `gpu-slicer cdi-hook install --to DIR`: put this binary where the runtime can run it.
+//! `gpu-slicer cdi-hook create-symlinks | update-ldcache | disable-device-node-modification`:
+//! the driver hooks of the spec's driver edits (`crate::driver::hooks`), run as
+//! `createContainer` hooks with the OCI state on stdin.
+//!
+//! Run by the container runtime on the host (a CDI `createRuntime` hook) with the OCI state
+//! on stdin; sets the hard limit of the container's cgroup on one GPU through NVML
+//! (`crate::platform::enforce`). Any failure exits non-zero with a one-line reason on stderr, so the
+//! runtime refuses to start the container instead of starting it unlimited.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use crate::platform::enforce::{self, EnforceError, MemoryLimiter, nvml::NvmlLimiter};
+
+/// `cdi-hook` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CdiHookCommand {
+    /// Set the container's hard GPU-memory limit on one GPU.
+    SetMemoryLimit(SetMemoryLimitArgs),
+    /// Copy this executable into a host directory (a DaemonSet init container does this so
+    /// the hook path written into CDI specs exists on the host, where the runtime runs it).
+    Install(InstallArgs),
+    /// Create symlinks in the container (driver sonames, `libcuda.so`).
+    CreateSymlinks(CreateSymlinksArgs),
+    /// Add the driver's library folders to the container's ld cache (host's ldconfig).
+    UpdateLdcache(UpdateLdcacheArgs),
+    /// Bind a copy of the driver's params with `ModifyDeviceFiles: 0` over the container's,
+    /// so the user-space driver never creates device nodes in it.
+    DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
+}
+
+/// `cdi-hook create-symlinks` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct CreateSymlinksArgs {
+    /// `TARGET::LINK`: LINK (absolute, in the container) points at TARGET; repeatable.
+    #[arg(long = "link")]
+    pub links: Vec<String>,
+}
+
+/// `cdi-hook update-ldcache` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct UpdateLdcacheArgs {
+    /// Folder in the container holding driver libraries; repeatable.
+    #[arg(long = "folder")]
+    pub folders: Vec<PathBuf>,
+    /// The HOST's ldconfig, run with `-r <container root>` (images need none of their own).
+    #[arg(long, default_value = crate::driver::DEFAULT_LDCONFIG)]
+    pub ldconfig_path: PathBuf,
+}
+
+/// `cdi-hook disable-device-node-modification` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct DisableDeviceNodeModificationArgs {
+    /// The host's driver params file to copy.
+    #[arg(long, default_value = crate::driver::hooks::PARAMS_PATH)]
+    pub params: PathBuf,
+    /// Host directory for the moment between writing the copy and binding it (the file
+    /// is unlinked right after the mount).
+    #[arg(long, default_value = "/run")]
+    pub scratch_dir: PathBuf,
+}
+
+fn read_state() -> Result<String, EnforceError> {
+    let mut state = String::new();
+    std::io::stdin()
+        .read_to_string(&mut state)
+        .map_err(|source| EnforceError::Read {
+            path: PathBuf::from("<stdin>"),
+            source,
+        })?;
+    Ok(state)
+}
+
+/// `cdi-hook install` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    /// Directory to install `gpu-slicer` into (created if missing).
+    #[arg(long)]
+    pub to: PathBuf,
+}
+
+/// Copy `exe` to `<dir>/gpu-slicer` atomically (temp file, fsync, mode 0755, rename), so a
+/// runtime starting a hook at that moment sees the old binary or the new one, never half
+/// of one. Returns the installed path.
+pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |action: &'static str, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| EnforceError::Install {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(err("create", dir))?;
+    let target = dir.join("gpu-slicer");
+    let tmp = dir.join(format!(".gpu-slicer.{}.tmp", std::process::id()));
+    let copied = (|| {
+        std::fs::copy(exe, &tmp).map_err(err("copy to", &tmp))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(err("chmod", &tmp))?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(err("sync", &tmp))?;
+        std::fs::rename(&tmp, &target).map_err(err("rename into", &target))
+    })();
+    if copied.is_err() {
+        // Nothing half-written is left behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    copied.map(|()| target)
+}
+
+/// `cdi-hook set-memory-limit` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct SetMemoryLimitArgs {
+    /// GPU UUID (`GPU-…`; MIG devices are not supported by the driver).
+    #[arg(long)]
+    pub device: String,
+    /// Hard limit in bytes (k × device memory / N for k of N shares).
+    #[arg(long)]
+    pub bytes: u64,
+    /// NVML library (default: libnvidia-ml.so.1).
+    #[arg(long)]
+    pub nvml_lib: Option<PathBuf>,
+    /// Root of /proc.
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Root of the cgroup filesystem.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+}
+
+/// Run a `cdi-hook` subcommand with the real NVML limiter, reading the state from stdin.
+pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
+    match cmd {
+        CdiHookCommand::SetMemoryLimit(args) => {
+            let mut limiter = NvmlLimiter::new(args.nvml_lib.clone());
+            let mut state = String::new();
+            std::io::stdin()
+                .read_to_string(&mut state)
+                .map_err(|source| EnforceError::Read {
+                    path: PathBuf::from("<stdin>"),
+                    source,
+                })?;
+            run_with(args, &state, &mut limiter)
+        }
+        CdiHookCommand::Install(args) => {
+            let exe = std::env::current_exe().map_err(|source| EnforceError::Read {
+                path: PathBuf::from("/proc/self/exe"),
+                source,
+            })?;
+            let target = install(&exe, &args.to)?;
+            println!("{}", target.display());
+            Ok(())
+        }
+        CdiHookCommand::CreateSymlinks(args) => {
+            use crate::driver::hooks;
+            // Arguments first: a bad one fails before anything is touched.
+            let links = args
+                .links
+                .iter()
+                .map(|l| hooks::parse_link(l))
+                .collect::<Result<Vec<_>, _>>()?;
+            let root = hooks::container_root(&read_state()?)?;
+            Ok(hooks::create_symlinks(&root, &links)?)
+        }
+        CdiHookCommand::UpdateLdcache(args) => {
+            use crate::driver::hooks;
+            let root = hooks::container_root(&read_state()?)?;
+            Ok(hooks::update_ldcache(
+                &root,
+                &args.ldconfig_path,
+                &args.folders,
+            )?)
+        }
+        CdiHookCommand::DisableDeviceNodeModification(args) => {
+            use crate::driver::hooks;
+            let root = hooks::container_root(&read_state()?)?;
+            Ok(hooks::disable_device_node_modification(
+                &root,
+                &args.params,
+                &args.scratch_dir,
+            )?)
+        }
+    }
+}
+
+/// `set-memory-limit` with an injected limiter and state (tests).
+pub fn run_with(
+    args: &SetMemoryLimitArgs,
+    state: &str,
+    limiter: &mut dyn MemoryLimiter,
+) -> Result<(), EnforceError> {
+    enforce::set_memory_limit(
+        state,
+        &args.proc_root,
+        &args.cgroup_root,
+        &args.device,
+        args.bytes,
+        limiter,
+    )
+    .map(|_| ())
+}
