@@ -37,6 +37,9 @@ pub enum Error {
     /// A CDI hook failed (the container must not start).
     #[error(transparent)]
     Enforce(#[from] crate::platform::enforce::EnforceError),
+    /// Driver discovery or a driver hook.
+    #[error(transparent)]
+    Driver(#[from] crate::driver::DriverError),
     /// `gpu-slicer run`.
     #[error(transparent)]
     Run(#[from] RunError),
@@ -87,7 +90,9 @@ fn inventory(e: &InventoryError) -> Class {
 
 fn cdi(e: &CdiError) -> Class {
     match e {
-        CdiError::Io { .. } | CdiError::Serialize(_) => Class::Runtime,
+        CdiError::Io { .. }
+        | CdiError::Serialize(_)
+        | CdiError::Driver(crate::driver::DriverError::Io { .. }) => Class::Runtime,
         CdiError::Inventory(e) => inventory(e),
         _ => Class::Input,
     }
@@ -124,6 +129,8 @@ impl Error {
                 RunError::Signal(_) => Class::Runtime,
             },
             Error::Demo(DemoError::App(e)) => app(e),
+            Error::Driver(crate::driver::DriverError::Io { .. }) => Class::Runtime,
+            Error::Driver(_) => Class::Input,
             Error::Enforce(_)
             | Error::Demo(_)
             | Error::Runtime(_)

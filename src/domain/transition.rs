@@ -148,6 +148,8 @@ fn build_spec(
             mps_root: config.mps_root.clone(),
             hook,
         }),
+        // The driver's edits are merged below (from `host.driver`).
+        driver: None,
     };
     let mut spec = cdi::generate::generate(inventory, &opts, &host.nodes)?;
     if let Some(driver) = &host.driver {

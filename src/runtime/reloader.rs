@@ -188,15 +188,27 @@ impl Reloader {
         for _ in 0..MAX_ROUNDS {
             let current = self.store.current();
             let host = {
-                let (inventory, config) = (inventory.clone(), config.clone());
-                let nodes = blocking("device node probe", move || {
-                    probe_nodes(&inventory, &config)
-                })
-                .await?;
+                let (inv, cfg) = (inventory.clone(), config.clone());
+                let nodes = blocking("device node probe", move || probe_nodes(&inv, &cfg)).await?;
+                let driver = if no_driver || !equips_driver(&inventory, &config) {
+                    None
+                } else {
+                    let (inv, cfg) = (inventory.clone(), config.clone());
+                    let hook = self
+                        .hook
+                        .as_ref()
+                        .map(|h| h.path.clone())
+                        .unwrap_or_default();
+                    blocking("driver discovery", move || {
+                        crate::driver::spec_edits(&cfg, inv.driver_version.as_deref(), &[], &hook)
+                    })
+                    .await??
+                    .map(|(_, edits)| edits)
+                };
                 Host {
                     nodes,
                     hook: self.hook.clone(),
-                    driver: None,
+                    driver,
                     no_driver,
                 }
             };
@@ -272,6 +284,13 @@ impl Reloader {
             ),
         }
     }
+}
+
+/// Whether the spec carries the host's user-space driver: always on a real driver (NVML),
+/// and on a sim node only when a driver root other than `/` is given (a fake driver root in
+/// tests and demos), as `cdi generate` decides.
+fn equips_driver(inventory: &Inventory, config: &Config) -> bool {
+    inventory.source == "nvml" || config.driver_root != Path::new("/")
 }
 
 /// Whether the spec carries a device only because it was held and nothing holds it now:

@@ -56,6 +56,9 @@ pub enum AppError {
     /// The new state could not be computed (the config does not fit, a spec rule).
     #[error(transparent)]
     Transition(#[from] crate::domain::transition::TransitionError),
+    /// The driver could not be found under the driver root (`failOnInitError: true`).
+    #[error(transparent)]
+    Driver(#[from] crate::driver::DriverError),
     /// The held-device checkpoint could not be read.
     #[error(transparent)]
     Checkpoint(#[from] crate::platform::checkpoint::CheckpointError),

@@ -752,6 +752,7 @@ proptest! {
                     env: Vec::new(),
                 },
             }),
+            driver: None,
         };
         let spec = crate::domain::cdi::generate(&inv, &opts, &crate::domain::cdi::NoProbe).unwrap();
         let dev = spec.devices.iter().find(|d| d.name == name).unwrap();
