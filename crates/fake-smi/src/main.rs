@@ -9,6 +9,7 @@
 //! ```text
 //! GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-…)
 //!   MIG 1g.10gb Device 0: (UUID: MIG-…)
+//! NVML GPU-…: total 85899345920 free 85899345920
 //! NVML: libnvidia-ml.so.1 => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, driver 570.124.06
 //! CUDA: libcuda.so.1 => /usr/lib/x86_64-linux-gnu/libcuda.so.1, version 12080
 //! CUDA devices: 1
@@ -121,8 +122,13 @@ impl Nvml<'_> {
     }
 }
 
-/// One NVML device: (UUID, line to print).
-fn nvml_list(lib: &Library, out: &mut Vec<String>) -> Result<Vec<String>, Failure> {
+/// List the GPUs and MIG devices into `out` (the `-L` lines) and each GPU's memory into
+/// `memory`; returns every UUID listed.
+fn nvml_list(
+    lib: &Library,
+    out: &mut Vec<String>,
+    memory: &mut Vec<String>,
+) -> Result<Vec<String>, Failure> {
     let n = Nvml { lib };
     let init = sym::<unsafe extern "C" fn() -> c_uint>(lib, NVML, "nvmlInit_v2")?;
     // SAFETY: no arguments.
@@ -149,6 +155,11 @@ fn nvml_list(lib: &Library, out: &mut Vec<String>) -> Result<Vec<String>, Failur
         NVML,
         "nvmlDeviceGetMigDeviceHandleByIndex",
     )?;
+    let mem_info = sym::<unsafe extern "C" fn(NvmlDevice, *mut [u64; 3]) -> c_uint>(
+        lib,
+        NVML,
+        "nvmlDeviceGetMemoryInfo",
+    )?;
     let mut count = 0;
     // SAFETY: out-pointer.
     n.check("nvmlDeviceGetCount_v2", unsafe { count_f(&mut count) })?;
@@ -164,6 +175,12 @@ fn nvml_list(lib: &Library, out: &mut Vec<String>) -> Result<Vec<String>, Failur
             n.string("nvmlDeviceGetUUID", dev)?,
         );
         out.push(format!("GPU {i}: {name} (UUID: {uuid})"));
+        let mut mem = [0u64; 3];
+        // SAFETY: nvmlMemory_t is three unsigned long longs (total, free, used).
+        n.check("nvmlDeviceGetMemoryInfo", unsafe {
+            mem_info(dev, &mut mem)
+        })?;
+        memory.push(format!("NVML {uuid}: total {} free {}", mem[0], mem[1]));
         uuids.push(uuid);
         let (mut cur, mut pending) = (0, 0);
         // SAFETY: out-pointers. NOT_SUPPORTED (no MIG) leaves `cur` at 0.
@@ -312,14 +329,17 @@ fn cuda_report(lib: &Library, nvml_uuids: &[String], out: &mut Vec<String>) -> R
 
 fn run(list_only: bool) -> Result<(), Failure> {
     let nvml = open(NVML)?;
-    let mut lines = Vec::new();
-    let result = nvml_list(&nvml, &mut lines);
+    let (mut lines, mut memory) = (Vec::new(), Vec::new());
+    let result = nvml_list(&nvml, &mut lines, &mut memory);
     for l in &lines {
         println!("{l}");
     }
     let uuids = result?;
     if list_only {
         return Ok(());
+    }
+    for l in &memory {
+        println!("{l}");
     }
     let drv = Nvml { lib: &nvml }.string_sys()?;
     let init = sym::<unsafe extern "C" fn() -> c_uint>(&nvml, NVML, "nvmlInit_v2")?;
