@@ -292,14 +292,16 @@ for l in $(ldd "$SMI_BIN" "$CUDA_LIB" "$FAKE_LIB" | sed -n 's#.*=> \(/[^ ]*\) .*
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$G/lib64/"
 tar -C "$G" -cf "$WD/glibc.tar" .
-# The hostile image: busybox whose library and ld.so.conf.d folders are absolute symlinks to
-# folders that exist on the host: a hook that followed them would write into $HOSTILE.
+# The hostile image: busybox whose library folder, ld.so.conf.d and ld cache are absolute
+# symlinks into folders that exist on the host: a hook that followed them would write into
+# $HOSTILE.
 HOSTILE=$WD/host-root
-mkdir -p "$HOSTILE/lib" "$HOSTILE/conf" "$WD/hostile-rootfs"
+mkdir -p "$HOSTILE/lib" "$HOSTILE/conf" "$HOSTILE/cache" "$WD/hostile-rootfs"
 cp -a "$WD/rootfs/." "$WD/hostile-rootfs/"
 mkdir -p "$WD/hostile-rootfs/usr/lib" "$WD/hostile-rootfs/etc"
 ln -s "$HOSTILE/lib" "$WD/hostile-rootfs/usr/lib/x86_64-linux-gnu"
 ln -s "$HOSTILE/conf" "$WD/hostile-rootfs/etc/ld.so.conf.d"
+ln -s "$HOSTILE/cache/ld.so.cache" "$WD/hostile-rootfs/etc/ld.so.cache"
 tar -C "$WD/hostile-rootfs" -cf "$WD/hostile.tar" .
 if "${PODMAN[@]}" import "$WD/glibc.tar" localhost/glibc >/dev/null 2>&1 &&
   "${PODMAN[@]}" import "$WD/hostile.tar" localhost/hostile >/dev/null 2>&1; then

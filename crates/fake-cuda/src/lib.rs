@@ -413,3 +413,75 @@ gpus:
         assert_eq!(uuid_bytes("nodash"), None);
     }
 }
+
+/// The exports called as a C program would, in one test: it is the only one in this binary
+/// that touches the environment or the library's global state.
+#[cfg(test)]
+mod abi {
+    use super::*;
+
+    #[test]
+    fn calls_before_and_after_init() {
+        let node = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../hack/nodes/mixed-a100.yaml"
+        );
+        let mut n = -1;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers throughout.
+        unsafe {
+            assert_eq!(cuDeviceGetCount(&mut n), code::NOT_INITIALIZED);
+            assert_eq!(cuInit(1), code::INVALID_VALUE);
+            // SAFETY (env): no other test in this binary reads or writes the environment.
+            std::env::remove_var(fake_view::NODE_ENV);
+            std::env::remove_var(fake_view::DEV_ROOT_ENV);
+            assert_eq!(cuInit(0), code::NO_DEVICE);
+            assert_eq!(cuDriverGetVersion(&mut n), code::NOT_INITIALIZED);
+            std::env::set_var(fake_view::NODE_ENV, node);
+            assert_eq!(cuDriverGetVersion(&mut n), code::SUCCESS);
+            assert_eq!(n, 12080);
+            assert_eq!(cuInit(0), code::SUCCESS);
+            assert_eq!(cuDeviceGetCount(&mut n), code::SUCCESS);
+            assert_eq!(n, 13);
+            let mut dev = -1;
+            assert_eq!(cuDeviceGet(&mut dev, 13), code::INVALID_DEVICE);
+            assert_eq!(cuDeviceGet(&mut dev, 11), code::SUCCESS);
+            assert_eq!(dev, 11);
+            // A short buffer truncates and stays NUL-terminated.
+            let mut name = [1 as c_char; 8];
+            assert_eq!(cuDeviceGetName(name.as_mut_ptr(), 8, dev), code::SUCCESS);
+            assert_eq!(
+                std::ffi::CStr::from_ptr(name.as_ptr()).to_str(),
+                Ok("NVIDIA ")
+            );
+            assert_eq!(
+                cuDeviceGetName(name.as_mut_ptr(), 0, dev),
+                code::INVALID_VALUE
+            );
+            let mut uuid = CUuuid { bytes: [0; 16] };
+            assert_eq!(cuDeviceGetUuid_v2(&mut uuid, dev), code::SUCCESS);
+            assert_eq!(
+                uuid.bytes.map(|b| b as u8),
+                uuid_bytes("GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02").unwrap()
+            );
+            assert_eq!(
+                cuMemGetInfo_v2(&mut free, &mut total),
+                code::INVALID_CONTEXT
+            );
+            let mut ctx = std::ptr::null_mut();
+            assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), code::SUCCESS);
+            assert_eq!(cuMemGetInfo_v2(&mut free, &mut total), code::SUCCESS);
+            assert_eq!((free, total), (10 << 30, 10 << 30));
+            assert_eq!(cuCtxDestroy_v2(ctx), code::SUCCESS);
+            assert_eq!(
+                cuMemGetInfo_v2(&mut free, &mut total),
+                code::INVALID_CONTEXT
+            );
+            assert_eq!(cuCtxDestroy_v2(std::ptr::null_mut()), code::INVALID_CONTEXT);
+            assert_eq!(
+                cuDeviceTotalMem_v2(std::ptr::null_mut(), 0),
+                code::INVALID_VALUE
+            );
+        }
+    }
+}
