@@ -402,8 +402,9 @@ fi
 
 # busybox (no glibc, no ldconfig): the hooks still make the soname links and the ld cache.
 out=$(in_ns_dir "$DRV_RUN" "${PODMAN[@]}" --log-level=error run --rm --network none --device "$KIND=2" \
-  localhost/busybox sh -c 'readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1; grep -c libcuda.so.1 /etc/ld.so.cache; test -x /usr/bin/nvidia-smi && echo smi' 2>&1)
-if [ "$out" = "$(printf 'libcuda.so.%s\n1\nsmi' "$DRV_VERSION")" ]; then
+  localhost/busybox sh -c 'readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1; grep -q libcuda.so.1 /etc/ld.so.cache && echo cache; test -x /usr/bin/nvidia-smi && echo smi' 2>&1)
+# The link's target may be written relative or absolute; it must name the versioned file.
+if [[ $out =~ ^(/usr/lib/x86_64-linux-gnu/)?libcuda\.so\.$DRV_VERSION$'\n'cache$'\n'smi$ ]]; then
   ok "driver in busybox: libcuda.so.1 -> libcuda.so.$DRV_VERSION, ld cache made by the hook, nvidia-smi mounted"
 else
   ko "driver in busybox" "$out"
