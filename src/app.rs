@@ -178,6 +178,7 @@ impl SpecWriter for CdiSpecWriter {
                 mps_root: config.mps_root.clone(),
                 hook,
             }),
+            driver: None,
         };
         let mut spec =
             crate::cdi::generate::generate(inventory, &opts, &crate::cdi::generate::HostProbe)

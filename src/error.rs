@@ -21,6 +21,9 @@ pub enum Error {
     /// A CDI hook failed (the container must not start).
     #[error(transparent)]
     Enforce(#[from] crate::enforce::EnforceError),
+    /// Driver discovery or a driver hook.
+    #[error(transparent)]
+    Driver(#[from] crate::driver::DriverError),
     /// Writing output.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),

@@ -13,6 +13,8 @@
 //! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
 //! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
 //! - [`cdi`]: CDI spec model, pure `Inventory → Spec` generator, checks, atomic writer.
+//! - [`driver`]: the host's user-space driver (libraries, firmware, binaries, sockets) for
+//!   the spec's driver edits, and the `cdi-hook` driver hooks.
 //! - [`enforce`]: per-container GPU memory limits (the `cdi-hook set-memory-limit` command).
 //! - [`mps`]: MPS control daemons per shared device (derivation, supervision, client edits).
 //! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
@@ -31,6 +33,7 @@ pub mod cdi;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod driver;
 pub mod enforce;
 pub mod error;
 pub mod health;

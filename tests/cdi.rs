@@ -74,6 +74,7 @@ fn all_generated() -> Vec<(String, Spec)> {
             kind: "example-vendor.com/gpu_x".into(),
             dev_root: Some(PathBuf::from("/run/nvidia/driver")),
             shares: None,
+            driver: None,
         };
         let spec = cdi::generate(&inv, &opts, &NoProbe).expect("generate with dev root");
         out.push((format!("{name} (dev root)"), spec));
@@ -190,6 +191,7 @@ fn shares_spec() -> Spec {
                 env: Vec::new(),
             },
         }),
+        driver: None,
     };
     cdi::generate(&inv, &opts, &NoProbe).expect("generate with shares")
 }

@@ -702,6 +702,7 @@ proptest! {
                     env: Vec::new(),
                 },
             }),
+            driver: None,
         };
         let spec = crate::cdi::generate(&inv, &opts, &crate::cdi::NoProbe).unwrap();
         let dev = spec.devices.iter().find(|d| d.name == name).unwrap();

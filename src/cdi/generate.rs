@@ -28,6 +28,9 @@ pub struct GenerateOptions {
     /// Add `<device>-share-<k>` devices for the plan's enforced shares
     /// ([`super::shares`]); `None`: whole devices only.
     pub shares: Option<super::shares::ShareOptions>,
+    /// Spec-level edits that bring the host's user-space driver into the container
+    /// (`crate::driver::container_edits`); `None`: device nodes only.
+    pub driver: Option<ContainerEdits>,
 }
 
 impl GenerateOptions {
@@ -37,6 +40,7 @@ impl GenerateOptions {
             kind: kind.into(),
             dev_root: None,
             shares: None,
+            driver: None,
         }
     }
 }
@@ -144,7 +148,8 @@ pub fn mig_index_name(mig: &MigDevice) -> String {
 ///
 /// Devices: per GPU its UUID and its index; per MIG device its UUID and `<i>:<j>`; `all`;
 /// with [`GenerateOptions::shares`], `<name>-share-<k>` for every enforced share.
-/// Spec-level edits: the control nodes and [`VISIBLE_DEVICES_VOID`]. `cdiVersion` is the
+/// Spec-level edits: the control nodes, [`VISIBLE_DEVICES_VOID`], and the driver's edits
+/// when [`GenerateOptions::driver`] has them. `cdiVersion` is the
 /// lowest version the content needs. Fails (naming the device and rule) instead of
 /// returning a spec a runtime would reject.
 pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) -> Result<Spec> {
@@ -219,7 +224,7 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
     });
     devices.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let spec_edits = ContainerEdits {
+    let mut spec_edits = ContainerEdits {
         env: vec![VISIBLE_DEVICES_VOID.to_string()],
         device_nodes: CONTROL_NODES
             .iter()
@@ -227,6 +232,15 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
             .collect(),
         ..ContainerEdits::default()
     };
+    if let Some(driver) = &opts.driver {
+        // The `void` entry stays first: the legacy NVIDIA hook must never widen access.
+        spec_edits.env.extend(driver.env.iter().cloned());
+        spec_edits
+            .device_nodes
+            .extend(driver.device_nodes.iter().cloned());
+        spec_edits.mounts.extend(driver.mounts.iter().cloned());
+        spec_edits.hooks.extend(driver.hooks.iter().cloned());
+    }
     let mut spec = Spec {
         cdi_version: super::SUPPORTED_VERSIONS[0].to_string(),
         kind: opts.kind.clone(),
@@ -373,6 +387,7 @@ mod tests {
             kind: "gpu-slicer.io/gpu".into(),
             dev_root: Some(root.clone()),
             shares: None,
+            driver: None,
         };
         let spec = generate(&mixed(), &opts, &probe)?;
         let ctl: Vec<_> = spec

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub mod generate;
+pub mod naming;
 pub mod shares;
 pub mod validate;
 pub mod writer;
@@ -86,6 +87,9 @@ pub enum CdiError {
         #[source]
         source: Box<CdiError>,
     },
+    /// Devices defined by two files of one directory (runtimes drop them).
+    #[error("{count} CDI device name conflicts between spec files of one directory")]
+    Conflicts { count: usize },
     /// Several files were checked and some failed.
     #[error("{failed} of {total} CDI spec files invalid")]
     SomeInvalid { failed: usize, total: usize },
@@ -105,6 +109,9 @@ pub enum CdiError {
     /// The config does not fit this node's inventory.
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
+    /// The driver could not be found (with `failOnInitError`).
+    #[error(transparent)]
+    Driver(#[from] crate::driver::DriverError),
     /// The config file was invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),

@@ -19,7 +19,7 @@ use crate::inventory::Inventory;
 #[derive(Debug, Clone, Subcommand)]
 pub enum CdiCommand {
     /// Generate the CDI spec for this node's GPUs and MIG devices.
-    Generate(CdiGenerateArgs),
+    Generate(Box<CdiGenerateArgs>),
     /// Check spec files against the rules every supported runtime enforces.
     Validate(CdiValidateArgs),
     /// Print the qualified device names (`vendor/class=name`) spec files offer.
@@ -41,12 +41,33 @@ pub struct CdiGenerateArgs {
     /// CDI kind `vendor/class` (overrides the config).
     #[arg(long)]
     pub kind: Option<String>,
-    /// Directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
+    /// A spec file (`PATH.yaml` / `PATH.json`, the extension sets the encoding), a
+    /// directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub output: String,
-    /// Encoding: yaml or json.
-    #[arg(long, default_value = "yaml")]
-    pub format: Format,
+    /// Encoding: yaml or json (default: from the `--output` file's extension, else yaml).
+    #[arg(long)]
+    pub format: Option<Format>,
+    /// HOST path of the driver root: `/` for a host-installed driver, `/run/nvidia/driver`
+    /// for a containerised one (overrides `flags.nvidiaDriverRoot`). Its libraries,
+    /// firmware, binaries and sockets go into the spec's container edits.
+    #[arg(long = "driver-root", visible_alias = "nvidia-driver-root")]
+    pub driver_root: Option<String>,
+    /// Where this process sees the driver root when it runs in a container, e.g. `/host`
+    /// (overrides `flags.plugin.containerDriverRoot`).
+    #[arg(long)]
+    pub container_driver_root: Option<String>,
+    /// Extra folder (inside the driver root) to look for driver libraries in; repeatable.
+    #[arg(long = "library-search-path")]
+    pub library_search_path: Vec<PathBuf>,
+    /// Device names: index (`0`, `1:3`), uuid (`GPU-…`), type-index (`gpu0`, `mig1:3`);
+    /// repeatable. Default: index and uuid.
+    #[arg(long = "device-name-strategy")]
+    pub device_name_strategy: Vec<cdi::naming::DeviceNameStrategy>,
+    /// Leave the driver out: device nodes only. Without it the driver is added when the
+    /// backend is `nvml` or a driver root other than `/` is set.
+    #[arg(long, conflicts_with = "driver_root")]
+    pub no_driver: bool,
     /// Host root under which `/dev` is found (hostPath = DIR + /dev/…); nodes found there
     /// get their type and numbers, missing control nodes are left out.
     #[arg(long)]
@@ -111,7 +132,8 @@ impl HookArgs {
 /// Arguments of `cdi validate`.
 #[derive(Debug, Clone, Args)]
 pub struct CdiValidateArgs {
-    /// Spec files to check.
+    /// Spec files, or directories whose `.yaml`/`.json` files are all checked together
+    /// (a device name offered by two files of one directory is a conflict runtimes drop).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 }
@@ -119,10 +141,13 @@ pub struct CdiValidateArgs {
 /// Arguments of `cdi list`.
 #[derive(Debug, Clone, Args)]
 pub struct CdiListArgs {
-    /// Spec files to read.
-    #[arg(required = true)]
+    /// Spec files or directories to read (default: `/etc/cdi` and `/var/run/cdi`, as
+    /// runtimes scan them).
     pub files: Vec<PathBuf>,
 }
+
+/// The directories runtimes scan by default, lowest priority first.
+pub const DEFAULT_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
 
 /// Arguments of `cdi remove`.
 #[derive(Debug, Clone, Args)]
@@ -159,6 +184,57 @@ fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
     Ok(config::load(path, &overrides)?)
 }
 
+/// Where `cdi generate` puts the spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Stdout(Format),
+    /// Directory and file name.
+    File(PathBuf, String, Format),
+}
+
+/// Read `--output` and `--format`: `-`, a `.yaml`/`.json` file, or a directory.
+fn output_target(output: &str, format: Option<Format>, kind: &str) -> Result<Target> {
+    if output == "-" {
+        return Ok(Target::Stdout(format.unwrap_or_default()));
+    }
+    let path = PathBuf::from(output);
+    let ext = path.extension().and_then(|e| e.to_str());
+    let from_ext = match ext {
+        Some("yaml") => Some(Format::Yaml),
+        Some("json") => Some(Format::Json),
+        _ => None,
+    };
+    if path.is_dir() || (from_ext.is_none() && ext != Some("yml")) {
+        let format = format.unwrap_or_default();
+        return Ok(Target::File(path, spec_file_name(kind, format), format));
+    }
+    let Some(ext_format) = from_ext else {
+        return Err(CdiError::FileName {
+            path,
+            rule: "--output: runtimes only load files ending in .yaml or .json (.yml is ignored)"
+                .into(),
+        });
+    };
+    if let Some(f) = format
+        && f != ext_format
+    {
+        return Err(CdiError::FileName {
+            path,
+            rule: format!("--output: the extension says {ext_format} but --format says {f}"),
+        });
+    }
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string();
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(Target::File(dir, name, ext_format))
+}
+
 /// Discover the inventory behind `--backend`, as every other command does.
 pub fn load_inventory(backend: &crate::cli::BackendArgs) -> Result<Inventory> {
     Ok(super::open_backend(backend)?.discover()?)
@@ -176,7 +252,14 @@ fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
 /// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
 /// check fails, so an existing good spec stays in place.
 pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
-    let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
+    let overrides = Overrides {
+        cdi_kind: args.kind.clone(),
+        driver_root: args.driver_root.clone(),
+        container_driver_root: args.container_driver_root.clone(),
+        ..Overrides::default()
+    };
+    let cfg = config::load(args.config.as_deref(), &overrides)?;
+    let target = output_target(&args.output, args.format, &cfg.cdi_kind)?;
     // The config's default dev root `/` means "the real /dev": no hostPath needed.
     let dev_root = args
         .dev_root
@@ -188,34 +271,64 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
     let inv = load_inventory(&args.backend)?;
     // The plan says which devices are split how many ways: their shares get devices.
     let plan = crate::plan::build(&inv, &cfg)?;
+    let hook = args.hook.settings(args.backend.nvml_lib.as_deref())?;
+    // A sim node has no driver unless one is pointed at; a real node always has one.
+    let want_driver =
+        !args.no_driver && (args.backend.backend == "nvml" || cfg.driver_root != Path::new("/"));
+    let driver = if want_driver {
+        crate::driver::spec_edits(
+            &cfg,
+            inv.driver_version.as_deref(),
+            &args.library_search_path,
+            &hook.path,
+        )?
+    } else {
+        None
+    };
     let opts = GenerateOptions {
         kind: cfg.cdi_kind.clone(),
         dev_root,
         shares: Some(cdi::shares::ShareOptions {
             plan,
             mps_root: cfg.mps_root.clone(),
-            hook: args.hook.settings(args.backend.nvml_lib.as_deref())?,
+            hook,
         }),
+        driver: driver.as_ref().map(|(_, edits)| edits.clone()),
     };
-    let spec = cdi::generate(&inv, &opts, &HostProbe)?;
-    let bytes = spec.to_bytes(args.format)?;
-    if args.output == "-" {
-        out.write_all(&bytes).map_err(|source| CdiError::Io {
-            path: PathBuf::from("<stdout>"),
-            source,
-        })?;
-        return Ok(());
-    }
-    let dir = PathBuf::from(&args.output);
-    let name = spec_file_name(&spec.kind, args.format);
+    let mut spec = cdi::generate(&inv, &opts, &HostProbe)?;
+    cdi::naming::apply(&mut spec, &args.device_name_strategy)?;
+    let (dir, name, format) = match target {
+        Target::Stdout(format) => {
+            let bytes = spec.to_bytes(format)?;
+            out.write_all(&bytes).map_err(|source| CdiError::Io {
+                path: PathBuf::from("<stdout>"),
+                source,
+            })?;
+            return Ok(());
+        }
+        Target::File(dir, name, format) => (dir, name, format),
+    };
+    let bytes = spec.to_bytes(format)?;
     let what = match cdi::write_spec(&dir, &name, &bytes)? {
         WriteOutcome::Written => "wrote",
         WriteOutcome::Unchanged => "unchanged",
     };
+    let driver_note = match &driver {
+        Some((d, _)) => format!(
+            "; driver {} from {}: {} libraries, {} firmware, {} binaries, {} sockets",
+            d.version,
+            d.host_root.display(),
+            d.libraries.len(),
+            d.firmware.len(),
+            d.binaries.len(),
+            d.ipc_sockets.len()
+        ),
+        None => String::new(),
+    };
     written(
         out,
         format_args!(
-            "{what} {} ({} devices, cdiVersion {})\n",
+            "{what} {} ({} devices, cdiVersion {}{driver_note})\n",
             dir.join(&name).display(),
             spec.devices.len(),
             spec.cdi_version
@@ -223,43 +336,138 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
     )
 }
 
-/// `cdi validate`: one line per file; an error when any file is invalid.
+/// Expand directories into the spec files a runtime would load from them (regular files
+/// directly inside, ending `.yaml`/`.json`, in lexical order); files stay as given.
+/// Returns the files and the names a runtime would ignore. A missing directory is skipped
+/// when `skip_missing` (the default spec dirs need not exist).
+fn spec_files(paths: &[PathBuf], skip_missing: bool) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let mut files = Vec::new();
+    let mut ignored = Vec::new();
+    for p in paths {
+        if !p.is_dir() {
+            if skip_missing && !p.exists() {
+                continue;
+            }
+            files.push(p.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(p).map_err(|source| CdiError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| f.is_file())
+            .collect();
+        found.sort();
+        for f in found {
+            if cdi::validate::check_file_name(&f).is_ok() {
+                files.push(f);
+            } else {
+                ignored.push(f);
+            }
+        }
+    }
+    Ok((files, ignored))
+}
+
+/// Devices offered by two files of one directory: runtimes drop such a device entirely.
+fn conflicts(specs: &[(PathBuf, cdi::Spec)]) -> Vec<String> {
+    let mut seen: std::collections::BTreeMap<(PathBuf, String), &Path> = Default::default();
+    let mut out = Vec::new();
+    for (path, spec) in specs {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        for name in spec.qualified_names() {
+            match seen.get(&(dir.clone(), name.clone())) {
+                Some(first) if *first != path.as_path() => out.push(format!(
+                    "{name} is offered by {} and {}: runtimes drop a device two files of one directory define",
+                    first.display(),
+                    path.display()
+                )),
+                Some(_) => {}
+                None => {
+                    seen.insert((dir.clone(), name), path);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `cdi validate`: one line per file; directories are checked as runtimes load them,
+/// including device names that two of their files define. An error when anything is wrong.
 pub fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
+    let (files, ignored) = spec_files(&args.files, false)?;
+    for f in &ignored {
+        written(
+            out,
+            format_args!(
+                "ignored {}: runtimes only load .yaml and .json files\n",
+                f.display()
+            ),
+        )?;
+    }
     let mut failures = Vec::new();
-    for path in &args.files {
+    let mut good = Vec::new();
+    for path in &files {
         match cdi::validate::validate_file(path) {
-            Ok(spec) => written(
-                out,
-                format_args!(
-                    "ok {}: {}, {} devices, cdiVersion {}\n",
-                    path.display(),
-                    spec.kind,
-                    spec.devices.len(),
-                    spec.cdi_version
-                ),
-            )?,
+            Ok(spec) => {
+                written(
+                    out,
+                    format_args!(
+                        "ok {}: {}, {} devices, cdiVersion {}\n",
+                        path.display(),
+                        spec.kind,
+                        spec.devices.len(),
+                        spec.cdi_version
+                    ),
+                )?;
+                good.push((path.clone(), spec));
+            }
             Err(e) => failures.push(e),
         }
     }
+    let clashes = conflicts(&good);
+    for c in &clashes {
+        written(out, format_args!("conflict: {c}\n"))?;
+    }
+    if files.is_empty() {
+        return Err(CdiError::FileName {
+            path: args.files[0].clone(),
+            rule: "no .yaml or .json spec files to check".into(),
+        });
+    }
     match failures.len() {
-        0 => Ok(()),
-        1 if args.files.len() == 1 => Err(failures.remove(0)),
+        0 if clashes.is_empty() => Ok(()),
+        0 => Err(CdiError::Conflicts {
+            count: clashes.len(),
+        }),
+        1 if files.len() == 1 => Err(failures.remove(0)),
         failed => {
             for e in &failures {
                 written(out, format_args!("invalid: {e}\n"))?;
             }
             Err(CdiError::SomeInvalid {
                 failed,
-                total: args.files.len(),
+                total: files.len(),
             })
         }
     }
 }
 
-/// `cdi list`: the qualified names of every device in the (valid) files, sorted.
+/// `cdi list`: the qualified names of every device in the files (or the directories'
+/// files; default the runtimes' spec dirs), sorted. Invalid files fail the command.
 pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
+    let defaults: Vec<PathBuf> = DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect();
+    let (paths, skip_missing) = if args.files.is_empty() {
+        (&defaults, true)
+    } else {
+        (&args.files, false)
+    };
+    let (files, _) = spec_files(paths, skip_missing)?;
     let mut names = Vec::new();
-    for path in &args.files {
+    for path in &files {
         names.extend(cdi::validate::validate_file(path)?.qualified_names());
     }
     names.sort();

@@ -1,5 +1,8 @@
 //! `gpu-slicer cdi-hook set-memory-limit`: the CDI hook that binds a container's GPU memory.
 //! `gpu-slicer cdi-hook install --to DIR`: put this binary where the runtime can run it.
+//! `gpu-slicer cdi-hook create-symlinks | update-ldcache | disable-device-node-modification`:
+//! the driver hooks of the spec's driver edits (`crate::driver::hooks`), run as
+//! `createContainer` hooks with the OCI state on stdin.
 //!
 //! Run by the container runtime on the host (a CDI `createRuntime` hook) with the OCI state
 //! on stdin; sets the hard limit of the container's cgroup on one GPU through NVML
@@ -21,6 +24,51 @@ pub enum CdiHookCommand {
     /// Copy this executable into a host directory (a DaemonSet init container does this so
     /// the hook path written into CDI specs exists on the host, where the runtime runs it).
     Install(InstallArgs),
+    /// Create symlinks in the container (driver sonames, `libcuda.so`).
+    CreateSymlinks(CreateSymlinksArgs),
+    /// Add the driver's library folders to the container's ld cache (host's ldconfig).
+    UpdateLdcache(UpdateLdcacheArgs),
+    /// Bind a copy of the driver's params with `ModifyDeviceFiles: 0` over the container's,
+    /// so the user-space driver never creates device nodes in it.
+    DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
+}
+
+/// `cdi-hook create-symlinks` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct CreateSymlinksArgs {
+    /// `TARGET::LINK`: LINK (absolute, in the container) points at TARGET; repeatable.
+    #[arg(long = "link")]
+    pub links: Vec<String>,
+}
+
+/// `cdi-hook update-ldcache` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct UpdateLdcacheArgs {
+    /// Folder in the container holding driver libraries; repeatable.
+    #[arg(long = "folder")]
+    pub folders: Vec<PathBuf>,
+    /// The HOST's ldconfig, run with `-r <container root>` (images need none of their own).
+    #[arg(long, default_value = crate::driver::DEFAULT_LDCONFIG)]
+    pub ldconfig_path: PathBuf,
+}
+
+/// `cdi-hook disable-device-node-modification` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct DisableDeviceNodeModificationArgs {
+    /// The host's driver params file to copy.
+    #[arg(long, default_value = crate::driver::hooks::PARAMS_PATH)]
+    pub params: PathBuf,
+}
+
+fn read_state() -> Result<String, EnforceError> {
+    let mut state = String::new();
+    std::io::stdin()
+        .read_to_string(&mut state)
+        .map_err(|source| EnforceError::Read {
+            path: PathBuf::from("<stdin>"),
+            source,
+        })?;
+    Ok(state)
 }
 
 /// `cdi-hook install` arguments.
@@ -105,6 +153,34 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
             let target = install(&exe, &args.to)?;
             println!("{}", target.display());
             Ok(())
+        }
+        CdiHookCommand::CreateSymlinks(args) => {
+            use crate::driver::hooks;
+            // Arguments first: a bad one fails before anything is touched.
+            let links = args
+                .links
+                .iter()
+                .map(|l| hooks::parse_link(l))
+                .collect::<Result<Vec<_>, _>>()?;
+            let root = hooks::container_root(&read_state()?)?;
+            Ok(hooks::create_symlinks(&root, &links)?)
+        }
+        CdiHookCommand::UpdateLdcache(args) => {
+            use crate::driver::hooks;
+            let root = hooks::container_root(&read_state()?)?;
+            Ok(hooks::update_ldcache(
+                &root,
+                &args.ldconfig_path,
+                &args.folders,
+            )?)
+        }
+        CdiHookCommand::DisableDeviceNodeModification(args) => {
+            use crate::driver::hooks;
+            let root = hooks::container_root(&read_state()?)?;
+            Ok(hooks::disable_device_node_modification(
+                &root,
+                &args.params,
+            )?)
         }
     }
 }

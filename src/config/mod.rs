@@ -254,6 +254,10 @@ pub struct Config {
     pub driver_root: PathBuf,
     /// Host root of `/dev` (CDI `hostPath` prefix).
     pub dev_root: PathBuf,
+    /// Where this process sees `driver_root` when it runs in a container
+    /// (`flags.plugin.containerDriverRoot`, e.g. `/host`); `None`: at `driver_root`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_driver_root: Option<PathBuf>,
     /// Also return DeviceSpecs in Allocate.
     pub pass_device_specs: bool,
     /// Allocate response formats.
@@ -279,6 +283,7 @@ impl Default for Config {
             mps_root: None,
             driver_root: PathBuf::from("/"),
             dev_root: PathBuf::from("/"),
+            container_driver_root: None,
             pass_device_specs: false,
             device_list_strategy: vec![DeviceListStrategy::Envvar],
             device_id_strategy: DeviceIdStrategy::Uuid,
@@ -298,6 +303,7 @@ pub struct Overrides {
     pub mps_root: Option<String>,
     pub driver_root: Option<String>,
     pub dev_root: Option<String>,
+    pub container_driver_root: Option<String>,
     pub pass_device_specs: Option<bool>,
     pub device_list_strategy: Option<Vec<String>>,
     pub device_id_strategy: Option<String>,
@@ -405,6 +411,21 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
         cfg.dev_root = PathBuf::from(s);
     }
     let plugin = &flags.plugin;
+    if let Some(s) = ov
+        .container_driver_root
+        .as_ref()
+        .or(plugin.container_driver_root.as_ref())
+        && !s.is_empty()
+    {
+        if !s.starts_with('/') {
+            return Err(invalid(
+                "flags.plugin.containerDriverRoot",
+                s,
+                "must be an absolute path",
+            ));
+        }
+        cfg.container_driver_root = Some(PathBuf::from(s));
+    }
     if let Some(b) = ov.pass_device_specs.or(plugin.pass_device_specs) {
         cfg.pass_device_specs = b;
     }

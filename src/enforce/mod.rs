@@ -53,6 +53,9 @@ pub enum EnforceError {
     /// The limiter failed.
     #[error(transparent)]
     Limit(#[from] LimitError),
+    /// A driver hook (`create-symlinks`, `update-ldcache`, …) failed.
+    #[error(transparent)]
+    Driver(#[from] crate::driver::DriverError),
     /// Installing the hook binary on the host failed.
     #[error("cannot {action} {path}: {source}")]
     Install {
