@@ -80,7 +80,67 @@ fn all_generated() -> Vec<(String, Spec)> {
         out.push((format!("{name} (dev root)"), spec));
     }
     out.push(("mixed-a100 (shares)".into(), shares_spec()));
+    out.push(("mixed-a100 (driver)".into(), driver_spec()));
     out
+}
+
+/// A host driver as `driver::discover` reports it on a typical node, built by hand so the
+/// golden spec does not depend on this machine.
+fn driver_spec() -> Spec {
+    use gpu_slicer::driver::{Driver, DriverFile, Library, container_edits};
+    let v = "570.124.06";
+    let file = |p: String| DriverFile {
+        container_path: p.clone(),
+        host_path: p,
+    };
+    let lib = |name: &str, soname: Option<&str>| Library {
+        file: file(format!("/usr/lib/x86_64-linux-gnu/{name}.so.{v}")),
+        soname: soname.map(str::to_string),
+    };
+    let driver = Driver {
+        version: v.into(),
+        host_root: "/".into(),
+        libraries: vec![
+            lib("libcuda", Some("libcuda.so.1")),
+            lib("libcudadebugger", Some("libcudadebugger.so.1")),
+            lib(
+                "libnvidia-gpucomp",
+                Some(&format!("libnvidia-gpucomp.so.{v}")),
+            ),
+            lib("libnvidia-ml", Some("libnvidia-ml.so.1")),
+            lib("libnvidia-nvvm", Some("libnvidia-nvvm.so.4")),
+            lib(
+                "libnvidia-ptxjitcompiler",
+                Some("libnvidia-ptxjitcompiler.so.1"),
+            ),
+        ],
+        firmware: vec![
+            file(format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin")),
+            file(format!("/lib/firmware/nvidia/{v}/gsp_tu10x.bin")),
+        ],
+        binaries: [
+            "nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-server",
+            "nvidia-smi",
+        ]
+        .iter()
+        .map(|b| file(format!("/usr/bin/{b}")))
+        .collect(),
+        ipc_sockets: vec![file("/run/nvidia-persistenced/socket".into())],
+        ldconfig: "/sbin/ldconfig".into(),
+        searched: vec!["/etc/ld.so.cache".into()],
+    };
+    let inv = SimBackend::open("mixed-a100")
+        .and_then(|b| b.discover())
+        .expect("profile");
+    let opts = GenerateOptions {
+        driver: Some(container_edits(
+            &driver,
+            Path::new("/usr/local/bin/gpu-slicer"),
+        )),
+        ..GenerateOptions::new(KIND)
+    };
+    cdi::generate(&inv, &opts, &NoProbe).expect("generate with driver")
 }
 
 #[test]
@@ -202,7 +262,10 @@ fn cdi_specs_dir_matches_generator() {
     let goldens = BUILTIN_PROFILES
         .iter()
         .map(|(name, _)| (name.to_string(), spec_for(name)))
-        .chain([("mixed-a100-shares".to_string(), shares_spec())]);
+        .chain([
+            ("mixed-a100-shares".to_string(), shares_spec()),
+            ("mixed-a100-driver".to_string(), driver_spec()),
+        ]);
     for (name, spec) in goldens {
         let bytes = spec.to_bytes(Format::Yaml).expect("yaml");
         let path = dir.join(format!("{name}.yaml"));

@@ -58,6 +58,10 @@ pub struct DisableDeviceNodeModificationArgs {
     /// The host's driver params file to copy.
     #[arg(long, default_value = crate::driver::hooks::PARAMS_PATH)]
     pub params: PathBuf,
+    /// Host directory for the moment between writing the copy and binding it (the file
+    /// is unlinked right after the mount).
+    #[arg(long, default_value = "/run")]
+    pub scratch_dir: PathBuf,
 }
 
 fn read_state() -> Result<String, EnforceError> {
@@ -180,6 +184,7 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
             Ok(hooks::disable_device_node_modification(
                 &root,
                 &args.params,
+                &args.scratch_dir,
             )?)
         }
     }

@@ -308,9 +308,16 @@ pub fn params_without_device_file_modification(params: &str) -> Option<String> {
 /// host's `params_source` (normally [`PARAMS_PATH`]) with `ModifyDeviceFiles: 0` over the
 /// container's `/proc/driver/nvidia/params`. Nothing to do when the host has no params
 /// file (no driver loaded), when it already says 0, or when the container's procfs lacks
-/// the file. The copy lives in a memfd, so nothing is left on any filesystem. Refuses to
-/// run in the host's mount namespace, where the mount would land on the host.
-pub fn disable_device_node_modification(root: &Path, params_source: &Path) -> Result<()> {
+/// the file. The copy is written to a fresh file in `scratch` (a host directory, normally
+/// `/run`), bound, and unlinked at once: the mount keeps it alive, nothing stays on disk.
+/// (A memfd cannot be the source: the kernel refuses bind mounts from its internal
+/// mount.) Refuses to run in the host's mount namespace, where the mount would land on
+/// the host.
+pub fn disable_device_node_modification(
+    root: &Path,
+    params_source: &Path,
+    scratch: &Path,
+) -> Result<()> {
     let params = match std::fs::read_to_string(params_source) {
         Ok(p) => p,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
@@ -329,48 +336,78 @@ pub fn disable_device_node_modification(root: &Path, params_source: &Path) -> Re
     if !target.is_file() {
         return Ok(());
     }
-    check_private_mount_namespace()?;
-    bind_copy(&target, &modified)
+    check_mount_namespace(root, &target)?;
+    bind_copy(&target, &modified, scratch)
 }
 
-/// Fail unless this process is in a mount namespace other than PID 1's.
-fn check_private_mount_namespace() -> Result<()> {
-    let ns = |p: &str| std::fs::read_link(p).ok();
-    let (mine, init) = (ns("/proc/self/ns/mnt"), ns("/proc/1/ns/mnt"));
-    if mine.is_none() || mine == init {
-        return Err(DriverError::Mount {
-            what: "disable-device-node-modification".into(),
-            message: "not in a private mount namespace: run it as a createContainer hook (the bind mount would otherwise land on the host)".into(),
-        });
+/// Fail unless this process is in a mount namespace that is not the host's, as a
+/// `createContainer` hook is (the container's, before `pivot_root`): PID 1's namespace
+/// differs from ours, or, where PID 1's cannot be read (a runtime in a user namespace),
+/// `target` sits on a procfs, which inside the container root is only the container's
+/// own `/proc` (the host's namespace sees the image's empty directory there). The OCI
+/// state's `pid` cannot be used: runc reports the container's pid in its own pid
+/// namespace (1) while the hook still sees the host's `/proc`.
+fn check_mount_namespace(root: &Path, target: &Path) -> Result<()> {
+    let refuse = |why: String| DriverError::Mount {
+        what: "disable-device-node-modification".into(),
+        message: format!(
+            "{why}: run it as a createContainer hook (a bind mount elsewhere would land on the host)"
+        ),
+    };
+    if std::fs::canonicalize(root).is_ok_and(|r| r == Path::new("/")) {
+        return Err(refuse("the container root is the host's /".into()));
     }
-    Ok(())
+    let ns = |p: &str| std::fs::read_link(p).ok();
+    let mine =
+        ns("/proc/self/ns/mnt").ok_or_else(|| refuse("cannot read /proc/self/ns/mnt".into()))?;
+    match ns("/proc/1/ns/mnt") {
+        Some(init) if init == mine => Err(refuse("in the host's mount namespace".into())),
+        Some(_) => Ok(()),
+        None => {
+            let on_proc = nix::sys::statfs::statfs(target)
+                .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC);
+            if on_proc {
+                Ok(())
+            } else {
+                Err(refuse(format!(
+                    "cannot tell this mount namespace from the host's (/proc/1/ns/mnt unreadable) and {} is not on a procfs",
+                    target.display()
+                )))
+            }
+        }
+    }
 }
 
-fn bind_copy(target: &Path, contents: &str) -> Result<()> {
+fn bind_copy(target: &Path, contents: &str, scratch: &Path) -> Result<()> {
     use nix::mount::{MsFlags, mount};
-    use nix::sys::memfd::{MFdFlags, memfd_create};
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let err = |what: &str, e: &dyn std::fmt::Display| DriverError::Mount {
         what: format!("{what} {}", target.display()),
         message: e.to_string(),
     };
-    let fd = memfd_create(c"gpu-slicer-nvidia-params", MFdFlags::MFD_CLOEXEC)
-        .map_err(|e| err("memfd for", &e))?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(contents.as_bytes())
-        .map_err(|e| err("write the copy of", &e))?;
-    let source = {
-        use std::os::fd::AsRawFd;
-        PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
-    };
-    mount(
+    let source = scratch.join(format!(".gpu-slicer-nvidia-params.{}", std::process::id()));
+    let _ = std::fs::remove_file(&source);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(&source)
+        .and_then(|mut f| f.write_all(contents.as_bytes()));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&source);
+        return Err(err(&format!("write {} for", source.display()), &e));
+    }
+    let bound = mount(
         Some(&source),
         target,
         None::<&str>,
         MsFlags::MS_BIND,
         None::<&str>,
-    )
-    .map_err(|e| err("bind mount over", &e))?;
+    );
+    // The mount holds the inode; the name goes now whether or not it worked.
+    let _ = std::fs::remove_file(&source);
+    bound.map_err(|e| err("bind mount over", &e))?;
     let ro = MsFlags::MS_BIND
         | MsFlags::MS_REMOUNT
         | MsFlags::MS_RDONLY
