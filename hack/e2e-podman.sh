@@ -12,6 +12,7 @@
 # /run/cdi never see our files. Recipe: ../shared/notes/podman.md.
 #   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer
 #   FAKE_NVML_LIB=path   use this fake libnvidia-ml instead of building target/debug/libnvidia_ml.so
+#   FAKE_CUDA_LIB=path, FAKE_SMI_BIN=path   likewise for the fake libcuda and nvidia-smi stand-in
 set -u
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 missing=()
-for p in podman runc busybox-static; do
+for p in podman runc busybox-static patchelf python3; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -39,9 +40,18 @@ if [ -z "$FAKE_LIB" ]; then
   cargo build --quiet -p fake-nvml || exit 1
   FAKE_LIB=$PWD/target/debug/libnvidia_ml.so
 fi
+CUDA_LIB=${FAKE_CUDA_LIB:-}
+SMI_BIN=${FAKE_SMI_BIN:-}
+if [ -z "$CUDA_LIB" ] || [ -z "$SMI_BIN" ]; then
+  cargo build --quiet -p fake-cuda -p fake-smi || exit 1
+  CUDA_LIB=${CUDA_LIB:-$PWD/target/debug/libcuda.so}
+  SMI_BIN=${SMI_BIN:-$PWD/target/debug/fake-nvidia-smi}
+fi
 # The runtime runs CDI hooks by absolute host path.
 BIN=$(readlink -f "$BIN")
 FAKE_LIB=$(readlink -f "$FAKE_LIB")
+CUDA_LIB=$(readlink -f "$CUDA_LIB")
+SMI_BIN=$(readlink -f "$SMI_BIN")
 NODE_FILE=$PWD/hack/nodes/mixed-a100.yaml
 
 WD=$(mktemp -d /tmp/gpu-slicer-e2e.XXXXXX)
@@ -81,17 +91,20 @@ ko() { fail=$((fail + 1)); echo "FAIL $1: $2"; }
 # that the spec's `void` must override.
 mkdir -p "$WD"/rootfs/{bin,dev,proc,sys,tmp,etc}
 cp /bin/busybox "$WD/rootfs/bin/busybox"
-for a in sh env ls cat find sort echo test grep true; do ln -sf busybox "$WD/rootfs/bin/$a"; done
+for a in sh env ls cat find sort echo test grep true readlink; do ln -sf busybox "$WD/rootfs/bin/$a"; done
 tar -C "$WD/rootfs" -cf "$WD/rootfs.tar" .
 "${PODMAN[@]}" import --change "ENV=NVIDIA_VISIBLE_DEVICES=all" "$WD/rootfs.tar" localhost/busybox >/dev/null 2>&1 ||
   { echo "e2e-podman: podman import failed" >&2; exit 1; }
 
 # Run podman with our spec dirs bind-mounted over the real ones, in a private mount namespace.
-in_ns() {
+in_ns_dir() { # run-dir, command...
+  local run=$1
+  shift
   unshare --mount --propagation private bash -c \
     'mount --bind "$1" /etc/cdi && mount --bind "$2" /run/cdi && shift 2 && exec "$@"' \
-    _ "$WD/cdi-etc" "$WD/cdi-run" "$@"
+    _ "$WD/cdi-etc" "$run" "$@"
 }
+in_ns() { in_ns_dir "$WD/cdi-run" "$@"; }
 # Print the container's NVIDIA char devices (sorted) and its NVIDIA_* env.
 PROBE='find /dev -name "nvidia*" -type c | sort; env | grep "^NVIDIA_" | sort'
 run_ctr() { # device args...
@@ -254,6 +267,161 @@ if share_spec "$WD/cdi-fail" FAKE_NVML_LIMITS_UNSUPPORTED=1; then
   fi
 else
   ko "failing hook" "cannot generate the spec"
+fi
+
+# --- the driver in the spec: a fake driver root, run from a glibc image by the nvidia-smi
+# stand-in, which loads libnvidia-ml.so.1 and libcuda.so.1 by soname.
+DRV_VERSION=$(sed -n 's/^driverVersion: "\(.*\)"$/\1/p' "$NODE_FILE")
+FDR=$WD/driver-root
+if FAKE_NVML_LIB=$FAKE_LIB FAKE_CUDA_LIB=$CUDA_LIB FAKE_SMI_BIN=$SMI_BIN \
+  hack/fake-driver-root.sh "$FDR" "$DRV_VERSION" >"$WD/fdr.log" 2>&1; then
+  ok "fake driver root $DRV_VERSION laid out ($(find "$FDR" -type f -o -type l -o -type s | wc -l) entries)"
+else
+  ko "fake driver root" "$(cat "$WD/fdr.log")"
+fi
+
+# The glibc image: busybox plus the host's loader, libc and libgcc_s (what the stand-in and
+# the fakes link), in /lib/x86_64-linux-gnu; /usr/lib/x86_64-linux-gnu, where the driver's
+# libraries go, starts empty. No ld cache: the hook makes it.
+G=$WD/glibc-rootfs
+mkdir -p "$G"/{bin,dev,proc,sys,tmp,etc,lib64,lib/x86_64-linux-gnu,usr/lib/x86_64-linux-gnu,usr/bin}
+cp /bin/busybox "$G/bin/busybox"
+for a in sh env ls cat find sort echo test grep true sed readlink wc; do ln -sf busybox "$G/bin/$a"; done
+for l in $(ldd "$SMI_BIN" "$CUDA_LIB" "$FAKE_LIB" | sed -n 's#.*=> \(/[^ ]*\) .*#\1#p' | sort -u); do
+  cp -L "$l" "$G/lib/x86_64-linux-gnu/"
+done
+cp -L /lib64/ld-linux-x86-64.so.2 "$G/lib64/"
+tar -C "$G" -cf "$WD/glibc.tar" .
+# The hostile image: busybox whose library folder, ld.so.conf.d and ld cache are absolute
+# symlinks into folders that exist on the host: a hook that followed them would write into
+# $HOSTILE.
+HOSTILE=$WD/host-root
+mkdir -p "$HOSTILE/lib" "$HOSTILE/conf" "$HOSTILE/cache" "$WD/hostile-rootfs"
+cp -a "$WD/rootfs/." "$WD/hostile-rootfs/"
+mkdir -p "$WD/hostile-rootfs/usr/lib" "$WD/hostile-rootfs/etc"
+ln -s "$HOSTILE/lib" "$WD/hostile-rootfs/usr/lib/x86_64-linux-gnu"
+ln -s "$HOSTILE/conf" "$WD/hostile-rootfs/etc/ld.so.conf.d"
+ln -s "$HOSTILE/cache/ld.so.cache" "$WD/hostile-rootfs/etc/ld.so.cache"
+tar -C "$WD/hostile-rootfs" -cf "$WD/hostile.tar" .
+if "${PODMAN[@]}" import "$WD/glibc.tar" localhost/glibc >/dev/null 2>&1 &&
+  "${PODMAN[@]}" import "$WD/hostile.tar" localhost/hostile >/dev/null 2>&1; then
+  ok "images: glibc from the host's libraries ($(ls "$G/lib/x86_64-linux-gnu" | tr '\n' ' ')), hostile"
+else
+  ko "images" "podman import failed"
+fi
+
+# The fakes' inputs reach the container through one read-only folder and three env vars.
+FG=$WD/fake-gpu
+mkdir -p "$FG"
+cp "$NODE_FILE" "$FG/node.yaml"
+FAKE_ENV=(-e FAKE_NVML_NODE=/run/fake-gpu/node.yaml -e FAKE_GPU_DEV_ROOT=/
+  -e FAKE_NVML_LIMITS_FILE=/run/fake-gpu/limits.json -v "$FG:/run/fake-gpu:ro")
+
+DRV_RUN=$WD/cdi-drv
+mkdir -p "$DRV_RUN"
+DRV_SPEC=$DRV_RUN/gpu-slicer.io-gpu.yaml
+if "$BIN" cdi generate --backend sim:mixed-a100 --dev-root "$DEVROOT" --driver-root "$FDR" \
+  --output "$DRV_SPEC" >"$WD/drv-gen.log" 2>&1 && "$BIN" cdi validate "$DRV_SPEC" >/dev/null &&
+  grep -q "hostPath: $FDR/usr/lib/x86_64-linux-gnu/libcuda.so.$DRV_VERSION" "$DRV_SPEC"; then
+  ok "generate --driver-root: spec file with the fake driver's libraries, validates"
+else
+  ko "generate --driver-root" "$(cat "$WD/drv-gen.log"; head -40 "$DRV_SPEC" 2>&1)"
+fi
+
+DRV_PROBE='echo "## nodes"; find /dev -name "nvidia*" -type c | sort
+echo "## fw"; ls /lib/firmware/nvidia/'$DRV_VERSION'/
+echo "## smi"; LD_DEBUG=libs nvidia-smi 2>/tmp/ld; echo "rc $?"
+echo "## ld"; grep -A2 "find library=libcuda.so.1 " /tmp/ld | sed "s/^ *[0-9]*:[[:space:]]*//"
+echo "## err"; grep -v "^ *[0-9]*:" /tmp/ld; true'
+section() { sed -n "/^## $1\$/,/^## /p" | sed '1d;/^## /d'; }
+uuids_of() { sed -n 's/^\(GPU [0-9]*\|  MIG .*\): .*(UUID: \(.*\))$/\2/p'; }
+cuda_uuids_of() { sed -n 's/^CUDA [0-9]*: .*(UUID: \([^)]*\)).*/\1/p'; }
+
+G0=GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e00 G1=GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e01
+G2=GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02 G3=$GPU3
+M0=(MIG-1b2c3d4e-0000-4a00-8000-0000000000{07,08,09,0a,0b,0c,0d})
+M1=(MIG-2c3d4e5f-0000-4b00-8000-0000000000{02,03,09,0a})
+
+# expect_driver NAME RUN-DIR "NODES" "NVML UUIDS" "CUDA UUIDS" EXTRA-PODMAN-ARGS... -- DEVICES...
+# Asserts the device nodes, the firmware, the stand-in's NVML list and CUDA list (in order),
+# and that libcuda.so.1 was found through /etc/ld.so.cache. Prints the stand-in's output.
+expect_driver() {
+  local name=$1 run=$2 nodes=$3 nvml=$4 cuda=$5 extra=() args=() out rc why=""
+  shift 5
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do extra+=("$1"); shift; done
+  shift
+  for d in "$@"; do args+=(--device "$d"); done
+  out=$(in_ns_dir "$run" "${PODMAN[@]}" --log-level=error run --rm --network none "${FAKE_ENV[@]}" \
+    "${extra[@]}" "${args[@]}" localhost/glibc sh -c "$DRV_PROBE" 2>&1)
+  rc=$?
+  SMI_OUT=$(section smi <<<"$out")
+  local want_nodes
+  want_nodes=$(printf '%s\n%s\n' "$nodes" "$CTL" | grep . | sort -u)
+  [ $rc = 0 ] || why+=" exit $rc;"
+  [ "$(section nodes <<<"$out")" = "$want_nodes" ] || why+=" nodes [$(section nodes <<<"$out" | tr '\n' ' ')];"
+  [ "$(section fw <<<"$out" | tr '\n' ' ')" = "gsp_ga10x.bin gsp_tu10x.bin " ] || why+=" firmware [$(section fw <<<"$out")];"
+  grep -qx "rc 0" <<<"$SMI_OUT" || why+=" nvidia-smi failed;"
+  [ "$(uuids_of <<<"$SMI_OUT" | tr '\n' ' ')" = "$nvml " ] || why+=" NVML sees [$(uuids_of <<<"$SMI_OUT" | tr '\n' ' ')];"
+  [ "$(cuda_uuids_of <<<"$SMI_OUT" | tr '\n' ' ')" = "$cuda " ] || why+=" CUDA sees [$(cuda_uuids_of <<<"$SMI_OUT" | tr '\n' ' ')];"
+  grep -qx "CUDA devices: $(wc -w <<<"$cuda")" <<<"$SMI_OUT" || why+=" CUDA count;"
+  [ "$(section ld <<<"$out" | sed -n 2,3p | tr '\n' '|')" = "search cache=/etc/ld.so.cache|trying file=/usr/lib/x86_64-linux-gnu/libcuda.so.1|" ] ||
+    why+=" libcuda.so.1 not from the ld cache [$(section ld <<<"$out" | tr '\n' '|')];"
+  if [ -z "$why" ]; then
+    ok "driver: $name (NVML $(wc -w <<<"$nvml"), CUDA $(wc -w <<<"$cuda"), libcuda.so.1 via ld cache)"
+  else
+    ko "driver: $name" "$why $(tr '\n' '|' <<<"$out" | head -c 3000)"
+  fi
+}
+
+expect_driver "MIG slice $KIND=0:1" "$DRV_RUN" "$(printf '/dev/nvidia0\n'; caps 75 76)" \
+  "$G0 ${M0[1]}" "${M0[1]}" -- "$KIND=0:1"
+expect_driver "whole GPU $KIND=2" "$DRV_RUN" /dev/nvidia2 "$G2" "$G2" -- "$KIND=2"
+expect_driver "two devices: MIG 1:3 + GPU by UUID" "$DRV_RUN" \
+  "$(printf '/dev/nvidia1\n/dev/nvidia2\n'; caps 228 229)" "$G1 ${M1[3]} $G2" "${M1[3]} $G2" -- "$KIND=1:3" "$KIND=$G2"
+expect_driver "$KIND=all" "$DRV_RUN" \
+  "$(printf '/dev/nvidia%s\n' 0 1 2 3; caps 66 67 75 76 84 85 93 94 102 103 111 112 120 121 156 157 165 166 219 220 228 229)" \
+  "$G0 ${M0[*]} $G1 ${M1[*]} $G2 $G3" "${M0[*]} ${M1[*]} $G2 $G3" -- "$KIND=all"
+# A 3-of-4 memory share: the host hook records the limit for the container's cgroup; inside,
+# NVML and CUDA report it as GPU 3's total. The fakes match their own cgroup path against
+# the recorded host path, so they need the host's cgroup namespace (the real driver doesn't).
+DRV_SHARE=$WD/cdi-drv-share
+mkdir -p "$DRV_SHARE"
+if "$BIN" cdi generate --backend sim:mixed-a100 --config "$WD/shares.yaml" --dev-root "$DEVROOT" \
+  --driver-root "$FDR" --output "$DRV_SHARE" --cdi-hook-nvml-lib "$FAKE_LIB" \
+  --cdi-hook-env "FAKE_NVML_NODE=$NODE_FILE,FAKE_NVML_LIMITS_FILE=$FG/limits.json" >"$WD/drv-share.log" 2>&1; then
+  expect_driver "memory share $KIND=3-share-3" "$DRV_SHARE" /dev/nvidia3 "$G3" "$G3" --cgroupns=host -- "$KIND=3-share-3"
+  if grep -qx "NVML $G3: total $want_bytes free $want_bytes" <<<"$SMI_OUT" &&
+    grep -q "^CUDA 0: .*(UUID: $G3) free $want_bytes total $want_bytes\$" <<<"$SMI_OUT"; then
+    ok "driver: memory share seen as $want_bytes bytes by NVML and CUDA inside the container"
+  else
+    ko "driver: memory share memory" "$SMI_OUT"
+  fi
+else
+  ko "generate --driver-root shares" "$(cat "$WD/drv-share.log")"
+fi
+
+# busybox (no glibc, no ldconfig): the hooks still make the soname links and the ld cache.
+out=$(in_ns_dir "$DRV_RUN" "${PODMAN[@]}" --log-level=error run --rm --network none --device "$KIND=2" \
+  localhost/busybox sh -c 'readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1; grep -q libcuda.so.1 /etc/ld.so.cache && echo cache; test -x /usr/bin/nvidia-smi && echo smi' 2>&1)
+# The link's target may be written relative or absolute; it must name the versioned file.
+if [[ $out =~ ^(/usr/lib/x86_64-linux-gnu/)?libcuda\.so\.$DRV_VERSION$'\n'cache$'\n'smi$ ]]; then
+  ok "driver in busybox: libcuda.so.1 -> libcuda.so.$DRV_VERSION, ld cache made by the hook, nvidia-smi mounted"
+else
+  ko "driver in busybox" "$out"
+fi
+
+# Hostile image: nothing may appear in the host folders its symlinks point at, nor in the
+# host's own ld cache or ld.so.conf.d.
+host_sum=$(cat /etc/ld.so.cache /etc/ld.so.conf.d/* 2>/dev/null | sha256sum; ls /etc/ld.so.conf.d)
+out=$(in_ns_dir "$DRV_RUN" "${PODMAN[@]}" --log-level=error run --rm --network none --device "$KIND=2" \
+  localhost/hostile sh -c 'echo started' 2>&1)
+rc=$?
+written=$(find "$HOSTILE" -mindepth 2 2>/dev/null)
+if [ -z "$written" ] && [ "$host_sum" = "$(cat /etc/ld.so.cache /etc/ld.so.conf.d/* 2>/dev/null | sha256sum; ls /etc/ld.so.conf.d)" ]; then
+  if [ $rc = 0 ]; then how="container ran, hooks stayed inside its root"; else how="refused (exit $rc): ${out##*$'\n'}"; fi
+  ok "hostile image (absolute symlinks to host folders): nothing written outside the container; $how"
+else
+  ko "hostile image" "written on the host: [$written]; exit $rc: $out"
 fi
 
 echo "RESULT: $pass passed, $fail failed"

@@ -3,7 +3,7 @@
 # apt). Packages already present are skipped so repeated runs take a second.
 set -euo pipefail
 
-apt_pkgs=(podman runc busybox-static uidmap prometheus)
+apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -14,6 +14,10 @@
 //!   Returns 0 on success, 1 on a parse error (printed to stderr), 999 on a panic.
 //! * No node at all: `nvmlInit_v2` returns `DRIVER_NOT_LOADED` (9), as on a host without the
 //!   driver.
+//! * `FAKE_GPU_DEV_ROOT`: when set (`/` inside a container), only the GPUs and MIG devices whose
+//!   device nodes exist under it are served, renumbered from 0; no `dev/nvidiactl` gives
+//!   `DRIVER_NOT_LOADED`. The rules live in `crates/fake-view`, shared with the fake
+//!   `libcuda.so`, so NVML and CUDA see the same devices.
 //!
 //! # Behaviour
 //!
@@ -59,7 +63,9 @@
 //! (`{"GPU-…": {"/sys/fs/cgroup/…": {"softLimit": n, "hardLimit": n}}}`, rewritten through a
 //! temp file and a rename, so another process can check them), else in memory. The getter
 //! answers `NOT_FOUND` for a path without limits. `FAKE_NVML_LIMITS_UNSUPPORTED=1` makes both
-//! return `NOT_SUPPORTED`.
+//! return `NOT_SUPPORTED`. A process whose own cgroup (`/proc/self/cgroup`) has a limit on a GPU
+//! sees that limit as the GPU's total in `nvmlDeviceGetMemoryInfo(_v2)`, as under the real
+//! driver's memory partitioning (store and matching: `crates/fake-view`).
 //!
 //! Every export is `extern "C"`, catches panics (→ `UNKNOWN`, 999) and follows the pointer
 //! contract of `nvml.h`; the `# Safety` of each export is that contract.
@@ -73,12 +79,12 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use fake_view::{LimitStore, Limits};
 use node_spec::{EventKind, EventLine, EventSpec, GpuSpec, MigDeviceSpec, NodeSpec};
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t,
     nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
 };
-use serde::Deserialize;
 
 /// NVML return codes used here (values from `nvml_wrapper_sys::bindings`).
 mod code {
@@ -434,19 +440,26 @@ fn nvml_bus_id(gpu: &GpuSpec) -> String {
 }
 
 fn load_node(st: &State) -> Result<NodeSpec, nvmlReturn_t> {
-    if let Some(n) = &st.control_node {
-        return Ok(n.clone());
-    }
-    let Some(path) = std::env::var_os("FAKE_NVML_NODE") else {
-        eprintln!(
-            "fake-nvml: no node description (set FAKE_NVML_NODE or call fakeNvmlSetNodeJson)"
-        );
-        return Err(code::DRIVER_NOT_LOADED);
+    let node = match &st.control_node {
+        Some(n) => Ok(fake_view::view_from_env(n.clone())),
+        None => match std::env::var_os(fake_view::NODE_ENV) {
+            None => Err(
+                "no node description (set FAKE_NVML_NODE or call fakeNvmlSetNodeJson)".to_string(),
+            ),
+            Some(_) => Ok(fake_view::node_from_env()),
+        },
     };
-    NodeSpec::load(&PathBuf::from(path)).map_err(|e| {
-        eprintln!("fake-nvml: {e}");
-        code::DRIVER_NOT_LOADED
-    })
+    match node {
+        Ok(Ok(node)) => Ok(node),
+        Ok(Err(e)) => {
+            eprintln!("fake-nvml: {e}");
+            Err(code::DRIVER_NOT_LOADED)
+        }
+        Err(hint) => {
+            eprintln!("fake-nvml: {hint}");
+            Err(code::DRIVER_NOT_LOADED)
+        }
+    }
 }
 
 fn init() -> Ret {
@@ -842,6 +855,16 @@ fn memory_mib(dev: Dev, gpu: &GpuSpec) -> u64 {
     }
 }
 
+/// Total memory of a device in bytes; a GPU's is capped at this process's cgroup limit on it
+/// (memory partitioning), MIG devices are never partitioned.
+fn total_bytes(st: &State, dev: Dev, gpu: &GpuSpec) -> u64 {
+    let total = memory_mib(dev, gpu) << 20;
+    match dev {
+        Dev::Gpu(_) => fake_view::limited_total(&gpu.uuid, total, &st.limits),
+        Dev::Mig(..) => total,
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     h: nvmlDevice_t,
@@ -858,7 +881,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         }
         let st = state();
         let (dev, gpu) = st.dev(h, "nvmlDeviceGetMemoryInfo_v2")?;
-        let total = memory_mib(dev, gpu) << 20;
+        let total = total_bytes(&st, dev, gpu);
         let v = nvmlMemory_v2_t {
             version,
             total,
@@ -876,17 +899,18 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     h: nvmlDevice_t,
     out: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    // SAFETY: out-pointer per nvml.h.
-    unsafe {
-        getter(h, "nvmlDeviceGetMemoryInfo", out, |dev, gpu| {
-            let total = memory_mib(dev, gpu) << 20;
-            Ok(nvmlMemory_t {
-                total,
-                free: total,
-                used: 0,
-            })
-        })
-    }
+    entry(|| {
+        let st = state();
+        let (dev, gpu) = st.dev(h, "nvmlDeviceGetMemoryInfo")?;
+        let total = total_bytes(&st, dev, gpu);
+        let v = nvmlMemory_t {
+            total,
+            free: total,
+            used: 0,
+        };
+        // SAFETY: out-pointer per nvml.h.
+        unsafe { put(out, v) }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1258,70 +1282,13 @@ const _: () = assert!(offset_of!(nvmlSetMemoryLimits_v1_t, softLimit) == 8);
 const _: () = assert!(size_of::<nvmlGetMemoryLimits_v1_t>() == 32);
 const _: () = assert!(offset_of!(nvmlGetMemoryLimits_v1_t, currentUsed) == 24);
 
-/// Limits of one cgroup on one GPU, as stored in `FAKE_NVML_LIMITS_FILE`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Limits {
-    soft_limit: u64,
-    hard_limit: u64,
-}
-
-/// GPU UUID → cgroup path → limits.
-type LimitStore = BTreeMap<String, BTreeMap<String, Limits>>;
-
 fn limits_unsupported() -> bool {
     std::env::var_os("FAKE_NVML_LIMITS_UNSUPPORTED").is_some_and(|v| v == "1")
 }
 
-fn read_limits_file(path: &std::path::Path) -> Result<LimitStore, nvmlReturn_t> {
-    match std::fs::read_to_string(path) {
-        Ok(text) if text.trim().is_empty() => Ok(LimitStore::new()),
-        Ok(text) => serde_json::from_str(&text).map_err(|e| {
-            eprintln!("fake-nvml: bad limits file {}: {e}", path.display());
-            code::UNKNOWN
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LimitStore::new()),
-        Err(_) => Err(code::UNKNOWN),
-    }
-}
-
-/// Record limits in `file` (read-modify-write, atomic rename) or in `mem`.
-fn store_limit(
-    file: Option<&std::path::Path>,
-    mem: &mut LimitStore,
-    gpu: &str,
-    cgroup: &str,
-    limits: Limits,
-) -> Ret {
-    let Some(path) = file else {
-        mem.entry(gpu.to_string())
-            .or_default()
-            .insert(cgroup.to_string(), limits);
-        return Ok(());
-    };
-    let mut all = read_limits_file(path)?;
-    all.entry(gpu.to_string())
-        .or_default()
-        .insert(cgroup.to_string(), limits);
-    let text = serde_json::to_string_pretty(&all).map_err(|_| code::UNKNOWN)?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|_| code::UNKNOWN)?;
-    std::fs::rename(&tmp, path).map_err(|_| code::UNKNOWN)
-}
-
-fn load_limit(
-    file: Option<&std::path::Path>,
-    mem: &LimitStore,
-    gpu: &str,
-    cgroup: &str,
-) -> Result<Limits, nvmlReturn_t> {
-    let found = match file {
-        Some(path) => read_limits_file(path)?
-            .get(gpu)
-            .and_then(|m| m.get(cgroup).copied()),
-        None => mem.get(gpu).and_then(|m| m.get(cgroup).copied()),
-    };
-    found.ok_or(code::NOT_FOUND)
+fn limits_error(e: fake_view::ViewError) -> nvmlReturn_t {
+    eprintln!("fake-nvml: {e}");
+    code::UNKNOWN
 }
 
 #[unsafe(no_mangle)]
@@ -1344,12 +1311,13 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
         // SAFETY: `nameSpace` is null or a NUL-terminated path (nvml.h).
         let cgroup = unsafe { get_str(req.nameSpace) }?.to_string();
         let uuid = gpu.uuid.clone();
-        let file = std::env::var_os("FAKE_NVML_LIMITS_FILE").map(PathBuf::from);
+        let file = fake_view::limits_file();
         let value = Limits {
             soft_limit: req.softLimit,
             hard_limit: req.hardLimit,
         };
-        store_limit(file.as_deref(), &mut st.limits, &uuid, &cgroup, value)
+        fake_view::store_limit(file.as_deref(), &mut st.limits, &uuid, &cgroup, value)
+            .map_err(limits_error)
     })
 }
 
@@ -1372,8 +1340,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
         let mut out = unsafe { *limits };
         // SAFETY: `nameSpace` is null or a NUL-terminated path (nvml.h).
         let cgroup = unsafe { get_str(out.nameSpace) }?;
-        let file = std::env::var_os("FAKE_NVML_LIMITS_FILE").map(PathBuf::from);
-        let found = load_limit(file.as_deref(), &st.limits, &gpu.uuid, cgroup)?;
+        let file = fake_view::limits_file();
+        let found = fake_view::load_limit(file.as_deref(), &st.limits, &gpu.uuid, cgroup)
+            .map_err(limits_error)?
+            .ok_or(code::NOT_FOUND)?;
         out.softLimit = found.soft_limit;
         out.hardLimit = found.hard_limit;
         out.currentUsed = 0;
@@ -1396,28 +1366,6 @@ mod tests {
         assert_eq!(Dev::decode(set_handle(0) as nvmlDevice_t), None);
         assert_eq!(set_id(set_handle(5)), Some(5));
         assert_eq!(set_id(Dev::Gpu(0).handle() as nvmlEventSet_t), None);
-    }
-
-    #[test]
-    fn limits_round_trip_through_file_and_memory() {
-        let dir = std::env::temp_dir().join(format!("fake-nvml-limits-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("limits.json");
-        let _ = std::fs::remove_file(&file);
-        let mut mem = LimitStore::new();
-        let l = Limits {
-            soft_limit: 1 << 30,
-            hard_limit: 2 << 30,
-        };
-        for f in [Some(file.as_path()), None] {
-            assert_eq!(load_limit(f, &mem, "GPU-a", "/cg/x"), Err(code::NOT_FOUND));
-            store_limit(f, &mut mem, "GPU-a", "/cg/x", l).unwrap();
-            assert_eq!(load_limit(f, &mem, "GPU-a", "/cg/x"), Ok(l));
-            assert_eq!(load_limit(f, &mem, "GPU-b", "/cg/x"), Err(code::NOT_FOUND));
-        }
-        let text = std::fs::read_to_string(&file).unwrap();
-        assert!(text.contains("\"softLimit\": 1073741824"), "{text}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
