@@ -90,9 +90,7 @@ fn inventory(e: &InventoryError) -> Class {
 
 fn cdi(e: &CdiError) -> Class {
     match e {
-        CdiError::Io { .. }
-        | CdiError::Serialize(_)
-        | CdiError::Driver(crate::driver::DriverError::Io { .. }) => Class::Runtime,
+        CdiError::Io { .. } | CdiError::Serialize(_) => Class::Runtime,
         CdiError::Inventory(e) => inventory(e),
         _ => Class::Input,
     }

@@ -247,9 +247,35 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration: {e} (examples: 500ms, 30s, 1m30s, 1h)"))
 }
 
+/// Parse the interval flag: a duration as every other flag takes it
+/// ([`parse_duration`]: `500ms`, `10s`, `1m`), but never zero (the ledger
+/// cannot be "off" by interval; an empty socket path disables it).
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!("`{text}`: the ledger interval must be positive"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod duration_tests {
-    use super::parse_duration;
+    use super::{parse_duration, parse_interval};
+
+    #[test]
+    fn intervals_parse_with_units_and_refuse_the_rest() {
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_interval("1h"), Ok(Duration::from_secs(3600)));
+        // Go-style fractions and compounds, as NVIDIA's configs write durations.
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_interval("1m30s"), Ok(Duration::from_secs(90)));
+        for bad in ["", "s", "0s", "0", "-1s", "10x"] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
+    }
+
     use std::time::Duration;
 
     #[test]

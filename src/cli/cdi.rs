@@ -168,12 +168,12 @@ pub struct CdiRemoveArgs {
 }
 
 /// Run one `cdi` subcommand.
-pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> Result<()> {
+pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::error::Result<()> {
     match cmd {
         CdiCommand::Generate(a) => generate(a, out),
-        CdiCommand::Validate(a) => validate(a, out),
-        CdiCommand::List(a) => list(a, out),
-        CdiCommand::Remove(a) => remove(a, out),
+        CdiCommand::Validate(a) => Ok(validate(a, out)?),
+        CdiCommand::List(a) => Ok(list(a, out)?),
+        CdiCommand::Remove(a) => Ok(remove(a, out)?),
     }
 }
 
@@ -253,7 +253,8 @@ fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
 
 /// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
 /// check fails, so an existing good spec stays in place.
-pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
+/// `cdi generate`: its errors are the spec's ([`CdiError`]) or the driver discovery's.
+pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::error::Result<()> {
     let overrides = Overrides {
         cdi_kind: args.kind.clone(),
         driver_root: args.driver_root.clone(),
@@ -327,7 +328,7 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
         ),
         None => String::new(),
     };
-    written(
+    Ok(written(
         out,
         format_args!(
             "{what} {} ({} devices, cdiVersion {}{driver_note})\n",
@@ -335,7 +336,7 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> Result<()> {
             spec.devices.len(),
             spec.cdi_version
         ),
-    )
+    )?)
 }
 
 /// Expand directories into the spec files a runtime would load from them (regular files

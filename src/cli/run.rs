@@ -80,7 +80,7 @@ pub struct RunArgs {
     #[arg(long, env = "POD_RESOURCES_SOCKET", default_value = crate::runtime::ledger::DEFAULT_POD_RESOURCES_SOCKET)]
     pub pod_resources_socket: String,
     /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
-    #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::runtime::ledger::parse_interval)]
+    #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::cli::args::parse_interval)]
     pub ledger_interval: std::time::Duration,
     /// Directory of gpu-slicer's own state: the checkpoint of held devices (`held.json`),
     /// read before the first spec is written so a restart keeps them. Not the device-plugin

@@ -35,17 +35,6 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/k
 /// Default reconciliation interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Parse the interval flag: a duration as every other flag takes it
-/// ([`crate::cli::args::parse_duration`]: `500ms`, `10s`, `1m`), but never zero (the ledger
-/// cannot be "off" by interval; an empty socket path disables it).
-pub fn parse_interval(text: &str) -> Result<Duration, String> {
-    let d = crate::cli::args::parse_duration(text)?;
-    if d.is_zero() {
-        return Err(format!("`{text}`: the ledger interval must be positive"));
-    }
-    Ok(d)
-}
-
 /// Errors of one reconciliation round.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -814,20 +803,6 @@ mod tests {
         assert_eq!(s.drift, vec![]);
         assert_eq!(s.rounds, 7);
         assert_eq!(s.allocated_ids("nvidia.com/gpu").len(), 3);
-    }
-
-    #[test]
-    fn intervals_parse_with_units_and_refuse_the_rest() {
-        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_interval("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_interval("1h"), Ok(Duration::from_secs(3600)));
-        // Go-style fractions and compounds, as NVIDIA's configs write durations.
-        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_interval("1m30s"), Ok(Duration::from_secs(90)));
-        for bad in ["", "s", "0s", "0", "-1s", "10x"] {
-            assert!(parse_interval(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

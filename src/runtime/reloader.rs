@@ -28,8 +28,8 @@ use crate::domain::plan::PlanDiff;
 use crate::domain::snapshot::Snapshot;
 use crate::domain::transition::{self, Host};
 use crate::platform::cdi_writer;
+use crate::runtime::error::{AppError, blocking};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::supervisor::{AppError, ReloadStatus, blocking};
 use crate::runtime::triggers::{Causes, Triggers};
 use crate::state::Store;
 
@@ -39,6 +39,23 @@ pub type ConfigLoader = Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Syn
 /// How many times one reload re-runs the transition when Allocate handed out a device of
 /// the old plan while the spec was being written (each round keeps what was held then).
 const MAX_ROUNDS: usize = 3;
+
+/// What the reloads so far came to; published after each one.
+#[derive(Debug, Clone)]
+pub struct ReloadStatus {
+    /// Reloads that published a new plan.
+    pub applied: u64,
+    /// Reloads that found nothing to change.
+    pub unchanged: u64,
+    /// Reloads refused (the previous state kept serving).
+    pub failed: u64,
+    /// The last refusal, if the last reload failed.
+    pub last_error: Option<String>,
+    /// The plan being served.
+    pub plan: Arc<crate::domain::plan::Plan>,
+    /// What the last applied reload changed.
+    pub last_diff: Option<PlanDiff>,
+}
 
 /// The reload actor and its dependencies.
 pub struct Reloader {

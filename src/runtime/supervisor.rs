@@ -23,64 +23,20 @@ use tokio_util::task::TaskTracker;
 
 use crate::domain::allocate::HealthUpdate;
 use crate::domain::cdi::shares::HookSettings;
-use crate::domain::config::{Config, ConfigError};
-use crate::domain::inventory::{Backend, Inventory, InventoryError};
-use crate::domain::plan::{Plan, PlanDiff, PlanError};
+use crate::domain::config::Config;
+use crate::domain::inventory::{Backend, Inventory};
+use crate::domain::plan::Plan;
 use crate::platform::checkpoint::Checkpoint;
-use crate::runtime::plugin::{
-    self, Backoff, PluginContext, PluginError, PluginSettings, WatchError,
-};
-pub use crate::runtime::reloader::ConfigLoader;
+pub use crate::runtime::error::AppError;
+use crate::runtime::error::blocking;
+use crate::runtime::plugin::{self, Backoff, PluginContext, PluginError, PluginSettings};
 use crate::runtime::reloader::Reloader;
-use crate::runtime::triggers::{Cause, ReloadError, TriggerSettings, Triggers};
+pub use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
+use crate::runtime::triggers::{Cause, TriggerSettings, Triggers};
 use crate::state::Store;
 
 /// How long an ordered shutdown may take before tasks are abandoned.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
-
-/// Errors of the daemon.
-#[derive(Debug, thiserror::Error)]
-pub enum AppError {
-    /// The config could not be loaded again (reload).
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// Discovery failed.
-    #[error(transparent)]
-    Inventory(#[from] InventoryError),
-    /// The config does not fit this node.
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    /// Writing the CDI spec failed.
-    #[error(transparent)]
-    Spec(#[from] crate::runtime::reloader::SpecWriteError),
-    /// The new state could not be computed (the config does not fit, a spec rule).
-    #[error(transparent)]
-    Transition(#[from] crate::domain::transition::TransitionError),
-    /// The driver could not be found under the driver root (`failOnInitError: true`).
-    #[error(transparent)]
-    Driver(#[from] crate::driver::DriverError),
-    /// The held-device checkpoint could not be read.
-    #[error(transparent)]
-    Checkpoint(#[from] crate::platform::checkpoint::CheckpointError),
-    /// The kubelet directory could not be watched.
-    #[error(transparent)]
-    Watch(#[from] WatchError),
-    /// A resource could not be served.
-    #[error(transparent)]
-    Plugin(#[from] PluginError),
-    /// Reload triggers could not be set up.
-    #[error(transparent)]
-    Reload(#[from] ReloadError),
-    /// The HTTP endpoint could not listen.
-    #[error(transparent)]
-    Http(#[from] crate::runtime::http::HttpError),
-    /// A blocking task (discovery, spec writing) panicked or was cancelled.
-    #[error("{task} did not complete: {message}")]
-    Blocking { task: &'static str, message: String },
-    /// Tasks were still running when the shutdown deadline passed.
-    #[error("shutdown did not complete within {0:?}")]
-    ShutdownTimeout(Duration),
-}
 
 /// How the daemon reloads.
 #[derive(Clone)]
@@ -98,23 +54,6 @@ impl std::fmt::Debug for ReloadSettings {
             .field("triggers", &self.triggers)
             .finish()
     }
-}
-
-/// What the reloads so far came to; published after each one.
-#[derive(Debug, Clone)]
-pub struct ReloadStatus {
-    /// Reloads that published a new plan.
-    pub applied: u64,
-    /// Reloads that found nothing to change.
-    pub unchanged: u64,
-    /// Reloads refused (the previous state kept serving).
-    pub failed: u64,
-    /// The last refusal, if the last reload failed.
-    pub last_error: Option<String>,
-    /// The plan being served.
-    pub plan: Arc<Plan>,
-    /// What the last applied reload changed.
-    pub last_diff: Option<PlanDiff>,
 }
 
 /// What a started daemon exposes to its embedder (tests, demo).
@@ -206,19 +145,6 @@ impl RunSettings {
             metrics: Arc::default(),
         }
     }
-}
-
-/// Run a blocking closure off the async workers.
-pub(crate) async fn blocking<T: Send + 'static>(
-    task: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, AppError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| AppError::Blocking {
-            task,
-            message: e.to_string(),
-        })
 }
 
 /// Run the daemon until `shutdown` is cancelled (or a resource fails).

@@ -27,7 +27,7 @@ pub struct GenerateOptions {
     /// ([`super::shares`]); `None`: whole devices only.
     pub shares: Option<super::shares::ShareOptions>,
     /// Spec-level edits that bring the host's user-space driver into the container
-    /// (`crate::driver::container_edits`); `None`: device nodes only.
+    /// (the platform's driver discovery); `None`: device nodes only.
     pub driver: Option<ContainerEdits>,
 }
 

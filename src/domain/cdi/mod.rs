@@ -108,9 +108,6 @@ pub enum CdiError {
     /// The config does not fit this node's inventory.
     #[error(transparent)]
     Plan(#[from] crate::domain::plan::PlanError),
-    /// The driver could not be found (with `failOnInitError`).
-    #[error(transparent)]
-    Driver(#[from] crate::driver::DriverError),
     /// The config file was invalid.
     #[error(transparent)]
     Config(#[from] crate::domain::config::ConfigError),
