@@ -236,9 +236,11 @@ impl NodeLayout {
         let caps = host.join("proc/driver/nvidia-caps");
         std::fs::create_dir_all(&caps).unwrap();
         std::fs::write(caps.join("mig-minors"), node_spec::mig_minors_file(&minors)).unwrap();
+        // Stand-ins for the device nodes (plain files: mknod needs privileges the tests do
+        // not assume); they give the `/dev` volume its shape.
+        std::fs::create_dir_all(host.join("dev/nvidia-caps")).unwrap();
         for m in &minors {
             std::fs::create_dir_all(host.join(format!("proc/driver/nvidia/gpus/{m}"))).unwrap();
-            std::fs::create_dir_all(host.join("dev/nvidia-caps")).unwrap();
             std::fs::write(host.join(format!("dev/nvidia{m}")), "").unwrap();
         }
         std::fs::write(host.join("dev/nvidiactl"), "").unwrap();
