@@ -9,8 +9,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::cdi::{self, Format, GenerateOptions, NoProbe};
-use gpu_slicer::inventory::{Gpu, Inventory, MigDevice, MigMode};
+use gpu_slicer::domain::cdi::{self, Format, GenerateOptions, NoProbe};
+use gpu_slicer::domain::inventory::{Gpu, Inventory, MigDevice, MigMode};
 
 const RUNS: usize = 31;
 
@@ -98,11 +98,11 @@ pub fn measure_shares(gpus: u32, replicas: u32, format: Format, runs: usize) -> 
     let text = format!(
         "flags: {{mpsRoot: /run/nvidia/mps}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: gpu, replicas: {replicas}, isolation: memory+mps}}\n"
     );
-    let cfg = match gpu_slicer::config::parse(&text, "bench", &Default::default()) {
+    let cfg = match gpu_slicer::domain::config::parse(&text, "bench", &Default::default()) {
         Ok(c) => c,
         Err(e) => panic!("config: {e}"),
     };
-    let plan = match gpu_slicer::plan::build(&inv, &cfg) {
+    let plan = match gpu_slicer::domain::plan::build(&inv, &cfg) {
         Ok(p) => p,
         Err(e) => panic!("plan: {e}"),
     };

@@ -23,13 +23,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fake_lib;
-use gpu_slicer::app::{self, RunSettings};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::health::monitor::HealthSettings;
-use gpu_slicer::inventory::Backend;
-use gpu_slicer::inventory::nvml::NvmlBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::inventory::Backend;
+use gpu_slicer::platform::nvml::NvmlBackend;
+use gpu_slicer::runtime::health::HealthSettings;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -164,7 +164,8 @@ async fn latency(fake: &Fake, dir: &Path, events: usize) -> Vec<Duration> {
         .await
         .expect("registered");
     let mut frames = emulator.devices(RESOURCE).expect("frames");
-    let down = |f: &Vec<gpu_slicer::kubelet::DeviceInfo>| f.iter().filter(|d| !d.healthy).count();
+    let down =
+        |f: &Vec<gpu_slicer::testkit::kubelet::DeviceInfo>| f.iter().filter(|d| !d.healthy).count();
     let mut out = Vec::with_capacity(events);
     // Let the watcher register before the first event (events before registration are lost).
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::app::{self, RunSettings};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -104,15 +104,19 @@ async fn stop_node(node: Node) {
 
 /// Domain-only cost of Allocate and GetPreferredAllocation (no gRPC).
 fn core_costs(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
-    use gpu_slicer::allocate::{self, HealthMap};
-    use gpu_slicer::inventory::Backend;
+    use gpu_slicer::domain::allocate;
+    use gpu_slicer::domain::inventory::Backend;
     let inv = SimBackend::open("dgx-h100")
         .expect("profile")
         .discover()
         .expect("discover");
     let cfg = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
-    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
-    let map = HealthMap::new(&plan);
+    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
+    let map = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
+        cfg.clone(),
+        inv.clone(),
+        plan,
+    ));
     let mut a = Vec::with_capacity(calls);
     let mut p = Vec::with_capacity(calls);
     for i in 0..calls {

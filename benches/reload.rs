@@ -1,7 +1,7 @@
 //! Live reconfiguration benchmark over real unix sockets with the kubelet emulator, on the
 //! built-in `dgx-h100` node: rewrite the watched config file (time-slicing replicas 64 ↔ 32,
 //! 512 ↔ 256 devices) and time until the emulator holds the new ListAndWatch device list.
-//! The figure includes the trigger's settle delay (`gpu_slicer::reload::SETTLE`), which is
+//! The figure includes the trigger's settle delay (`gpu_slicer::runtime::triggers::SETTLE`), which is
 //! printed alongside so the reload's own cost can be read off.
 //!
 //! Run: `cargo bench --bench reload` (`BENCH_QUICK=1` for fewer iterations).
@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::app::{self, ReloadSettings, RunSettings};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
-use gpu_slicer::reload::{SETTLE, TriggerSettings};
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, ReloadSettings, RunSettings};
+use gpu_slicer::runtime::triggers::{SETTLE, TriggerSettings};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 

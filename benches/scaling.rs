@@ -13,13 +13,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::app::{self, RunSettings};
-use gpu_slicer::cdi::{self, Format, GenerateOptions, NoProbe};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::Backend;
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::cdi::{self, Format, GenerateOptions, NoProbe};
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::inventory::Backend;
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 

@@ -1,26 +1,51 @@
-//! The crate-level error: every module's error in one enum, so `main` can print it and
-//! choose an exit code in one place.
+//! The crate-level error and the one exit-code map.
+//!
+//! Every command ends in an [`Error`]; [`Error::exit_code`] is the only place that turns an
+//! error into a process exit status. The rule is one table, applied the same way however
+//! deep an error is nested (a CDI I/O error exits 1 whether `cdi generate` or `run` hit it):
+//!
+//! | code | meaning | errors |
+//! |---|---|---|
+//! | 0 | success | |
+//! | 1 | the machine failed us | NVML, disk and socket I/O, a failed hook, the daemon at run time, signals, output |
+//! | 2 | bad input | config file / flags / env vars, node files, unknown backend or profile, a plan that does not fit the node, CDI names and specs given by the user, health flags |
 
 use std::process::ExitCode;
+
+use crate::cli::args::MonitorError;
+use crate::cli::demo::DemoError;
+use crate::cli::run::RunError;
+use crate::domain::cdi::CdiError;
+use crate::domain::inventory::InventoryError;
+use crate::runtime::supervisor::AppError;
 
 /// Any error a command can end with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Config file or flags.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::domain::config::ConfigError),
     /// Discovery.
     #[error(transparent)]
-    Inventory(#[from] crate::inventory::InventoryError),
+    Inventory(#[from] InventoryError),
     /// Planning.
     #[error(transparent)]
-    Plan(#[from] crate::plan::PlanError),
+    Plan(#[from] crate::domain::plan::PlanError),
     /// CDI spec generation, checks or writing.
     #[error(transparent)]
-    Cdi(#[from] crate::cdi::CdiError),
+    Cdi(#[from] CdiError),
     /// A CDI hook failed (the container must not start).
     #[error(transparent)]
-    Enforce(#[from] crate::enforce::EnforceError),
+    Enforce(#[from] crate::platform::enforce::EnforceError),
+    /// `gpu-slicer run`.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// `gpu-slicer demo`.
+    #[error(transparent)]
+    Demo(#[from] DemoError),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     /// Writing output.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
@@ -32,18 +57,100 @@ pub enum Error {
 /// Result alias for commands.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// Exit code: 2 for bad input (config, node file, plan), 1 for runtime failures.
-    pub fn exit_code(&self) -> ExitCode {
+/// What an error says about whose fault it is; each maps to one exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// The machine, the driver or the environment failed (exit 1).
+    Runtime,
+    /// The user's input is wrong (exit 2).
+    Input,
+}
+
+impl Class {
+    /// The process exit code of this class.
+    pub fn exit_code(self) -> ExitCode {
         match self {
-            Error::Config(_) | Error::Plan(_) => ExitCode::from(2),
-            Error::Cdi(e) => e.exit_code(),
-            Error::Inventory(crate::inventory::InventoryError::NodeFile(_))
-            | Error::Inventory(crate::inventory::InventoryError::UnknownProfile { .. })
-            | Error::Inventory(crate::inventory::InventoryError::UnknownBackend(_)) => {
-                ExitCode::from(2)
-            }
-            _ => ExitCode::from(1),
+            Class::Runtime => ExitCode::from(1),
+            Class::Input => ExitCode::from(2),
         }
+    }
+}
+
+fn inventory(e: &InventoryError) -> Class {
+    match e {
+        InventoryError::NodeFile(_)
+        | InventoryError::UnknownProfile { .. }
+        | InventoryError::UnknownBackend(_) => Class::Input,
+        _ => Class::Runtime,
+    }
+}
+
+fn cdi(e: &CdiError) -> Class {
+    match e {
+        CdiError::Io { .. } | CdiError::Serialize(_) => Class::Runtime,
+        CdiError::Inventory(e) => inventory(e),
+        _ => Class::Input,
+    }
+}
+
+fn app(e: &AppError) -> Class {
+    match e {
+        AppError::Config(_) | AppError::Plan(_) => Class::Input,
+        AppError::Inventory(e) => inventory(e),
+        _ => Class::Runtime,
+    }
+}
+
+fn monitor(e: &MonitorError) -> Class {
+    match e {
+        MonitorError::Backend(e) => inventory(e),
+        MonitorError::EventsFileNeedsSim { .. } => Class::Input,
+    }
+}
+
+impl Error {
+    /// Whose fault this error is.
+    pub fn class(&self) -> Class {
+        match self {
+            Error::Config(_) | Error::Plan(_) => Class::Input,
+            Error::Inventory(e) => inventory(e),
+            Error::Cdi(e) => cdi(e),
+            Error::Run(e) => match e {
+                RunError::Config(_) => Class::Input,
+                RunError::Backend(e) => inventory(e),
+                RunError::Hook(e) => cdi(e),
+                RunError::Health(e) => monitor(e),
+                RunError::App(e) => app(e),
+                RunError::Signal(_) => Class::Runtime,
+            },
+            Error::Demo(DemoError::App(e)) => app(e),
+            Error::Enforce(_)
+            | Error::Demo(_)
+            | Error::Runtime(_)
+            | Error::Output(_)
+            | Error::Encode(_) => Class::Runtime,
+        }
+    }
+
+    /// The process exit code (see the table in the module header).
+    pub fn exit_code(&self) -> ExitCode {
+        self.class().exit_code()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_cdi_io_error_has_one_exit_code_wherever_it_surfaces() {
+        let io = || CdiError::Io {
+            path: "/var/run/cdi".into(),
+            source: std::io::Error::other("disk full"),
+        };
+        let alone = Error::Cdi(io()).class();
+        let in_run = Error::Run(RunError::Hook(io())).class();
+        assert_eq!(alone, Class::Runtime);
+        assert_eq!(in_run, alone);
     }
 }

@@ -25,22 +25,11 @@
 //! - [`app`]: the daemon's wiring, reloads and ordered shutdown; [`proto`]: generated kubelet APIs.
 //! - [`reload`]: reload triggers (config directory watch, SIGHUP, re-scan timer).
 
-pub mod allocate;
-pub mod app;
-pub mod cdi;
 pub mod cli;
-pub mod commands;
-pub mod config;
-pub mod enforce;
+pub mod domain;
 pub mod error;
-pub mod health;
-pub mod http;
-pub mod inventory;
-pub mod kubelet;
-pub mod ledger;
-pub mod metrics;
-pub mod mps;
-pub mod plan;
-pub mod plugin;
+pub mod platform;
 pub mod proto;
-pub mod reload;
+pub mod runtime;
+pub mod state;
+pub mod testkit;

@@ -1,6 +1,6 @@
 //! Generated kubelet gRPC bindings, included once, plus the API constants.
 //!
-//! `build.rs` compiles `proto/` into `OUT_DIR`. Only `crate::plugin` and `crate::kubelet`
+//! `build.rs` compiles `proto/` into `OUT_DIR`. Only `crate::runtime::plugin` and `crate::testkit::kubelet`
 //! (the gRPC edges) use these types; domain code never sees prost names such as
 //! `device_i_ds`.
 

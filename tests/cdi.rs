@@ -9,12 +9,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gpu_slicer::cdi::{
+use gpu_slicer::domain::cdi::{
     self, Format, GenerateOptions, NoProbe, Spec, qualified_name, spec_file_name,
     validate::validate_file,
 };
-use gpu_slicer::inventory::Backend;
-use gpu_slicer::inventory::sim::{BUILTIN_PROFILES, SimBackend};
+use gpu_slicer::domain::inventory::Backend;
+use gpu_slicer::platform::sim::{BUILTIN_PROFILES, SimBackend};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
 const KIND: &str = "gpu-slicer.io/gpu";
@@ -175,15 +175,15 @@ fn share_devices_carry_the_limits_of_k_shares() {
 /// host path, so the golden is machine-independent.
 fn shares_spec() -> Spec {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cfg = gpu_slicer::config::load(
+    let cfg = gpu_slicer::domain::config::load(
         Some(&root.join("hack/configs/shares.yaml")),
-        &gpu_slicer::config::Overrides::default(),
+        &gpu_slicer::domain::config::Overrides::default(),
     )
     .expect("shares.yaml");
     let inv = SimBackend::open("mixed-a100")
         .and_then(|b| b.discover())
         .expect("profile");
-    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
     let opts = GenerateOptions {
         kind: KIND.into(),
         dev_root: None,

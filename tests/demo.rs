@@ -5,7 +5,7 @@ async fn demo_runs_and_reports_allocations() {
     let mut out = Vec::new();
     tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        gpu_slicer::commands::demo::demo(&mut out),
+        gpu_slicer::cli::demo::demo(&mut out),
     )
     .await
     .expect("demo within 30 s")

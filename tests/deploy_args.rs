@@ -5,7 +5,7 @@ use clap::Parser;
 mod common;
 
 use common::fake_lib;
-use gpu_slicer::cli::{Cli, Command};
+use gpu_slicer::cli::args::{Cli, Command};
 
 #[test]
 fn daemonset_args_are_real_run_flags() {
@@ -40,7 +40,7 @@ fn daemonset_args_are_real_run_flags() {
             Ok(c) => c,
             Err(e) => panic!("{path}: init container args do not parse: {e}"),
         };
-    let Command::CdiHook(gpu_slicer::commands::cdi_hook::CdiHookCommand::Install(install)) =
+    let Command::CdiHook(gpu_slicer::cli::cdi_hook::CdiHookCommand::Install(install)) =
         init_cli.command
     else {
         panic!("{path}: the init container does not run `cdi-hook install`");
@@ -109,21 +109,23 @@ fn mps_overlay_mounts_what_the_config_names() {
         serde_yaml::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
             .unwrap();
     let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
-    let cfg = gpu_slicer::config::parse(
+    let cfg = gpu_slicer::domain::config::parse(
         text,
         "deploy/mps/configmap.yaml",
-        &gpu_slicer::config::Overrides::default(),
+        &gpu_slicer::domain::config::Overrides::default(),
     )
     .expect("the overlay's config is valid");
     let root = cfg.mps_root.clone().expect("flags.mpsRoot set");
     // It plans MPS daemons on a real node shape.
-    let inv = gpu_slicer::inventory::Backend::discover(
-        &gpu_slicer::inventory::sim::SimBackend::open("dgx-h100").unwrap(),
+    let inv = gpu_slicer::domain::inventory::Backend::discover(
+        &gpu_slicer::platform::sim::SimBackend::open("dgx-h100").unwrap(),
     )
     .unwrap();
-    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
     assert_eq!(
-        gpu_slicer::mps::daemons_for(&plan, &cfg).unwrap().len(),
+        gpu_slicer::domain::mps::daemons_for(&plan, &cfg)
+            .unwrap()
+            .len(),
         8,
         "one daemon per GPU"
     );
@@ -151,7 +153,7 @@ fn mps_overlay_mounts_what_the_config_names() {
     assert_eq!(host_path_of(root.to_str().unwrap()), root.to_str().unwrap());
     assert_eq!(
         std::path::PathBuf::from(host_path_of("/dev/shm")),
-        gpu_slicer::mps::shm_dir(&root),
+        gpu_slicer::domain::mps::shm_dir(&root),
         "the daemons' /dev/shm is the directory tenants get"
     );
 }
@@ -341,10 +343,11 @@ async fn manifest_runs_on_mig_node(dir: &str) {
     let container = &pod["containers"][0];
     let layout = NodeLayout::new("hack/nodes/mixed-a100.yaml");
     let host = layout.host();
-    let emulator =
-        gpu_slicer::kubelet::KubeletEmulator::start(host.join("var/lib/kubelet/device-plugins"))
-            .await
-            .expect("kubelet emulator");
+    let emulator = gpu_slicer::testkit::kubelet::KubeletEmulator::start(
+        host.join("var/lib/kubelet/device-plugins"),
+    )
+    .await
+    .expect("kubelet emulator");
     emulator
         .serve_pod_resources(&host.join("var/lib/kubelet/pod-resources/kubelet.sock"))
         .expect("pod resources");
@@ -352,16 +355,16 @@ async fn manifest_runs_on_mig_node(dir: &str) {
 
     // What the daemon should serve: the ConfigMap's config planned on the same node.
     let cm = object(&objs, "ConfigMap", "gpu-slicer-config");
-    let cfg = gpu_slicer::config::parse(
+    let cfg = gpu_slicer::domain::config::parse(
         cm["data"]["config.yaml"].as_str().unwrap(),
         "configmap",
-        &gpu_slicer::config::Overrides::default(),
+        &gpu_slicer::domain::config::Overrides::default(),
     )
     .expect("config");
     let sim =
-        gpu_slicer::inventory::sim::SimBackend::open(layout.node_file.to_str().unwrap()).unwrap();
-    let inv = gpu_slicer::inventory::Backend::discover(&sim).unwrap();
-    let plan = gpu_slicer::plan::build(&inv, &cfg).expect("plan");
+        gpu_slicer::platform::sim::SimBackend::open(layout.node_file.to_str().unwrap()).unwrap();
+    let inv = gpu_slicer::domain::inventory::Backend::discover(&sim).unwrap();
+    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
     let names: Vec<String> = plan.resources.iter().map(|r| r.name.clone()).collect();
     assert!(
         names.iter().any(|n| n.starts_with("nvidia.com/mig-")),
@@ -399,7 +402,8 @@ async fn manifest_runs_on_mig_node(dir: &str) {
     let mut nodes = std::collections::BTreeSet::new();
     for e in std::fs::read_dir(&cdi_dir).expect("cdi dir") {
         let p = e.unwrap().path();
-        let spec = gpu_slicer::cdi::Spec::parse(&std::fs::read_to_string(&p).unwrap(), &p).unwrap();
+        let spec = gpu_slicer::domain::cdi::Spec::parse(&std::fs::read_to_string(&p).unwrap(), &p)
+            .unwrap();
         for d in &spec.devices {
             nodes.extend(
                 d.container_edits

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use common::{SHARED_CONFIG, fake_lib, short_tempdir, within};
-use gpu_slicer::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
+use gpu_slicer::testkit::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -126,18 +126,8 @@ impl Daemon {
             node_spec::mig_minors_file(&[0, 1, 2, 3]),
         )
         .expect("mig-minors");
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"));
-        cmd.arg("run")
-            .arg("--backend")
-            .arg(opts.backend)
-            .arg("--config")
-            .arg(&config)
-            .arg("--device-plugin-dir")
-            .arg(&plugin_dir)
-            .arg("--cdi-dir")
-            .arg(dir.path().join("cdi"))
-            .arg("--proc-root")
-            .arg(dir.path().join("proc"));
+        let mut cmd = common::run_command(dir.path(), opts.backend, &config);
+        cmd.arg("--proc-root").arg(dir.path().join("proc"));
         if opts.backend == "nvml" && !opts.extra.contains(&"--nvml-lib") {
             cmd.arg("--nvml-lib").arg(&lib);
         }
@@ -146,9 +136,6 @@ impl Daemon {
             .env("FAKE_NVML_EVENT_FILE", dir.path().join("events.jsonl"))
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
-            // Never the default :9400 (these daemons run in parallel); no ledger.
-            .env("HTTP_LISTEN", "127.0.0.1:0")
-            .env("POD_RESOURCES_SOCKET", "")
             .env_remove("DP_DISABLE_HEALTHCHECKS")
             .env_remove("DP_ENABLE_HEALTHCHECKS")
             .env_remove("HEALTH_QUIET_PERIOD")

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use gpu_slicer::http::{self, Readiness};
-use gpu_slicer::metrics::{Metrics, ResourceLabels, RuleLabels};
+use gpu_slicer::runtime::http::{self, Readiness};
+use gpu_slicer::runtime::metrics::{Metrics, ResourceLabels, RuleLabels};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 

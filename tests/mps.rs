@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::{Backend, sim::SimBackend};
-use gpu_slicer::mps::daemon::{DaemonState, DaemonStates, Supervisor, SupervisorConfig};
-use gpu_slicer::mps::{self, DaemonSpec};
-use gpu_slicer::plan;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::inventory::Backend;
+use gpu_slicer::domain::mps::{self, DaemonSpec};
+use gpu_slicer::domain::plan;
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::mps::daemon::{DaemonState, DaemonStates, Supervisor, SupervisorConfig};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use common::fake_lib;
 
-use gpu_slicer::inventory::nvml::NvmlBackend;
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::inventory::{Backend, InventoryError};
+use gpu_slicer::domain::inventory::{Backend, InventoryError};
+use gpu_slicer::platform::nvml::NvmlBackend;
+use gpu_slicer::platform::sim::SimBackend;
 
 /// A private copy of the fake, configured with `node` (None: no driver).
 struct Fake {
@@ -152,7 +152,7 @@ gpus:
 
 use std::time::Duration;
 
-use gpu_slicer::health::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher, reprobe};
+use gpu_slicer::platform::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher, reprobe};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const EVENT_NODE: &str = r#"

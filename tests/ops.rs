@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{short_tempdir, within};
-use gpu_slicer::allocate::HealthMap;
-use gpu_slicer::app::{self, RunSettings};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::inventory::{Backend, Health};
-use gpu_slicer::kubelet::{KubeletEmulator, PodRef};
-use gpu_slicer::ledger::{Ledger, LedgerSettings, LedgerSnapshot, ViewSource};
-use gpu_slicer::metrics::Metrics;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::inventory::{Backend, Health};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::ledger::{Ledger, LedgerSettings, LedgerSnapshot, ViewSource};
+use gpu_slicer::runtime::metrics::Metrics;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::state::Store;
+use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -165,7 +165,7 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
     assert_eq!(snapshot.drift, vec![], "emulator and plan agree");
 
     running
-        .health
+        .store
         .set_health(&allocation.device_ids[0], Health::Unhealthy, "xid-79")
         .expect("known device");
     let body = scrape_until(addr, "health reaches metrics", |b| {
@@ -224,11 +224,8 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
     emulator.shutdown().await;
 }
 
-fn views_of(health: HealthMap) -> ViewSource {
-    Arc::new(move || {
-        let names = health.resource_names();
-        names.iter().filter_map(|r| health.view(r)).collect()
-    })
+fn views_of(health: Store) -> ViewSource {
+    Arc::new(move || health.current().views.values().cloned().collect())
 }
 
 #[tokio::test]
@@ -240,7 +237,10 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
         .discover()
         .expect("inventory");
     let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
-    let health = HealthMap::new(&gpu_slicer::plan::build(&inventory, &config).expect("plan"));
+    let plan = gpu_slicer::domain::plan::build(&inventory, &config).expect("plan");
+    let health = Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
+        config, inventory, plan,
+    ));
     let metrics = Arc::new(Metrics::new());
     let tracker = TaskTracker::new();
     let token = CancellationToken::new();
@@ -306,9 +306,9 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
 /// ledger prunes the Allocate log once the holder is gone.
 #[tokio::test]
 async fn metrics_readiness_and_ledger_follow_a_reload() {
-    use gpu_slicer::app::ReloadSettings;
-    use gpu_slicer::ledger::Drift;
-    use gpu_slicer::reload::{Cause, TriggerSettings};
+    use gpu_slicer::runtime::ledger::Drift;
+    use gpu_slicer::runtime::supervisor::ReloadSettings;
+    use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
 
     const MIG: &str = "nvidia.com/mig-1g.10gb";
     let dir = short_tempdir();
@@ -417,12 +417,12 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
     })
     .await;
 
-    // The holder goes away: the ledger prunes the Allocate log, so the next reload no
-    // longer keeps that slice in the CDI spec.
-    assert!(running.allocations.snapshot().contains_key(MIG));
+    // The holder goes away: the ledger releases it in the store, so the spec no longer
+    // keeps that slice.
+    assert!(running.store.current().held.ids().contains_key(MIG));
     emulator.release("keep", "holder");
     within("allocation log pruned", async {
-        while running.allocations.snapshot().contains_key(MIG) {
+        while running.store.current().held.ids().contains_key(MIG) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

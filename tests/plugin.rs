@@ -6,9 +6,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::{SHARED_CONFIG, start, within};
-use gpu_slicer::inventory::Health;
-use gpu_slicer::kubelet::EmulatorError;
-use gpu_slicer::plugin::socket_name;
+use gpu_slicer::domain::inventory::Health;
+use gpu_slicer::runtime::plugin::socket_name;
+use gpu_slicer::testkit::kubelet::EmulatorError;
 use proptest::prelude::*;
 use tonic::Code;
 
@@ -71,7 +71,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     // A GPU event takes out every replica of that GPU and nothing else.
     let changed = h
         .running
-        .health
+        .store
         .set_health(GPU3, Health::Unhealthy, "Xid 79")
         .unwrap();
     assert_eq!(changed.len(), 1);
@@ -89,7 +89,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     assert!(!mig.has_changed().unwrap());
     // Parent GPU 0 of seven 1g.10gb slices.
     h.running
-        .health
+        .store
         .set_health(
             "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e00",
             Health::Unhealthy,
@@ -100,7 +100,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     assert_eq!(mig.borrow().iter().filter(|d| d.healthy).count(), 2);
     // Recovery.
     h.running
-        .health
+        .store
         .set_health(GPU3, Health::Healthy, "")
         .unwrap();
     within("recovery frame", gpu.changed()).await.unwrap();
@@ -170,7 +170,7 @@ async fn allocate_rule_unhealthy() {
     let mut gpu = h.emulator.devices("nvidia.com/gpu").unwrap();
     gpu.borrow_and_update();
     h.running
-        .health
+        .store
         .set_health(&rep(GPU2, 2), Health::Unhealthy, "ECC error")
         .unwrap();
     within("frame", gpu.changed()).await.unwrap();
@@ -377,10 +377,10 @@ async fn hundred_kubelet_restarts_in_a_row() {
 
 #[tokio::test]
 async fn waits_for_kubelet_socket_before_registering() {
-    use gpu_slicer::app::{self, RunSettings};
-    use gpu_slicer::config::{self, Overrides};
-    use gpu_slicer::inventory::sim::SimBackend;
-    use gpu_slicer::kubelet::KubeletEmulator;
+    use gpu_slicer::domain::config::{self, Overrides};
+    use gpu_slicer::platform::sim::SimBackend;
+    use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+    use gpu_slicer::testkit::kubelet::KubeletEmulator;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
@@ -427,11 +427,11 @@ async fn shutdown_removes_sockets() {
 
 #[tokio::test]
 async fn health_events_channel_reaches_list_and_watch() {
-    use gpu_slicer::allocate::HealthUpdate;
-    use gpu_slicer::app::{self, RunSettings};
-    use gpu_slicer::config::{self, Overrides};
-    use gpu_slicer::inventory::sim::SimBackend;
-    use gpu_slicer::kubelet::KubeletEmulator;
+    use gpu_slicer::domain::allocate::HealthUpdate;
+    use gpu_slicer::domain::config::{self, Overrides};
+    use gpu_slicer::platform::sim::SimBackend;
+    use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+    use gpu_slicer::testkit::kubelet::KubeletEmulator;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
@@ -471,10 +471,10 @@ async fn health_events_channel_reaches_list_and_watch() {
 /// with is a device of that spec (checked by parsing the written file).
 #[tokio::test]
 async fn allocate_names_exist_in_the_written_spec() {
-    use gpu_slicer::app::{self, RunSettings};
-    use gpu_slicer::config::{self, Overrides};
-    use gpu_slicer::inventory::sim::SimBackend;
-    use gpu_slicer::kubelet::KubeletEmulator;
+    use gpu_slicer::domain::config::{self, Overrides};
+    use gpu_slicer::platform::sim::SimBackend;
+    use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+    use gpu_slicer::testkit::kubelet::KubeletEmulator;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
@@ -502,12 +502,12 @@ async fn allocate_names_exist_in_the_written_spec() {
     .map(|s| s.to_string())
     .collect();
     within("registration", emulator.wait_registered(&names, 1)).await;
-    let spec_path = cdi_dir.join(gpu_slicer::cdi::spec_file_name(
+    let spec_path = cdi_dir.join(gpu_slicer::domain::cdi::spec_file_name(
         &kind,
-        gpu_slicer::cdi::Format::Yaml,
+        gpu_slicer::domain::cdi::Format::Yaml,
     ));
-    let spec =
-        gpu_slicer::cdi::validate::validate_file(&spec_path).expect("spec written and valid");
+    let spec = gpu_slicer::domain::cdi::validate::validate_file(&spec_path)
+        .expect("spec written and valid");
     let offered: std::collections::BTreeSet<String> = spec.qualified_names().into_iter().collect();
     let mut checked = 0;
     for resource in &names {

@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{short_tempdir, within};
-use gpu_slicer::app::{self, AppError, ReloadSettings, ReloadStatus, RunSettings, Running};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
-use gpu_slicer::reload::{Cause, TriggerSettings};
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{
+    self as app, AppError, ReloadSettings, ReloadStatus, RunSettings, Running,
+};
+use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -293,8 +295,10 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
         "allocated device dropped from the spec"
     );
     assert!(!spec.contains(FREE), "free device kept");
-    gpu_slicer::cdi::validate(&gpu_slicer::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap())
-        .expect("spec with a kept device is valid");
+    gpu_slicer::domain::cdi::validate(
+        &gpu_slicer::domain::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap(),
+    )
+    .expect("spec with a kept device is valid");
     // The device is gone from the resource: Allocate refuses it by name.
     let err = d
         .emulator
@@ -313,8 +317,12 @@ async fn health_survives_a_reload() {
     let d = start(dir, file.clone(), "mixed-a100").await;
     const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
     d.running
-        .health
-        .set_health(GPU2, gpu_slicer::inventory::Health::Unhealthy, "XID 79")
+        .store
+        .set_health(
+            GPU2,
+            gpu_slicer::domain::inventory::Health::Unhealthy,
+            "XID 79",
+        )
         .unwrap();
     let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
     within(
@@ -353,4 +361,84 @@ fn a_bad_rescan_interval_is_refused_naming_the_flag() {
         stderr.contains("--rescan-interval") && stderr.contains("unknown unit \"parsecs\""),
         "{stderr}"
     );
+}
+
+const TWO: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
+
+impl Daemon {
+    /// Wait until a reload has published a new plan (`applied` past `before`).
+    async fn next_applied(&self, before: &ReloadStatus) -> ReloadStatus {
+        let mut rx = self.running.reloads.clone();
+        within(
+            "applied reload",
+            rx.wait_for(|s| s.applied > before.applied),
+        )
+        .await
+        .expect("daemon alive")
+        .clone()
+    }
+}
+
+/// What a chatty neighbour does: append to a log file in the config's directory, `writes`
+/// times, spread over longer than the settle delay so no two writes could be merged into
+/// one reload.
+async fn write_log_next_to(dir: &Path, writes: usize) {
+    use std::io::Write;
+    let log = dir.join("agent.log");
+    for i in 0..writes {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log");
+        writeln!(f, "line {i}").expect("append");
+        drop(f);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn writes_next_to_the_config_cause_no_reload() {
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, FOUR).unwrap();
+    let d = start(dir, file.clone(), "mixed-a100").await;
+    let before = d.running.reloads.borrow().clone();
+    write_log_next_to(d.dir.path(), 30).await;
+    // The barrier: inotify delivers events in order, so once the edit below has been
+    // applied every log write before it has been seen (and must have been ignored).
+    // An in-place edit (truncate + write), as `kubectl cp` or `echo >` does.
+    std::fs::write(&file, TWO).unwrap();
+    let after = d.next_applied(&before).await;
+    assert_eq!(
+        (after.applied, after.unchanged, after.failed),
+        (before.applied + 1, before.unchanged, before.failed),
+        "only the edit reloads"
+    );
+    let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
+    within("2 replicas served", gpu.wait_for(|v| v.len() == 4))
+        .await
+        .unwrap();
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn writes_next_to_an_invalid_config_count_no_failed_reloads() {
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, FOUR).unwrap();
+    let d = start(dir, file.clone(), "mixed-a100").await;
+    let before = d.running.reloads.borrow().clone();
+    replace(&file, "version: v9\n");
+    let broken = d.next_reload(&before).await;
+    assert_eq!(broken.failed, before.failed + 1, "{broken:?}");
+    write_log_next_to(d.dir.path(), 30).await;
+    replace(&file, TWO);
+    let after = d.next_applied(&broken).await;
+    assert_eq!(
+        (after.failed, after.unchanged),
+        (broken.failed, broken.unchanged),
+        "the log writes were counted as reloads"
+    );
+    d.stop().await;
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::{short_tempdir, within};
-use gpu_slicer::kubelet::{DeviceInfo, KubeletEmulator};
+use gpu_slicer::testkit::kubelet::{DeviceInfo, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -69,26 +69,14 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     std::fs::write(&config_path, config(&mps_root)).unwrap();
     let fake = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("hack/fake-mps-control");
     let log = std::fs::File::create(dir.path().join("run.log")).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .arg("run")
-        .arg("--backend=sim:mixed-a100")
-        .arg("--config")
-        .arg(&config_path)
-        .arg("--device-plugin-dir")
-        .arg(&plugin_dir)
-        .arg("--cdi-dir")
-        .arg(&cdi_dir)
+    let mut child = common::run_command(dir.path(), "sim:mixed-a100", &config_path)
         .arg("--mps-control-bin")
         .arg(&fake)
         // Long enough that the Unhealthy frame is seen before the restart clears it.
         .arg("--mps-restart-backoff-ms=1000")
         .env("CDI_HOOK_PATH", "/opt/gpu-slicer/bin/gpu-slicer")
-        // Never the default :9400 in tests (parallel runs); no ledger.
-        .env("HTTP_LISTEN", "127.0.0.1:0")
-        .env("POD_RESOURCES_SOCKET", "")
         .stdout(Stdio::null())
         .stderr(log)
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let names: Vec<String> = [
@@ -101,6 +89,16 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     .map(String::from)
     .to_vec();
     within("registration", emulator.wait_registered(&names, 1)).await;
+    // Resources are served at once, their MPS replicas Unhealthy until the daemons are up.
+    within("MPS replicas healthy", async {
+        for name in &names {
+            let mut rx = emulator.devices(name).expect("devices");
+            rx.wait_for(|d| !d.is_empty() && d.iter().all(|d| d.healthy))
+                .await
+                .expect("device list");
+        }
+    })
+    .await;
 
     // One daemon per MPS-shared device, each seeing only its device, limits sent.
     for (uuid, threads) in [(GPU3, "25"), (MIG_3G, "50"), (MIG_2G, "50")] {
@@ -141,8 +139,9 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     assert!(a.device_ids.iter().all(|id| id.starts_with(GPU3)));
     let share = format!("{KIND}={GPU3}-share-3");
     assert_eq!(a.response.cdi_devices, vec![share.clone()]);
-    let spec = gpu_slicer::cdi::validate::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
-        .expect("spec written");
+    let spec =
+        gpu_slicer::domain::cdi::validate::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
+            .expect("spec written");
     let dev = spec
         .devices
         .iter()
@@ -177,8 +176,9 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     assert_ne!(restarted, pid);
     assert!(alive(restarted));
 
-    // Live reload: GPU 3 split 2 ways instead of 4. The daemon set follows the plan (the
-    // old daemons stop, new ones start with 50 % defaults) and the resource shrinks.
+    // Live reload: GPU 3 split 2 ways instead of 4. Only GPU 3's daemon is replaced (the
+    // new one starts with 50 % defaults) and the resource shrinks; the MIG devices' daemons,
+    // whose settings did not change, keep running and their replicas stay Healthy.
     std::fs::write(
         &config_path,
         config(&mps_root).replace("devices: [3], replicas: 4", "devices: [3], replicas: 2"),
@@ -192,15 +192,14 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     )
     .await;
     let mut waited = 0;
-    let (gpu3_new, mig_new) = loop {
+    let gpu3_new = loop {
         let commands =
             std::fs::read_to_string(mps_root.join(GPU3).join("log/commands.log")).unwrap();
-        if let (true, Some(g), Some(m)) = (
+        if let (true, Some(g)) = (
             commands.contains("set_default_active_thread_percentage 50"),
             daemon_pid(&mps_root, GPU3).filter(|p| *p != restarted && alive(*p)),
-            daemon_pid(&mps_root, MIG_3G).filter(|p| *p != mig_pid && alive(*p)),
         ) {
-            break (g, m);
+            break g;
         }
         waited += 1;
         assert!(
@@ -209,9 +208,22 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
-    for p in [restarted, mig_pid] {
-        assert!(!alive(p), "old daemon {p} still running after reload");
-    }
+    assert!(
+        !alive(restarted),
+        "GPU 3's old daemon still running after reload"
+    );
+    assert_eq!(
+        daemon_pid(&mps_root, MIG_3G),
+        Some(mig_pid),
+        "the unchanged MIG daemon was restarted"
+    );
+    assert!(alive(mig_pid));
+    let mig_new = mig_pid;
+    let mig = emulator.devices("nvidia.com/mig-3g.40gb").unwrap();
+    assert!(
+        mig.borrow().iter().all(|d| d.healthy),
+        "MIG replicas stayed Healthy"
+    );
 
     // SIGTERM: clean exit, every daemon asked to quit and gone.
     let run_pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());

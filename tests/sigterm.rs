@@ -7,27 +7,18 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::{short_tempdir, within};
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::socket_name;
+use gpu_slicer::runtime::plugin::socket_name;
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 /// `gpu-slicer run` on the `mixed-a100` sim node with `config` and the sockets and spec in
 /// `dir`, plus `extra` flags.
 fn spawn_run(dir: &Path, config: &Path, extra: &[&str]) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .arg("run")
-        .arg("--backend=sim:mixed-a100")
-        .arg("--config")
-        .arg(config)
-        .arg("--device-plugin-dir")
-        .arg(dir.join("dp"))
-        .arg("--cdi-dir")
-        .arg(dir.join("cdi"))
+    common::run_command(dir, "sim:mixed-a100", config)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap()
 }

@@ -7,11 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_slicer::app::{self, AppError, RunSettings, Running};
-use gpu_slicer::config::{self, Overrides};
-use gpu_slicer::inventory::sim::SimBackend;
-use gpu_slicer::kubelet::KubeletEmulator;
-use gpu_slicer::plugin::Backoff;
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::plugin::Backoff;
+use gpu_slicer::runtime::supervisor::{self as app, AppError, RunSettings, Running};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -112,4 +112,29 @@ pub(crate) fn fake_lib() -> std::path::PathBuf {
         }
     }
     panic!("libnvidia_ml.so not found near {}", exe.display());
+}
+
+/// `gpu-slicer run` on `backend` with `config`, everything it writes in `dir` (`dp/`
+/// sockets, `cdi/` spec, `state/` checkpoint), HTTP on an ephemeral loopback port (never
+/// the default :9400: tests run in parallel) and no ledger. Callers add flags and spawn.
+pub(crate) fn run_command(
+    dir: &std::path::Path,
+    backend: &str,
+    config: &std::path::Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"));
+    cmd.arg("run")
+        .arg("--backend")
+        .arg(backend)
+        .arg("--config")
+        .arg(config)
+        .arg("--device-plugin-dir")
+        .arg(dir.join("dp"))
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .env("STATE_DIR", dir.join("state"))
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("POD_RESOURCES_SOCKET", "")
+        .kill_on_drop(true);
+    cmd
 }

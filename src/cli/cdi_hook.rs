@@ -1,0 +1,131 @@
+//! `gpu-slicer cdi-hook set-memory-limit`: the CDI hook that binds a container's GPU memory.
+//! `gpu-slicer cdi-hook install --to DIR`: put this binary where the runtime can run it.
+//!
+//! Run by the container runtime on the host (a CDI `createRuntime` hook) with the OCI state
+//! on stdin; sets the hard limit of the container's cgroup on one GPU through NVML
+//! (`crate::platform::enforce`). Any failure exits non-zero with a one-line reason on stderr, so the
+//! runtime refuses to start the container instead of starting it unlimited.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use crate::platform::enforce::{self, EnforceError, MemoryLimiter, nvml::NvmlLimiter};
+
+/// `cdi-hook` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CdiHookCommand {
+    /// Set the container's hard GPU-memory limit on one GPU.
+    SetMemoryLimit(SetMemoryLimitArgs),
+    /// Copy this executable into a host directory (a DaemonSet init container does this so
+    /// the hook path written into CDI specs exists on the host, where the runtime runs it).
+    Install(InstallArgs),
+}
+
+/// `cdi-hook install` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    /// Directory to install `gpu-slicer` into (created if missing).
+    #[arg(long)]
+    pub to: PathBuf,
+}
+
+/// Copy `exe` to `<dir>/gpu-slicer` atomically (temp file, fsync, mode 0755, rename), so a
+/// runtime starting a hook at that moment sees the old binary or the new one, never half
+/// of one. The temp file has a random name and is created exclusively (`tempfile`): the
+/// host directory may be writable by others, and a symlink planted at a predictable name
+/// would make us overwrite and chmod its target as root. Returns the installed path.
+pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |action: &'static str, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| EnforceError::Install {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(err("create", dir))?;
+    let target = dir.join("gpu-slicer");
+    let mut src = std::fs::File::open(exe).map_err(err("open", exe))?;
+    // Dropped (and deleted) on any error: nothing half-written is left behind.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".gpu-slicer.")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(err("create a temp file in", dir))?;
+    let tmp_path = tmp.path().to_path_buf();
+    std::io::copy(&mut src, tmp.as_file_mut()).map_err(err("copy to", &tmp_path))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o755))
+        .map_err(err("chmod", &tmp_path))?;
+    tmp.as_file().sync_all().map_err(err("sync", &tmp_path))?;
+    tmp.persist(&target)
+        .map_err(|e| err("rename into", &target)(e.error))?;
+    Ok(target)
+}
+
+/// `cdi-hook set-memory-limit` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct SetMemoryLimitArgs {
+    /// GPU UUID (`GPU-…`; MIG devices are not supported by the driver).
+    #[arg(long)]
+    pub device: String,
+    /// Hard limit in bytes (k × device memory / N for k of N shares); at least 1 (0 would
+    /// mean "no memory", which no share plan produces).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub bytes: u64,
+    /// NVML library (default: libnvidia-ml.so.1).
+    #[arg(long)]
+    pub nvml_lib: Option<PathBuf>,
+    /// Root of /proc.
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Root of the cgroup filesystem.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+}
+
+/// Run a `cdi-hook` subcommand with the real NVML limiter, reading the state from stdin.
+pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
+    match cmd {
+        CdiHookCommand::SetMemoryLimit(args) => {
+            let mut limiter = NvmlLimiter::new(args.nvml_lib.clone());
+            let mut state = String::new();
+            std::io::stdin()
+                .read_to_string(&mut state)
+                .map_err(|source| EnforceError::Read {
+                    path: PathBuf::from("<stdin>"),
+                    source,
+                })?;
+            run_with(args, &state, &mut limiter)
+        }
+        CdiHookCommand::Install(args) => {
+            let exe = std::env::current_exe().map_err(|source| EnforceError::Read {
+                path: PathBuf::from("/proc/self/exe"),
+                source,
+            })?;
+            let target = install(&exe, &args.to)?;
+            println!("{}", target.display());
+            Ok(())
+        }
+    }
+}
+
+/// `set-memory-limit` with an injected limiter and state (tests).
+pub fn run_with(
+    args: &SetMemoryLimitArgs,
+    state: &str,
+    limiter: &mut dyn MemoryLimiter,
+) -> Result<(), EnforceError> {
+    enforce::set_memory_limit(
+        state,
+        &args.proc_root,
+        &args.cgroup_root,
+        &args.device,
+        args.bytes,
+        limiter,
+    )
+    .map(|_| ())
+}

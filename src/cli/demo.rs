@@ -1,0 +1,314 @@
+//! `gpu-slicer demo`: the device plugin at work, end to end, on the built-in `mixed-a100`
+//! node. Starts the kubelet emulator and the daemon in-process in a temporary directory,
+//! lets every resource register over real unix sockets, performs a few kubelet-style
+//! allocations (a MIG slice, a whole GPU, two replicas), injects an XID through the health
+//! monitor's sim event file, shows the refusal that follows and the recovery after the quiet
+//! period, then rewrites the watched config file (GPU 3 split 4 ways with `isolation:
+//! memory`) and shows the live reload and a 3-share allocation with its memory-limit hook,
+//! prints each answer and stops.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::config::{self, ConfigError, Overrides};
+use crate::domain::health::XidFilter;
+use crate::domain::inventory::InventoryError;
+use crate::platform::sim::SimBackend;
+use crate::runtime::health::{HealthSettings, SIM_POLL_INTERVAL, Source};
+use crate::runtime::supervisor::{self as app, AppError, RunSettings};
+use crate::testkit::kubelet::{Allocation, EmulatorError, KubeletEmulator};
+
+/// The demo's sharing config: MIG slices per profile, GPU 2 whole, GPU 3 time-sliced
+/// into 4 replicas under its own name.
+pub const DEMO_CONFIG: &str = "version: v1
+flags:
+  migStrategy: mixed
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      rename: nvidia.com/gpu.shared
+      devices: [3]
+      replicas: 4
+";
+
+/// Quiet period after which the demo's GPU recovers (`run` defaults to 60 s).
+const DEMO_QUIET_PERIOD: Duration = Duration::from_secs(1);
+
+/// Longest the demo waits for registration.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of the demo.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// Writing output or the temp directory failed.
+    #[error("demo: {0}")]
+    Io(#[from] std::io::Error),
+    /// The built-in profile or config did not load.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The built-in profile did not load.
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    /// The emulated kubelet failed.
+    #[error(transparent)]
+    Emulator(#[from] EmulatorError),
+    /// The daemon failed.
+    #[error(transparent)]
+    App(#[from] AppError),
+    /// A step took too long.
+    #[error("demo: timed out waiting for {0}")]
+    Timeout(&'static str),
+}
+
+/// Run the demo, writing a report to `out`.
+pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
+    // Short path: unix socket paths must fit in 108 bytes. Random and created 0700
+    // exclusively: a predictable name in /tmp could be planted by another user.
+    let dir = tempfile::Builder::new().prefix("gsd-").tempdir_in("/tmp")?;
+    let result = demo_in(dir.path(), out).await;
+    let _ = dir.close();
+    result
+}
+
+async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), DemoError> {
+    let plugin_dir = dir.join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await?;
+    // A real, watched config file, so the script can reconfigure the running daemon.
+    let config_file = dir.join("config.yaml");
+    std::fs::write(&config_file, DEMO_CONFIG)?;
+    let config = config::load(Some(&config_file), &Overrides::default())?;
+    let backend = Arc::new(SimBackend::open("mixed-a100")?);
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
+    let path = config_file.clone();
+    settings.reload = app::ReloadSettings {
+        load: Some(Arc::new(move || {
+            config::load(Some(&path), &Overrides::default())
+        })),
+        triggers: crate::runtime::triggers::TriggerSettings {
+            config_file: Some(config_file.clone()),
+            ..crate::runtime::triggers::TriggerSettings::default()
+        },
+    };
+    // Health as `run --backend sim:… --health-events-file` does it, with a short quiet period.
+    let events_file = dir.join("health-events.jsonl");
+    settings.health_monitor = Some(HealthSettings {
+        source: Source::Sim {
+            timeline: Vec::new(),
+            events_file: Some(events_file.clone()),
+            poll: SIM_POLL_INTERVAL,
+        },
+        filter: XidFilter::default(),
+        quiet_period: DEMO_QUIET_PERIOD,
+    });
+    let (ready_tx, ready_rx) = oneshot::channel();
+    settings.on_ready = Some(ready_tx);
+    let shutdown = CancellationToken::new();
+    let daemon = app::run(settings, backend, shutdown.clone());
+    let script = async {
+        let result = script(&emulator, ready_rx, &events_file, &config_file, out).await;
+        shutdown.cancel();
+        result
+    };
+    let (daemon, script) = tokio::join!(daemon, script);
+    emulator.shutdown().await;
+    script?;
+    daemon?;
+    writeln!(out, "\ndaemon stopped; sockets removed")?;
+    Ok(())
+}
+
+async fn script(
+    emulator: &KubeletEmulator,
+    ready: oneshot::Receiver<app::Running>,
+    events_file: &std::path::Path,
+    config_file: &std::path::Path,
+    out: &mut impl Write,
+) -> Result<(), DemoError> {
+    let running = tokio::time::timeout(STEP_TIMEOUT, ready)
+        .await
+        .map_err(|_| DemoError::Timeout("the daemon to start"))?
+        .map_err(|_| DemoError::Timeout("the daemon to start"))?;
+    let names: Vec<String> = running
+        .plan
+        .resources
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    tokio::time::timeout(STEP_TIMEOUT, emulator.wait_registered(&names, 1))
+        .await
+        .map_err(|_| DemoError::Timeout("every resource to register"))?;
+    writeln!(
+        out,
+        "node {} ({} GPUs), config: MIG mixed, GPU 3 time-sliced x4 as nvidia.com/gpu.shared\n",
+        running.inventory.source,
+        running.inventory.gpus.len()
+    )?;
+    writeln!(out, "registered with the (emulated) kubelet:")?;
+    let registrations = emulator.registrations().borrow().clone();
+    for (name, reg) in &registrations {
+        let devices = emulator
+            .devices(name)
+            .map(|d| d.borrow().len())
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "  {name:<26} {devices:>2} devices  endpoint {}",
+            reg.endpoint
+        )?;
+    }
+    for (resource, count) in [
+        ("nvidia.com/mig-1g.10gb", 1),
+        ("nvidia.com/gpu", 1),
+        ("nvidia.com/gpu.shared", 2),
+    ] {
+        let a = emulator.allocate(resource, count).await?;
+        print_allocation(out, &a)?;
+    }
+    // A health event on GPU 3 takes every replica of it out of service.
+    let gpu3 = running
+        .inventory
+        .gpus
+        .iter()
+        .find(|g| g.index == 3)
+        .map(|g| g.uuid.clone())
+        .unwrap_or_default();
+    let mut shared = emulator
+        .devices("nvidia.com/gpu.shared")
+        .ok_or_else(|| EmulatorError::NotRegistered("nvidia.com/gpu.shared".into()))?;
+    shared.borrow_and_update();
+    // Written whole (temp file + rename): the health monitor reads and removes it.
+    let tmp = events_file.with_extension("tmp");
+    std::fs::write(&tmp, "{\"gpu\":3,\"kind\":\"xid\",\"xid\":79}\n")?;
+    std::fs::rename(&tmp, events_file)?;
+    tokio::time::timeout(STEP_TIMEOUT, shared.changed())
+        .await
+        .map_err(|_| DemoError::Timeout("the ListAndWatch update"))?
+        .map_err(|_| DemoError::Timeout("the ListAndWatch update"))?;
+    let healthy = shared.borrow().iter().filter(|d| d.healthy).count();
+    writeln!(
+        out,
+        "\nXID 79 on GPU 3 ({gpu3}) via the sim event file: ListAndWatch now reports {healthy} healthy of {} replicas",
+        shared.borrow().len()
+    )?;
+    let id = format!("{gpu3}::3");
+    match emulator.allocate_ids("nvidia.com/gpu.shared", &[id]).await {
+        Ok(_) => writeln!(
+            out,
+            "unexpected: Allocate of an unhealthy replica succeeded"
+        )?,
+        Err(e) => writeln!(out, "Allocate refused as it must be:\n  {e}")?,
+    }
+    tokio::time::timeout(
+        STEP_TIMEOUT,
+        shared.wait_for(|d| d.iter().all(|d| d.healthy)),
+    )
+    .await
+    .map_err(|_| DemoError::Timeout("recovery"))?
+    .map_err(|_| DemoError::Timeout("recovery"))?;
+    writeln!(
+        out,
+        "no new event for {DEMO_QUIET_PERIOD:?}, GPU 3 re-probed: all {} replicas Healthy again",
+        shared.borrow().len()
+    )?;
+    reconfigure(emulator, &running, config_file, &mut shared, out).await
+}
+
+/// Rewrite the watched config: GPU 3's replicas get a driver-enforced memory share. The
+/// running daemon reloads; only `nvidia.com/gpu.shared` changes.
+async fn reconfigure(
+    emulator: &KubeletEmulator,
+    running: &app::Running,
+    config_file: &std::path::Path,
+    shared: &mut tokio::sync::watch::Receiver<Vec<crate::testkit::kubelet::DeviceInfo>>,
+    out: &mut impl Write,
+) -> Result<(), DemoError> {
+    let before = running.reloads.borrow().clone();
+    let tmp = config_file.with_extension("tmp");
+    std::fs::write(
+        &tmp,
+        DEMO_CONFIG.replace("replicas: 4", "replicas: 4\n      isolation: memory"),
+    )?;
+    std::fs::rename(&tmp, config_file)?;
+    let mut reloads = running.reloads.clone();
+    let status = tokio::time::timeout(
+        STEP_TIMEOUT,
+        reloads.wait_for(|s| s.applied + s.failed > before.applied + before.failed),
+    )
+    .await
+    .map_err(|_| DemoError::Timeout("the reload"))?
+    .map_err(|_| DemoError::Timeout("the reload"))?
+    .clone();
+    match (&status.last_error, &status.last_diff) {
+        (Some(e), _) => writeln!(out, "\nreload refused: {e}")?,
+        (None, Some(diff)) => writeln!(
+            out,
+            "\nconfig file rewritten (GPU 3: isolation: memory): reloaded without a restart; changed {:?}, {} resources untouched",
+            diff.changed,
+            diff.unchanged.len()
+        )?,
+        (None, None) => writeln!(out, "\nreload: nothing changed")?,
+    }
+    shared.borrow_and_update();
+    // The 2-replica pod from before finishes, leaving all of GPU 3 free.
+    for held in emulator.allocations() {
+        if held.resource == "nvidia.com/gpu.shared" {
+            emulator.release(&held.pod.namespace, &held.pod.name);
+        }
+    }
+    let a = emulator.allocate("nvidia.com/gpu.shared", 3).await?;
+    print_allocation(out, &a)?;
+    // The hook the runtime will run for that CDI device, from the spec the daemon wrote.
+    // demo_in keeps the config file and the CDI directory side by side.
+    let spec_path = config_file
+        .parent()
+        .unwrap_or(config_file)
+        .join("cdi")
+        .join(crate::domain::cdi::spec_file_name(
+            crate::domain::config::DEFAULT_CDI_KIND,
+            crate::domain::cdi::Format::Yaml,
+        ));
+    if let (Ok(text), Some(name)) = (
+        std::fs::read_to_string(&spec_path),
+        a.response.cdi_devices.first(),
+    ) && let Ok(spec) = crate::domain::cdi::Spec::parse(&text, &spec_path)
+        && let Some(device) = spec
+            .devices
+            .iter()
+            .find(|d| name.ends_with(&format!("={}", d.name)))
+    {
+        for hook in &device.container_edits.hooks {
+            writeln!(
+                out,
+                "  CDI hook    {} {}",
+                hook.hook_name,
+                hook.args.join(" ")
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn print_allocation(out: &mut impl Write, a: &Allocation) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\nAllocate {} x{} -> {}",
+        a.resource,
+        a.device_ids.len(),
+        a.device_ids.join(", ")
+    )?;
+    for name in &a.response.cdi_devices {
+        writeln!(out, "  cdi device  {name}")?;
+    }
+    for (k, v) in &a.response.annotations {
+        writeln!(out, "  annotation  {k}={v}")?;
+    }
+    for (k, v) in &a.response.envs {
+        writeln!(out, "  env         {k}={v}")?;
+    }
+    Ok(())
+}

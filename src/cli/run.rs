@@ -1,0 +1,146 @@
+//! `gpu-slicer run`: the node daemon. Parses its flags (each also an environment
+//! variable), loads the config, opens the backend and hands over to [`crate::runtime::supervisor::run`];
+//! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::args::{BackendArgs, ConfigArgs};
+use crate::domain::config::ConfigError;
+use crate::domain::inventory::InventoryError;
+use crate::runtime::supervisor::{self as app, AppError, RunSettings};
+use crate::runtime::triggers::TriggerSettings;
+
+/// Errors of `gpu-slicer run` before or while the daemon runs.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Config file or flags.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `--backend` could not be opened.
+    #[error(transparent)]
+    Backend(#[from] InventoryError),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+    /// The daemon failed.
+    #[error(transparent)]
+    App(#[from] AppError),
+    /// `--cdi-hook-*` flags.
+    #[error(transparent)]
+    Hook(#[from] crate::domain::cdi::CdiError),
+    /// Health flags.
+    #[error(transparent)]
+    Health(#[from] crate::cli::args::MonitorError),
+}
+
+/// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
+/// `LOG_FORMAT` is global on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// `--backend` and NVML settings.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// `--config` and the flags that override it.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Directory of device-plugin sockets.
+    #[arg(long, env = "DEVICE_PLUGIN_DIR", default_value = crate::proto::DEFAULT_DEVICE_PLUGIN_DIR)]
+    pub device_plugin_dir: PathBuf,
+    /// The kubelet's registration socket (default: `<device-plugin-dir>/kubelet.sock`).
+    #[arg(long, env = "KUBELET_SOCKET")]
+    pub kubelet_socket: Option<PathBuf>,
+    /// Directory the CDI spec is written to.
+    #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// Re-discover the inventory this often (MIG layout changes); `0` turns the timer off.
+    /// SIGHUP always reloads the config and re-scans.
+    #[arg(long, env = "RESCAN_INTERVAL", default_value = "5m", value_parser = crate::cli::args::parse_duration)]
+    pub rescan_interval: std::time::Duration,
+    /// Do not watch the config file for changes (SIGHUP still reloads).
+    #[arg(long, env = "NO_CONFIG_WATCH")]
+    pub no_config_watch: bool,
+    /// MPS control daemon binary and restart timing.
+    #[command(flatten)]
+    pub mps: crate::cli::args::MpsArgs,
+    /// The memory-limit hook written into per-share CDI devices.
+    #[command(flatten)]
+    pub hook: crate::cli::cdi::HookArgs,
+    /// Health monitoring flags.
+    #[command(flatten)]
+    pub health: crate::cli::args::HealthArgs,
+    /// HTTP endpoint (`/metrics`, `/healthz`, `/readyz`): `:9400`, `127.0.0.1:9400`; empty
+    /// disables it.
+    #[arg(long, env = "HTTP_LISTEN", default_value = ":9400")]
+    pub http_listen: String,
+    /// The kubelet's PodResources socket, for the allocation ledger; empty disables it.
+    // A string, not a path: clap's path parser refuses the empty value that disables it.
+    #[arg(long, env = "POD_RESOURCES_SOCKET", default_value = crate::runtime::ledger::DEFAULT_POD_RESOURCES_SOCKET)]
+    pub pod_resources_socket: String,
+    /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
+    #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::runtime::ledger::parse_interval)]
+    pub ledger_interval: std::time::Duration,
+    /// Directory of gpu-slicer's own state: the checkpoint of held devices (`held.json`),
+    /// read before the first spec is written so a restart keeps them. Not the device-plugin
+    /// directory (the kubelet deletes files there). Empty: held devices are not persisted.
+    #[arg(long, env = "STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: String,
+}
+
+/// Default of `--state-dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-slicer";
+
+impl RunArgs {
+    /// The daemon settings these flags describe (config loaded and validated).
+    pub fn settings(&self) -> Result<RunSettings, RunError> {
+        let config = self.config.load()?;
+        let mut settings = RunSettings::new(config, &self.device_plugin_dir, &self.cdi_dir);
+        if let Some(socket) = &self.kubelet_socket {
+            settings.kubelet_socket.clone_from(socket);
+        }
+        let flags = self.config.clone();
+        settings.reload = app::ReloadSettings {
+            load: Some(Arc::new(move || flags.load())),
+            triggers: TriggerSettings {
+                config_file: self.config.config.clone().filter(|_| !self.no_config_watch),
+                sighup: true,
+                rescan_interval: Some(self.rescan_interval),
+            },
+        };
+        settings.mps = self.mps.supervisor_config();
+        let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
+        settings.hook = Some(hook);
+        settings.state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));
+        settings.health_monitor = Some(self.health.settings(&self.backend)?);
+        settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
+        settings.ledger = (!self.pod_resources_socket.is_empty()).then(|| {
+            crate::runtime::ledger::LedgerSettings {
+                socket: PathBuf::from(&self.pod_resources_socket),
+                interval: self.ledger_interval,
+            }
+        });
+        Ok(settings)
+    }
+}
+
+/// Run the daemon until SIGTERM or SIGINT.
+pub async fn run(args: &RunArgs) -> Result<(), RunError> {
+    let settings = args.settings()?;
+    let backend = super::backend::open_backend(&args.backend)?;
+    let shutdown = CancellationToken::new();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(RunError::Signal)?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(RunError::Signal)?;
+    let daemon = app::run(settings, backend, shutdown.clone());
+    tokio::pin!(daemon);
+    tokio::select! {
+        result = &mut daemon => return Ok(result?),
+        _ = term.recv() => tracing::info!(signal = "SIGTERM", "stopping"),
+        _ = int.recv() => tracing::info!(signal = "SIGINT", "stopping"),
+    }
+    shutdown.cancel();
+    Ok(daemon.await?)
+}

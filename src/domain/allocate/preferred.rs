@@ -1,0 +1,213 @@
+//! GetPreferredAllocation policies, computed from the in-memory view only.
+//!
+//! - Whole GPUs: NUMA-aware — keep the answer on one NUMA node (the must-include devices'
+//!   node first, else the node that fits the request most tightly), spilling over only when
+//!   no node has enough.
+//! - Replicas and MIG devices: `packed` fills the physical device (GPU for MIG slices) with
+//!   the most allocated-or-picked units first; `distributed` takes from the least loaded one.
+//!   Replicas of a resource without `allowMultiGpu` are kept on one physical device when one
+//!   has room, so the hint never leads to an Allocate that the rules refuse.
+//!
+//! The answer is a hint and an error fails pod admission, so [`preferred`] never fails: it
+//! always returns the must-include IDs, then the best picks, then any other available ID.
+//! Work is index-based (one binary search per ID, no per-call string hashing) because the
+//! kubelet sends every free ID on each call.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::domain::config::AllocationPolicy;
+use crate::domain::plan::ResourceKind;
+
+use super::view::ResourceView;
+
+/// Pick `size` IDs out of `available`, including every ID of `must_include`.
+///
+/// The result has no duplicates, starts with `must_include`, and has
+/// `min(size, |must_include ∪ available|)` entries when `must_include` fits in `size`.
+pub fn preferred<S: AsRef<str>>(
+    view: &ResourceView,
+    policy: AllocationPolicy,
+    available: &[S],
+    must_include: &[S],
+    size: usize,
+) -> Vec<String> {
+    let n = view.resource.devices.len();
+    let mut out: Vec<String> = Vec::with_capacity(size.max(must_include.len()));
+    // Known devices already in the answer or queued, by index; unknown IDs by name.
+    let mut taken = vec![false; n];
+    let mut taken_unknown: HashSet<&str> = HashSet::new();
+    let mut must: Vec<usize> = Vec::with_capacity(must_include.len());
+    for id in must_include {
+        let id = id.as_ref();
+        let fresh = match view.index_of(id) {
+            Some(i) => {
+                must.push(i);
+                !std::mem::replace(&mut taken[i], true)
+            }
+            None => taken_unknown.insert(id),
+        };
+        if fresh {
+            out.push(id.to_string());
+        }
+    }
+    if out.len() >= size {
+        return out;
+    }
+    // Healthy candidates (index order = ID order), in-use counts, and fallbacks.
+    let grouping = &view.grouping;
+    let mut free_in_group = vec![0usize; grouping.sizes.len()];
+    let mut known: Vec<usize> = Vec::with_capacity(available.len());
+    let mut fallback: Vec<&str> = Vec::new();
+    let mut seen = vec![false; n];
+    for id in available {
+        let id = id.as_ref();
+        match view.index_of(id) {
+            Some(i) if !std::mem::replace(&mut seen[i], true) => {
+                free_in_group[grouping.of_device[i]] += 1;
+                if !taken[i] && view.unhealthy_reason(i).is_none() {
+                    known.push(i);
+                } else if !taken[i] {
+                    fallback.push(id);
+                }
+            }
+            Some(_) => {}
+            None => {
+                if taken_unknown.insert(id) {
+                    fallback.push(id);
+                }
+            }
+        }
+    }
+    known.sort_unstable();
+    // Load of a group: units allocated elsewhere plus the must-include ones.
+    let mut load: Vec<usize> = grouping
+        .sizes
+        .iter()
+        .zip(&free_in_group)
+        .map(|(size, free)| size.saturating_sub(*free))
+        .collect();
+    for &i in &must {
+        if !seen[i] {
+            // Not listed as available: it was counted as allocated already.
+            continue;
+        }
+        load[grouping.of_device[i]] += 1;
+    }
+    let need = size - out.len();
+    let resource = &view.resource;
+    let picks: Vec<usize> = match (&resource.sharing, resource.kind) {
+        (None, ResourceKind::Gpu) => numa_pick(view, &known, &must, need),
+        (Some(sharing), _) if !sharing.allow_multi_gpu && size > 1 => {
+            one_group_pick(view, policy, &known, &must, &load, need)
+                .unwrap_or_else(|| greedy_pick(view, policy, &known, &mut load, need))
+        }
+        _ => greedy_pick(view, policy, &known, &mut load, need),
+    };
+    for i in picks.into_iter().chain(known.iter().copied()) {
+        if out.len() >= size {
+            break;
+        }
+        if !std::mem::replace(&mut taken[i], true) {
+            out.push(resource.devices[i].id.clone());
+        }
+    }
+    for id in fallback {
+        if out.len() >= size {
+            break;
+        }
+        out.push(id.to_string());
+    }
+    out
+}
+
+/// Whole GPUs: stay on one NUMA node where possible.
+fn numa_pick(view: &ResourceView, known: &[usize], must: &[usize], need: usize) -> Vec<usize> {
+    let devices = &view.resource.devices;
+    let mut by_node: BTreeMap<Option<i64>, Vec<usize>> = BTreeMap::new();
+    for &i in known {
+        by_node.entry(devices[i].numa_node).or_default().push(i);
+    }
+    let must_node = must.iter().find_map(|&i| devices[i].numa_node);
+    if let Some(node) = must_node
+        && let Some(ids) = by_node.get(&Some(node))
+        && ids.len() >= need
+    {
+        return ids[..need].to_vec();
+    }
+    // Tightest single node that fits, so larger nodes stay whole for larger requests.
+    if let Some(ids) = by_node
+        .values()
+        .filter(|ids| ids.len() >= need)
+        .min_by_key(|ids| ids.len())
+    {
+        return ids[..need].to_vec();
+    }
+    // No node fits: largest groups first to span as few nodes as possible.
+    let mut groups: Vec<&Vec<usize>> = by_node.values().collect();
+    groups.sort_by_key(|ids| std::cmp::Reverse(ids.len()));
+    groups.into_iter().flatten().copied().take(need).collect()
+}
+
+/// Candidates per group, in ID order.
+fn queues(view: &ResourceView, known: &[usize]) -> Vec<Vec<usize>> {
+    let mut q = vec![Vec::new(); view.grouping.sizes.len()];
+    for &i in known {
+        q[view.grouping.of_device[i]].push(i);
+    }
+    q
+}
+
+/// Best group by policy among `groups` (ties: lowest group number, i.e. lowest UUID).
+fn choose(
+    policy: AllocationPolicy,
+    load: &[usize],
+    groups: impl Iterator<Item = usize>,
+) -> Option<usize> {
+    match policy {
+        AllocationPolicy::Packed => groups.max_by_key(|&g| (load[g], std::cmp::Reverse(g))),
+        AllocationPolicy::Distributed => groups.min_by_key(|&g| (load[g], g)),
+    }
+}
+
+/// Replicas without allowMultiGpu: take all units from one physical device.
+fn one_group_pick(
+    view: &ResourceView,
+    policy: AllocationPolicy,
+    known: &[usize],
+    must: &[usize],
+    load: &[usize],
+    need: usize,
+) -> Option<Vec<usize>> {
+    let q = queues(view, known);
+    let mut must_groups: Vec<usize> = must.iter().map(|&i| view.grouping.of_device[i]).collect();
+    must_groups.sort_unstable();
+    must_groups.dedup();
+    let group = match must_groups.as_slice() {
+        [] => choose(policy, load, (0..q.len()).filter(|&g| q[g].len() >= need))?,
+        [one] => *one,
+        _ => return None,
+    };
+    (q[group].len() >= need).then(|| q[group][..need].to_vec())
+}
+
+/// Greedy by load: `packed` takes from the most loaded group, `distributed` from the least.
+fn greedy_pick(
+    view: &ResourceView,
+    policy: AllocationPolicy,
+    known: &[usize],
+    load: &mut [usize],
+    need: usize,
+) -> Vec<usize> {
+    let q = queues(view, known);
+    let mut next = vec![0usize; q.len()];
+    let mut out = Vec::with_capacity(need);
+    while out.len() < need {
+        let Some(g) = choose(policy, load, (0..q.len()).filter(|&g| next[g] < q[g].len())) else {
+            break;
+        };
+        out.push(q[g][next[g]]);
+        next[g] += 1;
+        load[g] += 1;
+    }
+    out
+}

@@ -1,0 +1,287 @@
+//! Resource views: one resource's planned devices with their current health, the thing
+//! ListAndWatch streams and Allocate checks against, and the health [`Overlay`] they are
+//! computed from.
+//!
+//! The overlay records health overrides keyed by a physical UUID (GPU or MIG) or a kubelet
+//! device ID. An event on a GPU marks every device backed by it (the whole GPU, its
+//! replicas, all its MIG slices and their replicas); an event on a MIG device marks that
+//! slice and its replicas. Pure: the state store ([`crate::state`]) applies events and
+//! publishes the views.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use crate::domain::inventory::Health;
+use crate::domain::plan::{Device, Plan, Resource};
+
+/// Errors updating device state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// A health event named nothing this node serves.
+    #[error("health event for {key}: no planned device or physical device has that ID")]
+    UnknownKey { key: String },
+}
+
+/// Health of one device in a view, with the reason when unhealthy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    /// Current health.
+    pub health: Health,
+    /// Why it is unhealthy (event text), if it is.
+    pub reason: Option<Arc<str>>,
+}
+
+/// One resource's devices with their current health: what ListAndWatch sends and what
+/// Allocate checks against.
+#[derive(Debug, Clone)]
+pub struct ResourceView {
+    /// The planned resource (devices sorted by ID).
+    pub resource: Arc<Resource>,
+    /// Health of `resource.devices[i]` at index `i`.
+    pub health: Vec<DeviceHealth>,
+    /// Bumped on every change, so consumers can tell frames apart.
+    pub generation: u64,
+    /// Which physical group each device belongs to (for preferred allocation).
+    pub grouping: Arc<Grouping>,
+}
+
+/// Devices grouped by what placement policies balance over: the physical device for
+/// replicas, the GPU for MIG slices and whole GPUs. Group numbers follow the sorted group
+/// keys, so comparing numbers orders groups by UUID. Computed once per resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grouping {
+    /// Group number of `resource.devices[i]`.
+    pub of_device: Vec<usize>,
+    /// Number of devices in each group.
+    pub sizes: Vec<usize>,
+    /// Device index by kubelet ID. A hash lookup instead of a binary search: IDs share
+    /// long prefixes (`<uuid>::n`), which makes every comparison of a search slow, and the
+    /// kubelet sends hundreds of IDs per GetPreferredAllocation.
+    pub index: HashMap<String, usize, BuildHasherDefault<Fnv>>,
+}
+
+/// 64-bit FNV-1a: fast for short keys and not exposed to untrusted input sizes that would
+/// need SipHash's flooding resistance (IDs come from the kubelet and are ≤ 63 bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Grouping {
+    /// Group a resource's devices.
+    pub fn new(r: &Resource) -> Self {
+        fn key(shared: bool, d: &Device) -> &str {
+            if shared {
+                &d.physical.uuid
+            } else {
+                &d.physical.gpu_uuid
+            }
+        }
+        let shared = r.sharing.is_some();
+        let keys: BTreeMap<&str, usize> = r
+            .devices
+            .iter()
+            .map(|d| key(shared, d))
+            .collect::<BTreeSet<&str>>()
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| (k, i))
+            .collect();
+        let of_device: Vec<usize> = r.devices.iter().map(|d| keys[key(shared, d)]).collect();
+        let mut sizes = vec![0; keys.len()];
+        for &g in &of_device {
+            sizes[g] += 1;
+        }
+        let index = r
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.id.clone(), i))
+            .collect();
+        Self {
+            of_device,
+            sizes,
+            index,
+        }
+    }
+}
+
+impl ResourceView {
+    /// Index of a device by kubelet ID.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.grouping.index.get(id).copied()
+    }
+
+    /// The device and its health, by kubelet ID.
+    pub fn get(&self, id: &str) -> Option<(&Device, &DeviceHealth)> {
+        self.index_of(id)
+            .map(|i| (&self.resource.devices[i], &self.health[i]))
+    }
+
+    /// The reason a device is unhealthy, or `None` when it is healthy.
+    pub fn unhealthy_reason(&self, index: usize) -> Option<&str> {
+        let h = self.health.get(index)?;
+        match h.health {
+            Health::Healthy => None,
+            Health::Unhealthy => Some(h.reason.as_deref().unwrap_or("reported unhealthy")),
+        }
+    }
+
+    /// Devices with their health, in ID order.
+    pub fn devices(&self) -> impl Iterator<Item = (&Device, &DeviceHealth)> {
+        self.resource.devices.iter().zip(self.health.iter())
+    }
+
+    /// Number of healthy devices.
+    pub fn healthy_count(&self) -> usize {
+        self.health
+            .iter()
+            .filter(|h| h.health == Health::Healthy)
+            .count()
+    }
+}
+
+/// One health event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthUpdate {
+    /// A GPU UUID, a MIG UUID, or a kubelet device ID (e.g. one replica).
+    pub key: String,
+    /// New health.
+    pub health: Health,
+    /// Why (shown in Allocate refusals and logs).
+    pub reason: String,
+}
+
+/// Health overrides from events, keyed by GPU UUID, MIG UUID or kubelet device ID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overlay {
+    overrides: BTreeMap<String, (Health, Arc<str>)>,
+}
+
+impl Overlay {
+    /// Whether `key` backs or names `device`.
+    fn touches(key: &str, device: &Device) -> bool {
+        device.id == key || device.physical.uuid == key || device.physical.gpu_uuid == key
+    }
+
+    /// Whether any device of `plan` is named or backed by `key`.
+    pub fn knows(plan: &Plan, key: &str) -> bool {
+        plan.resources
+            .iter()
+            .any(|r| r.devices.iter().any(|d| Self::touches(key, d)))
+    }
+
+    /// Record an event. Unknown keys are refused: an event must name something `plan`
+    /// serves, or it would linger and mark a device that appears later.
+    pub fn apply(&mut self, plan: &Plan, update: &HealthUpdate) -> Result<(), StateError> {
+        if !Self::knows(plan, &update.key) {
+            return Err(StateError::UnknownKey {
+                key: update.key.clone(),
+            });
+        }
+        match update.health {
+            Health::Healthy => {
+                self.overrides.remove(&update.key);
+            }
+            Health::Unhealthy => {
+                self.overrides.insert(
+                    update.key.clone(),
+                    (Health::Unhealthy, Arc::from(update.reason.as_str())),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Current health of one device: unhealthy if the plan says so or any override on its
+    /// ID, its physical device or its GPU says so.
+    pub fn health_of(&self, d: &Device) -> DeviceHealth {
+        let keys = [
+            d.id.as_str(),
+            d.physical.uuid.as_str(),
+            d.physical.gpu_uuid.as_str(),
+        ];
+        for key in keys {
+            if let Some((Health::Unhealthy, reason)) = self.overrides.get(key) {
+                return DeviceHealth {
+                    health: Health::Unhealthy,
+                    reason: Some(if key == d.id {
+                        reason.clone()
+                    } else {
+                        Arc::from(format!("{key}: {reason}"))
+                    }),
+                };
+            }
+        }
+        DeviceHealth {
+            health: d.health,
+            reason: (d.health == Health::Unhealthy).then(|| Arc::from("unhealthy at discovery")),
+        }
+    }
+}
+
+/// The views of every resource of `plan` under `overlay`, reusing `previous` views whose
+/// resource and health did not change (same `Arc`), so their ListAndWatch streams stay
+/// quiet. `generation` is stamped on new views only.
+pub fn views(
+    plan: &Plan,
+    overlay: &Overlay,
+    previous: &BTreeMap<String, Arc<ResourceView>>,
+    generation: u64,
+) -> BTreeMap<String, Arc<ResourceView>> {
+    plan.resources
+        .iter()
+        .map(|r| {
+            let health: Vec<DeviceHealth> =
+                r.devices.iter().map(|d| overlay.health_of(d)).collect();
+            let view = match previous.get(&r.name) {
+                Some(old) if *old.resource == *r && old.health == health => old.clone(),
+                Some(old) if *old.resource == *r => Arc::new(ResourceView {
+                    resource: old.resource.clone(),
+                    health,
+                    generation,
+                    grouping: old.grouping.clone(),
+                }),
+                _ => Arc::new(ResourceView {
+                    resource: Arc::new(r.clone()),
+                    health,
+                    generation,
+                    grouping: Arc::new(Grouping::new(r)),
+                }),
+            };
+            (r.name.clone(), view)
+        })
+        .collect()
+}
+
+/// Names of the resources whose view differs (by identity) between two view maps, plus
+/// the added and removed ones: what a health event or a commit changed.
+pub fn changed(
+    old: &BTreeMap<String, Arc<ResourceView>>,
+    new: &BTreeMap<String, Arc<ResourceView>>,
+) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = new
+        .iter()
+        .filter(|(name, v)| old.get(*name).is_none_or(|o| !Arc::ptr_eq(o, v)))
+        .map(|(name, _)| name.clone())
+        .collect();
+    out.extend(old.keys().filter(|n| !new.contains_key(*n)).cloned());
+    out
+}

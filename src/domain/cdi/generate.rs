@@ -1,0 +1,408 @@
+//! Inventory → CDI spec, as a pure function of the inventory, the options and a probe.
+//!
+//! Reads [`Inventory`] values from `crate::domain::inventory`; host device nodes are looked up only
+//! through a [`NodeProbe`] the caller injects ([`HostProbe`] stats a dev root, [`NoProbe`]
+//! answers nothing), so golden tests and `cdi-specs/` are deterministic. The result is
+//! checked with [`super::validate`] before it is returned: callers never see a spec a
+//! runtime would reject.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::{CdiError, ContainerEdits, Device, DeviceNode, Result, Spec, VISIBLE_DEVICES_VOID};
+use crate::domain::devnodes::{CONTROL_NODES, cap_minors};
+pub use crate::domain::devnodes::{cap_node_path, gpu_node_path};
+use crate::domain::inventory::{Inventory, MigDevice};
+
+/// What the generator needs to know besides the inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerateOptions {
+    /// `vendor/class` of the spec.
+    pub kind: String,
+    /// Host root under which `/dev` is found; `hostPath` = dev root + container path. `None`:
+    /// emit container paths only and probe nothing.
+    pub dev_root: Option<PathBuf>,
+    /// Add `<device>-share-<k>` devices for the plan's enforced shares
+    /// ([`super::shares`]); `None`: whole devices only.
+    pub shares: Option<super::shares::ShareOptions>,
+}
+
+impl GenerateOptions {
+    /// Options for `kind` without a dev root.
+    pub fn new(kind: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            dev_root: None,
+            shares: None,
+        }
+    }
+}
+
+/// Type and numbers of a host device node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// `c` or `b`.
+    pub node_type: char,
+    /// Major number.
+    pub major: u32,
+    /// Minor number.
+    pub minor: u32,
+}
+
+/// Looks up host device nodes; injected so generation stays pure.
+pub trait NodeProbe: fmt::Debug {
+    /// The node at `host_path`, or `None` when there is none (or it is not a device).
+    fn probe(&self, host_path: &Path) -> Option<NodeInfo>;
+}
+
+/// A probe that finds nothing: nodes are emitted with their paths only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProbe;
+
+impl NodeProbe for NoProbe {
+    fn probe(&self, _host_path: &Path) -> Option<NodeInfo> {
+        None
+    }
+}
+
+/// A probe answering from a fixed map (tests, or a pre-pass that stat'ed everything).
+impl NodeProbe for BTreeMap<PathBuf, NodeInfo> {
+    fn probe(&self, host_path: &Path) -> Option<NodeInfo> {
+        self.get(host_path).copied()
+    }
+}
+
+/// Stats host paths with `lstat`-free `stat` (a symlinked node counts as its target).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostProbe;
+
+impl HostProbe {
+    /// Check that `dev_root` is an existing directory, so a typo is an error rather than a
+    /// spec whose nodes are all silently missing.
+    pub fn check_root(dev_root: &Path) -> Result<()> {
+        match std::fs::metadata(dev_root) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(CdiError::DevRoot {
+                path: dev_root.to_path_buf(),
+                rule: "not a directory".into(),
+            }),
+            Err(e) => Err(CdiError::DevRoot {
+                path: dev_root.to_path_buf(),
+                rule: format!("does not exist or is unreadable ({e})"),
+            }),
+        }
+    }
+}
+
+impl NodeProbe for HostProbe {
+    fn probe(&self, host_path: &Path) -> Option<NodeInfo> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(host_path).ok()?;
+        let ft = meta.file_type();
+        let node_type = if ft.is_char_device() {
+            'c'
+        } else if ft.is_block_device() {
+            'b'
+        } else {
+            return None;
+        };
+        let (major, minor) = split_dev(meta.rdev());
+        Some(NodeInfo {
+            node_type,
+            major,
+            minor,
+        })
+    }
+}
+
+/// Linux `dev_t` encoding (glibc `gnu_dev_major`/`gnu_dev_minor`).
+fn split_dev(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major as u32, minor as u32)
+}
+
+/// Readable index name of a MIG device: `<gpu index>:<mig index>`, as in `nvidia-smi -L`.
+pub fn mig_index_name(mig: &MigDevice) -> String {
+    format!("{}:{}", mig.parent_index, mig.index)
+}
+
+/// Build the spec for `inv`.
+///
+/// Devices: per GPU its UUID and its index; per MIG device its UUID and `<i>:<j>`; `all`;
+/// with [`GenerateOptions::shares`], `<name>-share-<k>` for every enforced share.
+/// Spec-level edits: the control nodes and [`VISIBLE_DEVICES_VOID`]. `cdiVersion` is the
+/// lowest version the content needs. Fails (naming the device and rule) instead of
+/// returning a spec a runtime would reject.
+pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) -> Result<Spec> {
+    crate::domain::config::check_cdi_kind(&opts.kind).map_err(|rule| CdiError::Kind {
+        kind: opts.kind.clone(),
+        rule,
+    })?;
+    if inv.gpus.is_empty() {
+        return Err(CdiError::NoDevices);
+    }
+    let nodes = NodeMaker { opts, probe };
+    let mut devices = Vec::new();
+    let mut all_gpu_nodes = Vec::new();
+    let mut all_cap_nodes = Vec::new();
+    for gpu in &inv.gpus {
+        let gpu_node = nodes.required(&gpu_node_path(gpu));
+        let edits = ContainerEdits {
+            device_nodes: vec![gpu_node.clone()],
+            ..ContainerEdits::default()
+        };
+        devices.push(Device {
+            name: gpu.uuid.clone(),
+            container_edits: edits.clone(),
+        });
+        devices.push(Device {
+            name: gpu.index.to_string(),
+            container_edits: edits,
+        });
+        all_gpu_nodes.push((gpu.minor, gpu_node.clone()));
+        for mig in &gpu.mig_devices {
+            let caps = cap_minors(mig).map_err(|e| CdiError::MissingCapMinor {
+                device: e.device,
+                which: e.which,
+            })?;
+            let mut device_nodes = vec![gpu_node.clone()];
+            for cap in caps {
+                let node = nodes.required(&cap_node_path(cap));
+                all_cap_nodes.push((cap, node.clone()));
+                device_nodes.push(node);
+            }
+            let edits = ContainerEdits {
+                device_nodes,
+                ..ContainerEdits::default()
+            };
+            devices.push(Device {
+                name: mig.uuid.clone(),
+                container_edits: edits.clone(),
+            });
+            devices.push(Device {
+                name: mig_index_name(mig),
+                container_edits: edits,
+            });
+        }
+    }
+    if let Some(shares) = &opts.shares {
+        let extra = super::shares::share_devices(shares, &devices)?;
+        devices.extend(extra);
+    }
+    // `all` is not implicit in CDI: it resolves only because we define it. GPU nodes first,
+    // then capability nodes, each by minor, so the order is stable.
+    all_gpu_nodes.sort_by_key(|(m, _)| *m);
+    all_gpu_nodes.dedup_by_key(|(m, _)| *m);
+    all_cap_nodes.sort_by_key(|(m, _)| *m);
+    all_cap_nodes.dedup_by_key(|(m, _)| *m);
+    devices.push(Device {
+        name: "all".into(),
+        container_edits: ContainerEdits {
+            device_nodes: all_gpu_nodes
+                .into_iter()
+                .chain(all_cap_nodes)
+                .map(|(_, n)| n)
+                .collect(),
+            ..ContainerEdits::default()
+        },
+    });
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let spec_edits = ContainerEdits {
+        env: vec![VISIBLE_DEVICES_VOID.to_string()],
+        device_nodes: CONTROL_NODES
+            .iter()
+            .filter_map(|p| nodes.optional(p))
+            .collect(),
+        ..ContainerEdits::default()
+    };
+    let mut spec = Spec {
+        cdi_version: super::SUPPORTED_VERSIONS[0].to_string(),
+        kind: opts.kind.clone(),
+        devices,
+        container_edits: spec_edits,
+    };
+    spec.cdi_version = super::minimum_version(&spec).to_string();
+    super::validate(&spec)?;
+    Ok(spec)
+}
+
+/// Turns container paths into device nodes under the options' dev root.
+struct NodeMaker<'a> {
+    opts: &'a GenerateOptions,
+    probe: &'a dyn NodeProbe,
+}
+
+impl NodeMaker<'_> {
+    /// The host path for `path`, `None` when it equals the container path (no dev root, or
+    /// dev root `/`): leaving `hostPath` out keeps the spec readable by 0.3.0/0.4.0 parsers.
+    fn host_path(&self, path: &str) -> Option<PathBuf> {
+        let root = self.opts.dev_root.as_ref()?;
+        let host = root.join(path.trim_start_matches('/'));
+        (host != Path::new(path)).then_some(host)
+    }
+
+    /// A GPU or MIG node: always emitted; type and numbers filled when the host has it.
+    fn required(&self, path: &str) -> DeviceNode {
+        let mut node = DeviceNode::at(path);
+        if self.opts.dev_root.is_none() {
+            return node;
+        }
+        let host = self.host_path(path);
+        let probed = self.probe.probe(host.as_deref().unwrap_or(Path::new(path)));
+        node.host_path = host.map(|h| h.display().to_string());
+        if let Some(info) = probed {
+            node.node_type = Some(info.node_type.to_string());
+            node.major = Some(i64::from(info.major));
+            node.minor = Some(i64::from(info.minor));
+        }
+        node
+    }
+
+    /// A control node: without a dev root always emitted by path; with one, only when the
+    /// host has it (a missing node the runtime must stat fails the whole container start).
+    fn optional(&self, path: &str) -> Option<DeviceNode> {
+        if self.opts.dev_root.is_none() {
+            return Some(DeviceNode::at(path));
+        }
+        let node = self.required(path);
+        node.node_type.is_some().then_some(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::inventory::Backend;
+    use crate::platform::sim::SimBackend;
+
+    fn mixed() -> Inventory {
+        SimBackend::open("mixed-a100")
+            .and_then(|b| b.discover())
+            .expect("built-in profile")
+    }
+
+    #[test]
+    fn uuid_index_and_all_devices_exist() -> Result<()> {
+        let spec = generate(
+            &mixed(),
+            &GenerateOptions::new("gpu-slicer.io/gpu"),
+            &NoProbe,
+        )?;
+        let names: Vec<_> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+        // 4 GPUs + 11 MIG devices, each twice, plus `all`.
+        assert_eq!(names.len(), 2 * (4 + 11) + 1);
+        for n in ["0", "3", "0:0", "0:6", "1:3", "all"] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        assert!(names.contains(&"GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02"));
+        assert!(names.contains(&"MIG-2c3d4e5f-0000-4b00-8000-000000000003"));
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+        assert_eq!(spec.cdi_version, "0.5.0", "digit-first names need 0.5.0");
+        assert_eq!(spec.container_edits.env, vec![VISIBLE_DEVICES_VOID]);
+        assert_eq!(spec.container_edits.device_nodes.len(), 3);
+        Ok(())
+    }
+
+    #[test]
+    fn mig_device_exposes_parent_and_its_own_caps_only() -> Result<()> {
+        let inv = mixed();
+        let spec = generate(&inv, &GenerateOptions::new("gpu-slicer.io/gpu"), &NoProbe)?;
+        let mig = &inv.gpus[1].mig_devices[1];
+        let dev = spec
+            .devices
+            .iter()
+            .find(|d| d.name == mig.uuid)
+            .expect("MIG device by UUID");
+        let paths: Vec<_> = dev
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.clone())
+            .collect();
+        assert_eq!(
+            paths,
+            vec![
+                format!("/dev/nvidia{}", inv.gpus[1].minor),
+                cap_node_path(mig.gi_cap_minor.expect("gi")),
+                cap_node_path(mig.ci_cap_minor.expect("ci")),
+            ]
+        );
+        let by_index = spec.devices.iter().find(|d| d.name == "1:1").expect("1:1");
+        assert_eq!(by_index.container_edits, dev.container_edits);
+        Ok(())
+    }
+
+    #[test]
+    fn dev_root_sets_host_path_fills_numbers_and_drops_missing_control_nodes() -> Result<()> {
+        let root = PathBuf::from("/tmp/devroot");
+        let info = NodeInfo {
+            node_type: 'c',
+            major: 195,
+            minor: 0,
+        };
+        let mut probe = BTreeMap::new();
+        probe.insert(root.join("dev/nvidia0"), info);
+        probe.insert(root.join("dev/nvidiactl"), info);
+        let opts = GenerateOptions {
+            kind: "gpu-slicer.io/gpu".into(),
+            dev_root: Some(root.clone()),
+            shares: None,
+        };
+        let spec = generate(&mixed(), &opts, &probe)?;
+        let ctl: Vec<_> = spec
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(ctl, vec!["/dev/nvidiactl"]);
+        let gpu0 = spec.devices.iter().find(|d| d.name == "0").expect("0");
+        let n = &gpu0.container_edits.device_nodes[0];
+        assert_eq!(n.host_path.as_deref(), Some("/tmp/devroot/dev/nvidia0"));
+        assert_eq!(
+            (n.node_type.as_deref(), n.major, n.minor),
+            (Some("c"), Some(195), Some(0))
+        );
+        let gpu2 = spec.devices.iter().find(|d| d.name == "2").expect("2");
+        let n = &gpu2.container_edits.device_nodes[0];
+        assert_eq!(n.host_path.as_deref(), Some("/tmp/devroot/dev/nvidia2"));
+        assert_eq!(n.node_type, None);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_kind_and_missing_caps_are_refused_with_the_culprit_named() {
+        let err = generate(&mixed(), &GenerateOptions::new("x/gpu"), &NoProbe)
+            .expect_err("one-char vendor");
+        assert!(err.to_string().contains("x/gpu"), "{err}");
+        let mut inv = mixed();
+        inv.gpus[0].mig_devices[2].ci_cap_minor = None;
+        let err = generate(&inv, &GenerateOptions::new("gpu-slicer.io/gpu"), &NoProbe)
+            .expect_err("no caps");
+        assert!(
+            err.to_string().contains(&inv.gpus[0].mig_devices[2].uuid),
+            "{err}"
+        );
+        let err = generate(
+            &Inventory::default(),
+            &GenerateOptions::new("gpu-slicer.io/gpu"),
+            &NoProbe,
+        )
+        .expect_err("no gpus");
+        assert!(matches!(err, CdiError::NoDevices));
+    }
+
+    #[test]
+    fn split_dev_matches_glibc() {
+        // makedev(195, 255), and makedev(0x1ff, 0xfffff) whose high bits use the wide fields.
+        assert_eq!(split_dev((195 << 8) | 255), (195, 255));
+        let (major, minor) = (0x1ffu64, 0xf_ffffu64);
+        let dev = (major << 8) | (minor & 0xff) | ((minor & !0xff) << 12);
+        assert_eq!(split_dev(dev), (511, 1_048_575));
+    }
+}

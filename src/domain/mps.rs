@@ -1,0 +1,266 @@
+//! MPS: the CUDA Multi-Process Service control daemons gpu-slicer runs for shared devices.
+//!
+//! The pure half lives here: from a [`Plan`] and `Config.mps_root` derive one
+//! [`DaemonSpec`] per physical device (GPU or MIG UUID) whose resource is shared with an
+//! MPS isolation level, with its pipe/log directories, environment and the default limits
+//! sent through the control interface; and the edits ([`MpsClientEdits`]) that Allocate
+//! and the CDI generator hand a container so its CUDA clients reach that daemon.
+//! [`daemon`] runs and supervises the daemons (`nvidia-cuda-mps-control`); the device
+//! plugin reads their state to mark devices Unhealthy while a daemon is down.
+//!
+//! # Thread-percentage design
+//!
+//! MPS limits are per *client process* (per CUDA context), not per container: every
+//! client of a daemon's server is capped at the active-thread percentage and pinned-memory
+//! limit the daemon was given (`set_default_active_thread_percentage`,
+//! `set_default_device_pinned_mem_limit`, sent before any server exists so they apply to
+//! every server the daemon spawns). A client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` can
+//! only lower that cap, never raise it; `set_active_thread_percentage <server PID>`
+//! changes the cap for a whole server, i.e. for every tenant at once (the daemon runs one
+//! server at a time, and containers normally share a UID), so there is no per-client
+//! ceiling to hand out.
+//!
+//! Decision: the daemon default is the per-replica floor, `100 / replicas` of the physical
+//! device (integer, like NVIDIA's plugin; for a MIG device relative to the MIG device),
+//! and the pinned-memory default is the per-replica memory. That floor is what makes a
+//! share *bind*: no tenant can exceed one replica's worth per process, whatever its
+//! environment says. Raising the default to `k / N` so a k-share container could set
+//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = k × 100 / N` would let every 1-share tenant raise
+//! itself to `k / N` by dropping that variable, so we do not do it.
+//!
+//! Consequence: a container holding k replicas (only possible with
+//! `failRequestsGreaterThanOne: false`; MPS sharing rejects k > 1 by default, as NVIDIA's
+//! plugin does) gets k/N of the device by running up to k client processes (e.g. one per
+//! rank); a single process in it gets 1/N. The k-share CDI device (`crate::domain::cdi::shares`)
+//! still sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = k × 100 / N` and a pinned limit of k
+//! shares: they state the container's entitlement (tools read them) and can only lower a
+//! process's cap, never raise it past the floor; the README says so instead of promising
+//! k/N to one process. A container with replicas on two devices
+//! cannot use both through MPS (one `CUDA_MPS_PIPE_DIRECTORY` per process); Allocate has to
+//! keep MPS requests on one device.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::domain::config::Config;
+use crate::domain::plan::Plan;
+
+/// Directory inside the container under which each daemon's pipe directory is mounted.
+pub const CONTAINER_MPS_ROOT: &str = "/mps";
+
+/// Default client/daemon binary.
+pub const DEFAULT_CONTROL_BIN: &str = "nvidia-cuda-mps-control";
+
+/// Errors of the MPS manager.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    /// A resource uses MPS but no `flags.mpsRoot` is set.
+    #[error(
+        "resource {resource} uses MPS but no MPS root is configured (set flags.mpsRoot or --mps-root)"
+    )]
+    NoMpsRoot { resource: String },
+    /// A device UUID that cannot name a directory.
+    #[error("device id `{uuid}` cannot be used as an MPS directory name")]
+    BadUuid { uuid: String },
+    /// Creating a daemon's directories failed.
+    #[error("cannot create {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The control binary could not be started.
+    #[error("cannot start {bin} for {uuid}: {source}")]
+    Spawn {
+        bin: PathBuf,
+        uuid: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A control command failed or timed out.
+    #[error("MPS control command `{command}` for {uuid} failed: {message}")]
+    Control {
+        uuid: String,
+        command: String,
+        message: String,
+    },
+    /// The daemon exited while being set up.
+    #[error("MPS control daemon for {uuid} exited during start-up: {status}")]
+    ExitedEarly { uuid: String, status: String },
+    /// Not every daemon came up in time.
+    #[error("MPS control daemons not up after {waited:?}: {down}")]
+    NotUp { waited: Duration, down: String },
+}
+
+/// Result alias for this module.
+pub type Result<T, E = MpsError> = std::result::Result<T, E>;
+
+/// One MPS control daemon gpu-slicer runs: everything needed to start and configure it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSpec {
+    /// `GPU-…` or `MIG-…`: the only device the daemon sees.
+    pub uuid: String,
+    /// The GPU (parent for MIG devices): compute mode is a GPU setting.
+    pub gpu_uuid: String,
+    /// Resource whose replicas the daemon serves.
+    pub resource: String,
+    /// Replicas of this device.
+    pub replicas: u32,
+    /// `<mpsRoot>/<uuid>/pipe`: control pipe, mounted into clients.
+    pub pipe_dir: PathBuf,
+    /// `<mpsRoot>/<uuid>/log`: control and server logs.
+    pub log_dir: PathBuf,
+    /// Default active thread percentage: `100 / replicas` of this device.
+    pub active_thread_percentage: u32,
+    /// Default pinned device memory per client, MiB: one replica's memory.
+    pub pinned_mem_limit_mib: u64,
+}
+
+impl DaemonSpec {
+    /// Environment of the daemon and of every control-client invocation.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            // MIG UUIDs are valid here; the daemon then sees exactly one device, index 0.
+            ("CUDA_VISIBLE_DEVICES".into(), self.uuid.clone()),
+            (
+                "CUDA_MPS_PIPE_DIRECTORY".into(),
+                self.pipe_dir.display().to_string(),
+            ),
+            (
+                "CUDA_MPS_LOG_DIRECTORY".into(),
+                self.log_dir.display().to_string(),
+            ),
+        ]
+    }
+
+    /// Control commands that set the default limits, in the order they are sent.
+    pub fn default_limit_commands(&self) -> Vec<String> {
+        vec![
+            // Device index 0: the daemon only sees its one device.
+            format!(
+                "set_default_device_pinned_mem_limit 0 {}M",
+                self.pinned_mem_limit_mib
+            ),
+            format!(
+                "set_default_active_thread_percentage {}",
+                self.active_thread_percentage
+            ),
+        ]
+    }
+
+    /// Where the pipe directory appears inside a container.
+    pub fn container_pipe_dir(&self) -> String {
+        format!("{CONTAINER_MPS_ROOT}/{}/pipe", self.uuid)
+    }
+
+    /// What a container allocated replicas of this device needs to reach the daemon.
+    ///
+    /// `shm_dir` is `<mpsRoot>/shm` ([`shm_dir`]): MPS clients and the server exchange
+    /// data through POSIX shared memory, so a client must see the `/dev/shm` the server
+    /// uses. The daemon is run with that tmpfs as its `/dev/shm` (the DaemonSet mounts it
+    /// there), and containers get the same directory at `/dev/shm`, as NVIDIA's plugin
+    /// does. Without it clients fail to connect; the host's own `/dev/shm` is not used
+    /// because exposing it would leak host segments to tenants.
+    pub fn client_edits(&self, shm_dir: &Path) -> MpsClientEdits {
+        let pipe = self.container_pipe_dir();
+        MpsClientEdits {
+            env: vec![("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.clone())],
+            mounts: vec![
+                (self.pipe_dir.clone(), pipe),
+                (shm_dir.to_path_buf(), "/dev/shm".into()),
+            ],
+        }
+    }
+}
+
+/// Container edits for an MPS share: environment and bind mounts (host → container).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MpsClientEdits {
+    /// Environment variables, in order.
+    pub env: Vec<(String, String)>,
+    /// Bind mounts: host path, container path.
+    pub mounts: Vec<(PathBuf, String)>,
+}
+
+/// `<mpsRoot>/shm`: the tmpfs shared between MPS servers and clients.
+pub fn shm_dir(mps_root: &Path) -> PathBuf {
+    mps_root.join("shm")
+}
+
+/// The daemons a plan needs, keyed and sorted by device UUID.
+///
+/// Errors when a resource uses MPS but `cfg.mps_root` is unset (config loading fills a
+/// default, so this only happens for hand-built configs).
+pub fn daemons_for(plan: &Plan, cfg: &Config) -> Result<Vec<DaemonSpec>> {
+    match &cfg.mps_root {
+        Some(root) => daemons(plan, root),
+        None => match plan
+            .resources
+            .iter()
+            .find(|r| r.sharing.as_ref().is_some_and(|s| s.isolation.uses_mps()))
+        {
+            Some(r) => Err(MpsError::NoMpsRoot {
+                resource: r.name.clone(),
+            }),
+            None => Ok(Vec::new()),
+        },
+    }
+}
+
+/// The daemons a plan needs under `mps_root`: one per physical device whose resource is
+/// shared with an MPS isolation level, sorted by UUID.
+pub fn daemons(plan: &Plan, mps_root: &Path) -> Result<Vec<DaemonSpec>> {
+    let mut out: BTreeMap<String, DaemonSpec> = BTreeMap::new();
+    for (resource, device) in plan.devices() {
+        let Some(sharing) = &resource.sharing else {
+            continue;
+        };
+        if !sharing.isolation.uses_mps() {
+            continue;
+        }
+        let Some(replica) = device.replica else {
+            continue;
+        };
+        let uuid = &device.physical.uuid;
+        if out.contains_key(uuid) {
+            continue;
+        }
+        check_uuid(uuid)?;
+        let dir = mps_root.join(uuid);
+        out.insert(
+            uuid.clone(),
+            DaemonSpec {
+                uuid: uuid.clone(),
+                gpu_uuid: device.physical.gpu_uuid.clone(),
+                resource: resource.name.clone(),
+                replicas: replica.of,
+                pipe_dir: dir.join("pipe"),
+                log_dir: dir.join("log"),
+                // Relative to this physical device (the MIG device for MIG), not the GPU:
+                // the daemon only sees this device.
+                active_thread_percentage: 100 / replica.of.max(1),
+                pinned_mem_limit_mib: device.share.memory_bytes >> 20,
+            },
+        );
+    }
+    Ok(out.into_values().collect())
+}
+
+/// A UUID becomes a directory name: refuse anything that could escape `mps_root`.
+fn check_uuid(uuid: &str) -> Result<()> {
+    let ok = !uuid.is_empty()
+        && uuid != "."
+        && uuid != ".."
+        && uuid
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(MpsError::BadUuid { uuid: uuid.into() })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+//! Sim backend: an inventory read from a node description file or a built-in profile.
+//!
+//! Built-in profiles are the files in `hack/nodes/`, compiled in so `--backend sim:<name>`
+//! works from any directory. Used by the demo, the tests and Podman development hosts; the
+//! fake NVML library serves the same files through the NVML ABI.
+
+use std::path::{Path, PathBuf};
+
+use node_spec::NodeSpec;
+
+use crate::domain::inventory::{
+    Backend, Gpu, Inventory, InventoryError, MigDevice, MigMode, Result,
+};
+
+/// Built-in node profiles: (name, file contents).
+pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
+    ("dgx-h100", include_str!("../../hack/nodes/dgx-h100.yaml")),
+    (
+        "mixed-a100",
+        include_str!("../../hack/nodes/mixed-a100.yaml"),
+    ),
+];
+
+/// Names of the built-in profiles.
+pub fn builtin_names() -> Vec<&'static str> {
+    BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect()
+}
+
+/// The sim backend: a parsed node description.
+#[derive(Debug, Clone)]
+pub struct SimBackend {
+    source: String,
+    spec: NodeSpec,
+    /// Set for a node file: every discovery reads it again, so editing the file is how a
+    /// sim node changes its MIG layout under a running daemon (re-scan, SIGHUP).
+    path: Option<PathBuf>,
+}
+
+impl SimBackend {
+    /// Resolve `profile` as a built-in profile name, else as a file path.
+    pub fn open(profile: &str) -> Result<Self> {
+        if let Some((name, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == profile) {
+            let spec = NodeSpec::parse(text, &format!("built-in profile {name}"))?;
+            return Ok(Self {
+                source: format!("sim:{name}"),
+                spec,
+                path: None,
+            });
+        }
+        let path = PathBuf::from(profile);
+        if !path.exists() {
+            return Err(InventoryError::UnknownProfile {
+                name: profile.to_string(),
+                builtin: builtin_names().join(", "),
+            });
+        }
+        Self::from_file(&path)
+    }
+
+    /// Load a node file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let spec = NodeSpec::load(path)?;
+        Ok(Self {
+            source: format!("sim:{}", path.display()),
+            spec,
+            path: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Wrap an already parsed node description.
+    pub fn from_spec(spec: NodeSpec, source: impl Into<String>) -> Self {
+        Self {
+            source: source.into(),
+            spec,
+            path: None,
+        }
+    }
+
+    /// The node description as first loaded.
+    pub fn spec(&self) -> &NodeSpec {
+        &self.spec
+    }
+}
+
+impl Backend for SimBackend {
+    fn discover(&self) -> Result<Inventory> {
+        match &self.path {
+            Some(path) => Ok(inventory_from_spec(&NodeSpec::load(path)?, &self.source)),
+            None => Ok(inventory_from_spec(&self.spec, &self.source)),
+        }
+    }
+}
+
+/// Build the domain inventory a node description stands for.
+pub fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
+    let gpus = spec
+        .gpus
+        .iter()
+        .map(|g| {
+            let memory_bytes = g.memory_mib() << 20;
+            let product = node_spec::lookup_product(&g.product);
+            let mut mig_devices: Vec<MigDevice> = g
+                .mig_devices()
+                .into_iter()
+                .map(|(_, d)| {
+                    let compute_slices = product
+                        .and_then(|p| p.profile(&d.profile))
+                        .map_or(0, |i| i.compute_slices);
+                    MigDevice {
+                        uuid: d.uuid.clone(),
+                        parent_uuid: g.uuid.clone(),
+                        parent_index: g.index,
+                        index: 0,
+                        profile: d.profile.clone(),
+                        gpu_instance_id: d.gpu_instance_id,
+                        compute_instance_id: d.compute_instance_id,
+                        memory_bytes: g.mig_memory_mib(d) << 20,
+                        compute_slices,
+                        gi_cap_minor: Some(node_spec::gi_cap_minor(g.minor(), d.gpu_instance_id)),
+                        ci_cap_minor: Some(node_spec::ci_cap_minor(
+                            g.minor(),
+                            d.gpu_instance_id,
+                            d.compute_instance_id,
+                        )),
+                    }
+                })
+                .collect();
+            sort_migs(&mut mig_devices);
+            let (maj, min) = g.compute_capability();
+            Gpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                product: g.product.clone(),
+                memory_bytes,
+                minor: g.minor(),
+                pci_bus_id: g.bus_id(),
+                numa_node: g.numa_node,
+                compute_capability: format!("{maj}.{min}"),
+                mig_mode: MigMode {
+                    current: g.mig_enabled(),
+                    pending: g.mig_pending(),
+                },
+                mig_compute_slices: product.map_or(0, |p| p.compute_slices),
+                mig_devices,
+            }
+        })
+        .collect();
+    Inventory {
+        source: source.to_string(),
+        driver_version: Some(spec.driver_version.clone()),
+        gpus,
+    }
+}
+
+/// Sort MIG devices by (GPU instance, compute instance) and number them `0..` so the
+/// `i:j` index is stable whatever order the backend enumerated them in.
+pub fn sort_migs(migs: &mut [MigDevice]) {
+    migs.sort_by_key(|m| (m.gpu_instance_id, m.compute_instance_id));
+    for (j, m) in migs.iter_mut().enumerate() {
+        m.index = j as u32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse_and_hold_expected_devices() {
+        let inv = SimBackend::open("mixed-a100").unwrap().discover().unwrap();
+        assert_eq!(inv.gpus.len(), 4);
+        assert_eq!(inv.gpus[0].mig_devices.len(), 7);
+        assert_eq!(inv.gpus[1].mig_devices.len(), 4);
+        assert_eq!(inv.gpus[1].mig_devices[0].profile, "3g.40gb");
+        assert_eq!(inv.gpus[1].mig_devices[0].gi_cap_minor, Some(3 + 135 + 18));
+        let inv = SimBackend::open("dgx-h100").unwrap().discover().unwrap();
+        assert_eq!(inv.gpus.len(), 8);
+        assert_eq!(inv.gpus[7].pci_bus_id, "0000:db:00.0");
+    }
+
+    #[test]
+    fn unknown_profile_names_builtins() {
+        let err = SimBackend::open("no-such-node").unwrap_err().to_string();
+        assert!(
+            err.contains("dgx-h100") && err.contains("no-such-node"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,351 @@
+//! Device plugin transport: one gRPC server per resource on a unix socket in the
+//! device-plugin directory, registered with the kubelet and re-registered when the kubelet
+//! restarts.
+//!
+//! - [`service`]: the `DevicePlugin` service (prost ↔ `crate::domain::allocate` domain).
+//! - [`registration`]: `Register` on `kubelet.sock`, with backoff.
+//! - [`watch`]: inotify watch that reports each (re)creation of `kubelet.sock`.
+//! - [`run_resource`]: the lifecycle of one resource: wait for the kubelet, bind, serve,
+//!   register, and start over on a kubelet restart; unlink the socket on cancellation.
+//!
+//! Socket names: `gpu-slicer-<resource name with '/' replaced by '-'>.sock`, e.g.
+//! `gpu-slicer-nvidia.com-mig-1g.10gb.sock`. The domain stays in the name so two resources
+//! of different vendors never collide, and the prefix keeps them apart from NVIDIA's
+//! `nvidia-*.sock` on a node that runs both during a migration.
+
+pub mod registration;
+pub(crate) mod service;
+pub mod watch;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::platform::checkpoint::Checkpoint;
+use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::state::Store;
+
+pub use registration::{Backoff, RegistrationError};
+pub use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE, plugin_options};
+pub use watch::{KubeletWatch, WatchError};
+
+/// Longest unix socket path (`sun_path` is 108 bytes including the terminator).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// How long a stopping server may take to close its connections.
+const SERVER_STOP_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Errors serving a resource.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The resource is not in the plan being served.
+    #[error("resource {0} is not in the plan")]
+    UnknownResource(String),
+    /// The socket path does not fit in `sun_path`.
+    #[error(
+        "socket path {path} is {len} bytes, longer than the {MAX_SOCKET_PATH} a unix socket allows"
+    )]
+    PathTooLong { path: String, len: usize },
+    /// Socket directory, stale socket removal, bind or chmod failed.
+    #[error("cannot {action} {path}: {source}")]
+    Socket {
+        action: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The socket file name of a resource.
+pub fn socket_name(resource: &str) -> String {
+    format!("gpu-slicer-{}.sock", resource.replace('/', "-"))
+}
+
+/// Where the plugin lives and how it reaches the kubelet.
+#[derive(Debug, Clone)]
+pub struct PluginSettings {
+    /// Directory of plugin sockets (the kubelet resolves endpoints relative to it).
+    pub device_plugin_dir: PathBuf,
+    /// The kubelet's registration socket.
+    pub kubelet_socket: PathBuf,
+    /// Registration retry timing.
+    pub backoff: Backoff,
+}
+
+/// Bind a resource's socket: create the directory, remove a stale socket, bind, restrict
+/// the mode to 0600 (only the kubelet, running as root, needs to connect).
+pub fn bind(path: &Path) -> Result<UnixListener, PluginError> {
+    let shown = || path.display().to_string();
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(PluginError::PathTooLong { path: shown(), len });
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| PluginError::Socket {
+            action: "create directory for",
+            path: shown(),
+            source,
+        })?;
+    }
+    remove_socket(path).map_err(|source| PluginError::Socket {
+        action: "remove stale socket",
+        path: shown(),
+        source,
+    })?;
+    let listener = UnixListener::bind(path).map_err(|source| PluginError::Socket {
+        action: "bind",
+        path: shown(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        PluginError::Socket {
+            action: "chmod",
+            path: shown(),
+            source,
+        }
+    })?;
+    Ok(listener)
+}
+
+/// Remove sockets of ours (`gpu-slicer-*.sock`) in `dir` that serve none of `resources`:
+/// left by an earlier run (SIGKILL) whose plan had more resources. The kubelet would keep
+/// dialling them. Only sockets are removed, never followed; other files are left alone.
+/// Returns the names removed.
+pub fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let wanted: std::collections::BTreeSet<String> =
+        resources.iter().map(|r| socket_name(r)).collect();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("gpu-slicer-") && name.ends_with(".sock");
+        let is_socket = entry.file_type().is_ok_and(|t| t.is_socket());
+        if !ours || !is_socket || wanted.contains(&name) {
+            continue;
+        }
+        match remove_socket(&entry.path()) {
+            Ok(()) => removed.push(name),
+            Err(e) => {
+                tracing::warn!(socket = %entry.path().display(), error = %e, "cannot remove stale socket")
+            }
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// Remove a socket file; it being gone already (the kubelet deletes sockets) is fine.
+pub fn remove_socket(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Everything a resource task needs, shared by all resources.
+#[derive(Debug, Clone)]
+pub struct PluginContext {
+    /// Paths and timing.
+    pub settings: Arc<PluginSettings>,
+    /// The state every RPC reads one snapshot of.
+    pub store: Store,
+    /// Where Allocate persists what it hands out; `None`: not persisted.
+    pub checkpoint: Option<Arc<Checkpoint>>,
+    /// Owner of every task spawned for serving.
+    pub tracker: TaskTracker,
+    /// RPC latencies, refusals and registrations are recorded here.
+    pub metrics: Arc<crate::runtime::metrics::Metrics>,
+    /// Told when a resource is registered (or stops being), for `/readyz`.
+    pub readiness: Arc<crate::runtime::http::Readiness>,
+}
+
+/// Keep one server per planned resource until `token` is cancelled: every new snapshot
+/// whose resource set differs starts servers for added resources and stops (and unlinks)
+/// removed ones. Changed resources keep their server: their streams send the new view.
+/// A resource that fails is reported on `failures` (the supervisor stops the daemon).
+pub fn spawn_manager(
+    ctx: PluginContext,
+    watch: KubeletWatch,
+    failures: tokio::sync::mpsc::Sender<PluginError>,
+    token: CancellationToken,
+) {
+    let tracker = ctx.tracker.clone();
+    tracker.spawn(async move {
+        let mut rx = ctx.store.subscribe();
+        let mut running: std::collections::BTreeMap<String, CancellationToken> =
+            std::collections::BTreeMap::new();
+        loop {
+            let names: Vec<String> = rx.borrow_and_update().resource_names();
+            if names.iter().ne(running.keys()) {
+                ctx.readiness.expect_resources(names.iter().cloned());
+                running.retain(|name, t| {
+                    let keep = names.contains(name);
+                    if !keep {
+                        t.cancel();
+                    }
+                    keep
+                });
+                for name in names {
+                    if running.contains_key(&name) {
+                        continue;
+                    }
+                    let instance = token.child_token();
+                    running.insert(name.clone(), instance.clone());
+                    let (ctx, kubelet, failures) =
+                        (ctx.clone(), watch.subscribe(), failures.clone());
+                    ctx.tracker.clone().spawn(async move {
+                        if let Err(e) = run_resource(name.clone(), ctx, kubelet, instance).await {
+                            tracing::error!(resource = %name, error = %e, "resource stopped");
+                            // Full only if many resources failed already; the first is enough.
+                            let _ = failures.try_send(e);
+                        }
+                    });
+                }
+            }
+            tokio::select! {
+                () = token.cancelled() => break,
+                changed = rx.changed() => if changed.is_err() { break },
+            }
+        }
+        // Resource tasks stop with their tokens (children of `token`); the inotify watch
+        // may end once they have.
+        drop(watch);
+    });
+}
+
+/// Serve one resource until `token` is cancelled: wait for `kubelet.sock`, bind and serve,
+/// register; on every kubelet restart (a change on `kubelet`) do it again. The socket is
+/// removed when the task stops.
+pub async fn run_resource(
+    resource: String,
+    ctx: PluginContext,
+    mut kubelet: tokio::sync::watch::Receiver<u64>,
+    token: CancellationToken,
+) -> Result<(), PluginError> {
+    if ctx.store.view(&resource).is_none() {
+        return Err(PluginError::UnknownResource(resource.clone()));
+    }
+    let streams = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let endpoint = socket_name(&resource);
+    let path = ctx.settings.device_plugin_dir.join(&endpoint);
+    // Mark the current generation seen before looking for the socket, so a creation in
+    // between is not lost.
+    kubelet.borrow_and_update();
+    while !ctx.settings.kubelet_socket.exists() {
+        tracing::info!(resource = %resource, socket = %ctx.settings.kubelet_socket.display(), "waiting for kubelet socket");
+        tokio::select! {
+            () = token.cancelled() => return Ok(()),
+            changed = kubelet.changed() => if changed.is_err() { return Ok(()) },
+        }
+    }
+    loop {
+        let instance = token.child_token();
+        let listener = bind(&path)?;
+        let service = service::DevicePluginService::new(
+            &resource,
+            ctx.store.clone(),
+            ctx.checkpoint.clone(),
+            ctx.metrics.clone(),
+            streams.clone(),
+            instance.clone(),
+        );
+        let stop = instance.clone().cancelled_owned();
+        let server_resource = resource.clone();
+        let mut server = ctx.tracker.spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+                .await;
+            if let Err(e) = served {
+                tracing::error!(resource = %server_resource, error = %e, "device plugin server failed");
+            }
+        });
+        tracing::debug!(resource = %resource, socket = %path.display(), "serving");
+        let request = registration::register_request(&resource, &endpoint);
+        let mut server_done = false;
+        let restart = tokio::select! {
+            () = token.cancelled() => false,
+            changed = kubelet.changed() => changed.is_ok(),
+            () = registration::register_with_backoff(&ctx.settings.kubelet_socket, request, ctx.settings.backoff) => {
+                tracing::info!(resource = %resource, endpoint = %endpoint, "registered with kubelet");
+                ctx.metrics.record_registration(&resource);
+                ctx.readiness.mark_registered(&resource, true);
+                tokio::select! {
+                    () = token.cancelled() => false,
+                    changed = kubelet.changed() => changed.is_ok(),
+                    _ = &mut server => {
+                        // The server stopped on its own (error logged there): serve again.
+                        server_done = true;
+                        true
+                    }
+                }
+            }
+        };
+        instance.cancel();
+        ctx.readiness.mark_registered(&resource, false);
+        if !server_done
+            && tokio::time::timeout(SERVER_STOP_DEADLINE, &mut server)
+                .await
+                .is_err()
+        {
+            tracing::warn!(resource = %resource, "server did not stop in time; aborting it");
+            server.abort();
+        }
+        if let Err(e) = remove_socket(&path) {
+            tracing::warn!(resource = %resource, socket = %path.display(), error = %e, "cannot remove socket");
+        }
+        if !restart {
+            tracing::info!(resource = %resource, "stopped serving");
+            return Ok(());
+        }
+        tracing::info!(resource = %resource, "kubelet restarted; serving and registering again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_names_keep_the_domain() {
+        assert_eq!(
+            socket_name("nvidia.com/gpu"),
+            "gpu-slicer-nvidia.com-gpu.sock"
+        );
+        assert_eq!(
+            socket_name("nvidia.com/mig-1g.10gb"),
+            "gpu-slicer-nvidia.com-mig-1g.10gb.sock"
+        );
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_paths_longer_than_sun_path() {
+        let long = PathBuf::from(format!("/tmp/{}/x.sock", "d".repeat(110)));
+        assert!(matches!(bind(&long), Err(PluginError::PathTooLong { .. })));
+    }
+
+    #[tokio::test]
+    async fn bind_replaces_a_stale_socket_with_mode_0600() {
+        let dir = tempfile::Builder::new()
+            .prefix("gsp")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let stale = std::os::unix::net::UnixListener::bind(&path).expect("stale");
+        drop(stale);
+        let _listener = bind(&path).expect("bind over stale socket");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        remove_socket(&path).expect("remove");
+        remove_socket(&path).expect("already gone is fine");
+    }
+}

@@ -1,0 +1,346 @@
+//! The `DevicePlugin` gRPC service of one resource: translates prost messages to the
+//! `crate::domain::allocate` domain and back, once, and maps refusals to gRPC codes.
+//!
+//! Every RPC reads one snapshot of the state store: the resource's view, the config and the
+//! device nodes of one generation, never a mix. Never blocks on I/O, except that Allocate
+//! persists the held-device checkpoint (off the async workers) before answering when it
+//! hands out something new.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use tokio_stream::Stream;
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tonic::{Request, Response, Status};
+
+use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
+use crate::domain::inventory::Health;
+use crate::platform::checkpoint::Checkpoint;
+use crate::proto::deviceplugin as pb;
+use crate::runtime::metrics::Metrics;
+use crate::state::{Snapshot, Store};
+
+/// Open ListAndWatch streams one resource accepts at once. The kubelet opens one per
+/// registration; the bound keeps a misbehaving local client from making us hold memory
+/// for streams without end.
+pub const MAX_STREAMS_PER_RESOURCE: usize = 16;
+
+/// Annotation naming the state generation an Allocate answer was built from.
+pub const GENERATION_ANNOTATION: &str = "gpu-slicer.io/generation";
+
+/// Options this plugin registers with and reports: GetPreferredAllocation only.
+pub fn plugin_options() -> pb::DevicePluginOptions {
+    pb::DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+/// One resource's DevicePlugin service.
+#[derive(Debug, Clone)]
+pub(crate) struct DevicePluginService {
+    resource: Arc<str>,
+    store: Store,
+    /// Persists what Allocate hands out; `None`: not persisted (tests, embedders).
+    checkpoint: Option<Arc<Checkpoint>>,
+    /// RPC latencies and refusals are recorded here.
+    metrics: Arc<Metrics>,
+    /// Open ListAndWatch streams of this resource.
+    streams: Arc<AtomicUsize>,
+    /// Ends open ListAndWatch streams when this server instance stops; graceful server
+    /// shutdown would otherwise wait forever on them.
+    token: CancellationToken,
+}
+
+impl DevicePluginService {
+    pub(crate) fn new(
+        resource: &str,
+        store: Store,
+        checkpoint: Option<Arc<Checkpoint>>,
+        metrics: Arc<Metrics>,
+        streams: Arc<AtomicUsize>,
+        token: CancellationToken,
+    ) -> Self {
+        Self {
+            resource: Arc::from(resource),
+            store,
+            checkpoint,
+            metrics,
+            streams,
+            token,
+        }
+    }
+
+    fn snapshot_view(&self) -> Result<(Arc<Snapshot>, Arc<ResourceView>), Status> {
+        let snapshot = self.store.current();
+        let view = snapshot.view(&self.resource).cloned().ok_or_else(|| {
+            Status::failed_precondition(format!("resource {} is no longer served", self.resource))
+        })?;
+        Ok((snapshot, view))
+    }
+}
+
+/// A ListAndWatch stream: the resource's view of each new snapshot, sent only when it
+/// changed (by identity). Ends when the resource leaves the plan, the store goes away or
+/// the server instance stops. No task and no channel per stream: it is polled by the
+/// connection that carries it, and everything it holds is freed when it is dropped.
+pub(crate) struct ViewStream {
+    resource: Arc<str>,
+    snapshots: WatchStream<Arc<Snapshot>>,
+    last: Option<Arc<ResourceView>>,
+    stop: Pin<Box<WaitForCancellationFutureOwned>>,
+    open: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for ViewStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewStream")
+            .field("resource", &self.resource)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ViewStream {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        tracing::debug!(resource = %self.resource, "list-and-watch closed");
+    }
+}
+
+impl Stream for ViewStream {
+    type Item = Result<pb::ListAndWatchResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        loop {
+            let snapshot = match Pin::new(&mut self.snapshots).poll_next(cx) {
+                Poll::Ready(Some(s)) => s,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            };
+            let Some(view) = snapshot.view(&self.resource) else {
+                return Poll::Ready(None);
+            };
+            if self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, view)) {
+                continue;
+            }
+            self.last = Some(view.clone());
+            let frame = frame(view);
+            tracing::trace!(resource = %self.resource, devices = frame.devices.len(), "list-and-watch frame");
+            return Poll::Ready(Some(Ok(frame)));
+        }
+    }
+}
+
+/// The ListAndWatch frame of a view.
+pub(crate) fn frame(view: &ResourceView) -> pb::ListAndWatchResponse {
+    pb::ListAndWatchResponse {
+        devices: view
+            .devices()
+            .map(|(d, h)| pb::Device {
+                id: d.id.clone(),
+                health: match h.health {
+                    Health::Healthy => crate::proto::HEALTHY,
+                    Health::Unhealthy => crate::proto::UNHEALTHY,
+                }
+                .to_string(),
+                topology: d.numa_node.map(|n| pb::TopologyInfo {
+                    nodes: vec![pb::NumaNode { id: n }],
+                }),
+            })
+            .collect(),
+    }
+}
+
+fn to_status(err: &AllocateError) -> Status {
+    match err.class() {
+        ErrorClass::Invalid => Status::invalid_argument(err.to_string()),
+        ErrorClass::Unhealthy => Status::failed_precondition(err.to_string()),
+    }
+}
+
+fn to_pb(a: ContainerAllocation) -> pb::ContainerAllocateResponse {
+    pb::ContainerAllocateResponse {
+        envs: a.envs.into_iter().collect(),
+        mounts: a
+            .mounts
+            .into_iter()
+            .map(|m| pb::Mount {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: a
+            .device_specs
+            .into_iter()
+            .map(|d| pb::DeviceSpec {
+                container_path: d.container_path,
+                host_path: d.host_path,
+                permissions: d.permissions,
+            })
+            .collect(),
+        annotations: a.annotations.into_iter().collect(),
+        cdi_devices: a
+            .cdi_devices
+            .into_iter()
+            .map(|name| pb::CdiDevice { name })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _request: Request<pb::Empty>,
+    ) -> Result<Response<pb::DevicePluginOptions>, Status> {
+        Ok(Response::new(plugin_options()))
+    }
+
+    type ListAndWatchStream = ViewStream;
+
+    async fn list_and_watch(
+        &self,
+        _request: Request<pb::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let open = self.streams.fetch_add(1, Ordering::AcqRel) + 1;
+        // The stream's drop gives the slot back, also when this call refuses it.
+        let stream = ViewStream {
+            resource: self.resource.clone(),
+            snapshots: WatchStream::new(self.store.subscribe()),
+            last: None,
+            stop: Box::pin(self.token.clone().cancelled_owned()),
+            open: self.streams.clone(),
+        };
+        if open > MAX_STREAMS_PER_RESOURCE {
+            tracing::warn!(resource = %self.resource, open, max = MAX_STREAMS_PER_RESOURCE, "list-and-watch refused: too many open streams");
+            return Err(Status::resource_exhausted(format!(
+                "{} already has {MAX_STREAMS_PER_RESOURCE} open ListAndWatch streams",
+                self.resource
+            )));
+        }
+        tracing::debug!(resource = %self.resource, open, "list-and-watch opened");
+        Ok(Response::new(stream))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<pb::PreferredAllocationRequest>,
+    ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
+        let started = std::time::Instant::now();
+        let (snapshot, view) = self.snapshot_view()?;
+        let policy = snapshot.config.allocation_policy;
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| pb::ContainerPreferredAllocationResponse {
+                device_i_ds: allocate::preferred(
+                    &view,
+                    policy,
+                    &c.available_device_i_ds,
+                    &c.must_include_device_i_ds,
+                    usize::try_from(c.allocation_size).unwrap_or(0),
+                ),
+            })
+            .collect();
+        self.metrics
+            .record_preferred(&self.resource, started.elapsed());
+        Ok(Response::new(pb::PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<pb::AllocateRequest>,
+    ) -> Result<Response<pb::AllocateResponse>, Status> {
+        let started = std::time::Instant::now();
+        // One snapshot for the whole request: view, config and device nodes of one
+        // generation.
+        let (snapshot, view) = self.snapshot_view()?;
+        let requests = request.into_inner().container_requests;
+        // Validate every container request before answering any: all or nothing.
+        let mut validated = Vec::with_capacity(requests.len());
+        for c in &requests {
+            match allocate::validate(&view, &c.devices_ids) {
+                Ok(devices) => validated.push(devices),
+                Err(e) => {
+                    tracing::warn!(resource = %self.resource, device = e.device_id().unwrap_or(""), rule = e.rule(), error = %e, "allocate refused");
+                    self.metrics
+                        .record_allocate(&self.resource, started.elapsed(), Some(e.rule()));
+                    return Err(to_status(&e));
+                }
+            }
+        }
+        let prefix = format!("{}=", snapshot.config.cdi_kind);
+        let generation = snapshot.generation.to_string();
+        let mut held_cdi = BTreeSet::new();
+        let container_responses: Vec<pb::ContainerAllocateResponse> = validated
+            .iter()
+            .map(|devices| {
+                let mut answer =
+                    allocate::build_response(&snapshot.config, &view.resource, devices);
+                allocate::add_device_specs(&mut answer, &snapshot.config, &snapshot.nodes, devices);
+                held_cdi.extend(
+                    answer
+                        .cdi_devices
+                        .iter()
+                        .filter_map(|q| q.strip_prefix(&prefix))
+                        .map(str::to_string),
+                );
+                answer
+                    .annotations
+                    .insert(GENERATION_ANNOTATION.to_string(), generation.clone());
+                to_pb(answer)
+            })
+            .collect();
+        let grew = self.store.hold(
+            &self.resource,
+            validated.iter().flatten().map(|d| d.id.as_str()),
+            &held_cdi,
+        );
+        if let (Some(_), Some(checkpoint)) = (grew, &self.checkpoint) {
+            // Persisted before answering: a restart must find what this answer hands out.
+            let (checkpoint, store) = (checkpoint.clone(), self.store.clone());
+            let saved = tokio::task::spawn_blocking(move || {
+                checkpoint.save_with(|| store.current().held.as_ref().clone())
+            })
+            .await;
+            let failed = match saved {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(error) = failed {
+                tracing::error!(resource = %self.resource, error = %error, "allocate refused: held devices not persisted");
+                self.metrics
+                    .record_allocate(&self.resource, started.elapsed(), Some("checkpoint"));
+                return Err(Status::unavailable(format!(
+                    "cannot persist held devices: {error}"
+                )));
+            }
+        }
+        self.metrics
+            .record_allocate(&self.resource, started.elapsed(), None);
+        tracing::debug!(resource = %self.resource, containers = requests.len(), generation = snapshot.generation, "allocated");
+        Ok(Response::new(pb::AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _request: Request<pb::PreStartContainerRequest>,
+    ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
+        // Registered with pre_start_required = false, so the kubelet never calls this.
+        Ok(Response::new(pb::PreStartContainerResponse {}))
+    }
+}

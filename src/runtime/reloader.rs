@@ -1,0 +1,311 @@
+//! The reloader: the one actor that changes what the daemon serves.
+//!
+//! Triggers ([`crate::runtime::triggers`]) → config load and inventory discovery on blocking
+//! threads → device-node probe → [`crate::domain::transition::next`] → CDI spec written
+//! atomically (every held device kept) → [`Store::commit`]. Every other actor follows the
+//! store: plugin servers start and stop with the plan, streams send changed views, the MPS
+//! reconciler and metrics follow. Startup runs the same steps once, from the snapshot an
+//! earlier run left (spec on disk, held-device checkpoint).
+//!
+//! It runs as its own task: a slow reload never blocks shutdown or failure handling, and a
+//! cancelled reload stops between steps, committing nothing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::cdi::generate::{HostProbe, NodeInfo, NodeProbe};
+use crate::domain::cdi::shares::HookSettings;
+use crate::domain::cdi::{self, Format, Spec};
+use crate::domain::config::{Config, ConfigError};
+use crate::domain::devnodes::DeviceNodes;
+use crate::domain::inventory::{Backend, Inventory, InventoryError};
+use crate::domain::plan::PlanDiff;
+use crate::domain::snapshot::Snapshot;
+use crate::domain::transition::{self, Host};
+use crate::platform::cdi_writer;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::supervisor::{AppError, ReloadStatus, blocking};
+use crate::runtime::triggers::{Causes, Triggers};
+use crate::state::Store;
+
+/// Loads the config again on reload (file, environment and flags, as at start).
+pub type ConfigLoader = Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+
+/// How many times one reload re-runs the transition when Allocate handed out a device of
+/// the old plan while the spec was being written (each round keeps what was held then).
+const MAX_ROUNDS: usize = 3;
+
+/// The reload actor and its dependencies.
+pub struct Reloader {
+    pub(crate) store: Store,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) load: Option<ConfigLoader>,
+    pub(crate) cdi_dir: PathBuf,
+    pub(crate) hook: Option<HookSettings>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) status: watch::Sender<ReloadStatus>,
+}
+
+impl fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloader")
+            .field("cdi_dir", &self.cdi_dir)
+            .field("load", &self.load.as_ref().map(|_| "<loader>"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The snapshot a run starts from: nothing served yet, the spec an earlier run left in
+/// `cdi_dir` (so held devices can be carried over) and the held set it checkpointed.
+pub fn initial(cdi_dir: &Path, kind: &str, held: crate::state::Held) -> Snapshot {
+    let name = cdi::spec_file_name(kind, Format::Yaml);
+    let path = cdi_dir.join(&name);
+    let spec = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| Spec::parse(&text, &path).ok())
+        .map(Arc::new);
+    Snapshot {
+        spec,
+        held: Arc::new(held),
+        ..Snapshot::default()
+    }
+}
+
+/// Stat every node the inventory's devices use under the config's dev root (nothing when
+/// the dev root is `/`: the spec then names container paths only).
+fn probe_nodes(inventory: &Inventory, config: &Config) -> BTreeMap<PathBuf, NodeInfo> {
+    if config.dev_root == Path::new("/") {
+        return BTreeMap::new();
+    }
+    let Ok(nodes) = DeviceNodes::new(inventory) else {
+        // The transition reports the missing capability minor.
+        return BTreeMap::new();
+    };
+    nodes
+        .all_paths()
+        .into_iter()
+        .filter_map(|p| {
+            let host = config.dev_root.join(p.trim_start_matches('/'));
+            HostProbe.probe(&host).map(|info| (host, info))
+        })
+        .collect()
+}
+
+impl Reloader {
+    /// The first transition, from the snapshot an earlier run left. Its errors stop the
+    /// daemon (nothing is served yet). With `failOnInitError: false` a node whose driver
+    /// cannot be initialised serves nothing instead of crash-looping, as NVIDIA's plugin.
+    pub async fn start(&self, config: Config) -> Result<(), AppError> {
+        let backend = self.backend.clone();
+        let discovered = blocking("inventory discovery", move || backend.discover()).await?;
+        let (inventory, no_driver) = match discovered {
+            Ok(inventory) => (inventory, false),
+            Err(e @ InventoryError::Nvml { .. }) if !config.fail_on_init_error => {
+                tracing::warn!(error = %e, "failOnInitError is false: running with no devices");
+                let inventory = Inventory {
+                    source: "none (driver unavailable)".to_string(),
+                    ..Inventory::default()
+                };
+                (inventory, true)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let diff = self
+            .apply(Arc::new(config), Arc::new(inventory), no_driver)
+            .await?;
+        let snapshot = self.store.current();
+        tracing::info!(
+            source = %snapshot.inventory.source,
+            gpus = snapshot.inventory.gpus.len(),
+            resources = diff.added.len(),
+            "plan built"
+        );
+        self.status.send_modify(|s| s.plan = snapshot.plan.clone());
+        Ok(())
+    }
+
+    /// Serve reload triggers until `token` is cancelled. A reload in progress is abandoned
+    /// (between steps, before its commit) when the token fires.
+    pub async fn run(self, mut triggers: Triggers, token: CancellationToken) {
+        loop {
+            let causes = tokio::select! {
+                biased;
+                () = token.cancelled() => return,
+                causes = triggers.next() => match causes {
+                    Some(c) => c,
+                    None => return,
+                },
+            };
+            let result = tokio::select! {
+                biased;
+                () = token.cancelled() => {
+                    tracing::info!(cause = causes.label(), "reload abandoned: shutting down");
+                    return;
+                }
+                result = self.reload(causes) => result,
+            };
+            self.report(causes, result);
+        }
+    }
+
+    /// Load and/or discover as `causes` ask, then apply; on any error the store is untouched.
+    async fn reload(&self, causes: Causes) -> Result<Option<PlanDiff>, AppError> {
+        let current = self.store.current();
+        let config = match (&self.load, causes.config) {
+            (Some(load), true) => {
+                let load = load.clone();
+                Arc::new(blocking("config loading", move || load()).await??)
+            }
+            _ => current.config.clone(),
+        };
+        let inventory = if causes.inventory {
+            let backend = self.backend.clone();
+            Arc::new(blocking("inventory discovery", move || backend.discover()).await??)
+        } else {
+            current.inventory.clone()
+        };
+        let kept_released = causes.held && held_shrank_below_spec(&current);
+        if config == current.config && inventory == current.inventory && !kept_released {
+            return Ok(None);
+        }
+        self.apply(config, inventory, false).await.map(Some)
+    }
+
+    /// Transition, write the spec, commit; again (at most [`MAX_ROUNDS`]) if a device of the
+    /// old plan was handed out meanwhile, so the committed spec has every held device.
+    async fn apply(
+        &self,
+        config: Arc<Config>,
+        inventory: Arc<Inventory>,
+        no_driver: bool,
+    ) -> Result<PlanDiff, AppError> {
+        let mut first_diff = None;
+        for _ in 0..MAX_ROUNDS {
+            let current = self.store.current();
+            let host = {
+                let (inventory, config) = (inventory.clone(), config.clone());
+                let nodes = blocking("device node probe", move || {
+                    probe_nodes(&inventory, &config)
+                })
+                .await?;
+                Host {
+                    nodes,
+                    hook: self.hook.clone(),
+                    driver: None,
+                    no_driver,
+                }
+            };
+            let next = transition::next(&current, config.clone(), inventory.clone(), &host)?;
+            if let Some(spec) = next.spec.clone() {
+                let (dir, kept) = (self.cdi_dir.clone(), next.kept.clone());
+                blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
+            }
+            let committed = self.store.commit(next.snapshot);
+            first_diff.get_or_insert(next.diff);
+            let missing = match &committed.spec {
+                Some(spec) => {
+                    let have: std::collections::BTreeSet<&str> =
+                        spec.devices.iter().map(|d| d.name.as_str()).collect();
+                    committed
+                        .held
+                        .cdi_names()
+                        .into_iter()
+                        .any(|n| !have.contains(n.as_str()))
+                }
+                None => false,
+            };
+            if !missing {
+                break;
+            }
+            tracing::info!("a device was handed out during the reload; writing the spec again");
+        }
+        Ok(first_diff.unwrap_or_default())
+    }
+
+    fn report(&self, causes: Causes, result: Result<Option<PlanDiff>, AppError>) {
+        if causes.config || result.is_err() {
+            self.metrics.record_reload(result.is_ok());
+        }
+        let plan = self.store.current().plan.clone();
+        self.status.send_modify(|s| {
+            s.plan = plan;
+            match &result {
+                Ok(Some(diff)) => {
+                    s.applied += 1;
+                    s.last_error = None;
+                    s.last_diff = Some(diff.clone());
+                }
+                Ok(None) => {
+                    s.unchanged += 1;
+                    s.last_error = None;
+                }
+                Err(e) => {
+                    s.failed += 1;
+                    s.last_error = Some(e.to_string());
+                }
+            }
+        });
+        match result {
+            Ok(Some(diff)) => tracing::info!(
+                cause = causes.label(),
+                added = ?diff.added,
+                removed = ?diff.removed,
+                changed = ?diff.changed,
+                unchanged = diff.unchanged.len(),
+                "reload applied"
+            ),
+            // The re-scan timer finds nothing most of the time: keep that out of info logs.
+            Ok(None) if !causes.config => {
+                tracing::debug!(cause = causes.label(), "reload: nothing changed");
+            }
+            Ok(None) => tracing::info!(cause = causes.label(), "reload: nothing changed"),
+            Err(e) => tracing::error!(
+                cause = causes.label(),
+                error = %e,
+                "reload refused; the previous config and plan keep serving"
+            ),
+        }
+    }
+}
+
+/// Whether the spec carries a device only because it was held and nothing holds it now:
+/// then a rewrite drops it.
+fn held_shrank_below_spec(current: &Snapshot) -> bool {
+    let held = current.held.cdi_names();
+    current.kept.iter().any(|name| !held.contains(name))
+}
+
+/// Write `spec` as `<vendor>-<class>.yaml` in `dir`.
+fn write(dir: &Path, spec: &Spec, kept: &[String]) -> Result<(), AppError> {
+    let err = |e: cdi::CdiError| {
+        AppError::Spec(SpecWriteError {
+            dir: dir.display().to_string(),
+            source: Box::new(e),
+        })
+    };
+    let format = Format::Yaml;
+    let name = cdi::spec_file_name(&spec.kind, format);
+    let bytes = spec.to_bytes(format).map_err(err)?;
+    let outcome = cdi_writer::write_spec(dir, &name, &bytes).map_err(err)?;
+    if !kept.is_empty() {
+        tracing::info!(devices = ?kept, "CDI devices kept for running containers");
+    }
+    tracing::info!(dir = %dir.display(), file = %name, ?outcome, kept = kept.len(), "CDI spec");
+    Ok(())
+}
+
+/// Writing the CDI spec failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write CDI spec in {dir}: {source}")]
+pub struct SpecWriteError {
+    /// CDI directory.
+    pub dir: String,
+    /// What went wrong.
+    #[source]
+    pub source: Box<cdi::CdiError>,
+}

@@ -1,0 +1,342 @@
+//! What makes the daemon re-plan while it runs: a change in the config file's directory
+//! (inotify via notify), SIGHUP, a periodic inventory re-scan, or an embedder's request.
+//!
+//! Talks to the OS (inotify, signals, timers) and to `app`, which owns the reload itself and
+//! receives merged [`Causes`] from [`Triggers::next`]. The config file's *directory* is
+//! watched, not the file: a Kubernetes ConfigMap volume updates by writing a new timestamped
+//! directory and renaming the `..data` symlink over the old one, so the file the daemon was
+//! given never changes in place (its path resolves through `..data`), and editors replace
+//! a file by renaming a new one over it, which a watch on the old inode would miss. Only
+//! events naming the config file itself or `..data` ask for a reload: anything else in that
+//! directory (a log file, an editor's swap file, another ConfigMap key) is ignored, or a
+//! busy neighbour would reload the daemon forever (and, with a broken config, count a
+//! failed reload per write). Bursts (an editor's write + rename, the ConfigMap's renames)
+//! are merged by a short settle delay.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long to wait after the first trigger for more to arrive before reloading.
+pub const SETTLE: Duration = Duration::from_millis(150);
+
+/// Errors setting up the triggers.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The config file has no directory to watch.
+    #[error("cannot watch config file {path}: it has no parent directory")]
+    NoParent { path: String },
+    /// inotify refused the watch.
+    #[error("cannot watch config directory {path}: {source}")]
+    Watch {
+        path: String,
+        #[source]
+        source: notify::Error,
+    },
+    /// The SIGHUP handler could not be installed.
+    #[error("cannot install SIGHUP handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// One reason to reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The config file (or the ConfigMap's `..data` link) changed.
+    ConfigFile,
+    /// SIGHUP: reload the config and re-scan the inventory.
+    Signal,
+    /// The re-scan interval elapsed.
+    Rescan,
+    /// An embedder asked (tests, `Running::reload`): config and inventory.
+    Request,
+    /// Held devices were released: the spec may drop devices kept only for them.
+    Released,
+}
+
+/// Merged causes of one reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Causes {
+    /// Re-read the config.
+    pub config: bool,
+    /// Re-discover the inventory.
+    pub inventory: bool,
+    /// Rewrite the spec if it keeps devices nothing holds any more.
+    pub held: bool,
+}
+
+impl Causes {
+    fn add(&mut self, cause: Cause) {
+        match cause {
+            Cause::ConfigFile => self.config = true,
+            Cause::Rescan => self.inventory = true,
+            Cause::Released => self.held = true,
+            Cause::Signal | Cause::Request => {
+                self.config = true;
+                self.inventory = true;
+            }
+        }
+    }
+
+    /// Short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match (self.config, self.inventory) {
+            (true, true) => "config+inventory",
+            (true, false) => "config",
+            (false, true) => "inventory",
+            (false, false) if self.held => "released",
+            (false, false) => "none",
+        }
+    }
+}
+
+/// What to watch.
+#[derive(Debug, Clone, Default)]
+pub struct TriggerSettings {
+    /// The config file (its directory is watched); `None`: no file to follow.
+    pub config_file: Option<PathBuf>,
+    /// Reload on SIGHUP.
+    pub sighup: bool,
+    /// Re-scan the inventory this often; `None` or zero: never on a timer.
+    pub rescan_interval: Option<Duration>,
+}
+
+/// Live triggers. Dropping this ends the inotify watch; the signal and timer tasks end with
+/// the token they were given.
+#[derive(Debug)]
+pub struct Triggers {
+    rx: mpsc::Receiver<Cause>,
+    tx: mpsc::Sender<Cause>,
+    /// Kept alive for as long as events are wanted: dropping the watcher ends the inotify
+    /// watch and its thread.
+    _watcher: Option<RecommendedWatcher>,
+}
+
+impl Triggers {
+    /// Start every trigger `settings` asks for; tasks are owned by `tracker` and stop with
+    /// `token`.
+    pub fn start(
+        settings: &TriggerSettings,
+        tracker: &TaskTracker,
+        token: &CancellationToken,
+    ) -> Result<Self, ReloadError> {
+        // Bounded: a full queue means a reload is already pending, which covers the event.
+        let (tx, rx) = mpsc::channel(16);
+        let watcher = match &settings.config_file {
+            Some(file) => Some(watch_dir(file, tx.clone())?),
+            None => None,
+        };
+        if settings.sighup {
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(ReloadError::Signal)?;
+            let (tx, token) = (tx.clone(), token.clone());
+            tracker.spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        got = hup.recv() => {
+                            if got.is_none() { return }
+                            tracing::info!(signal = "SIGHUP", "reload requested");
+                            let _ = tx.try_send(Cause::Signal);
+                        }
+                    }
+                }
+            });
+        }
+        if let Some(every) = settings.rescan_interval.filter(|d| !d.is_zero()) {
+            let (tx, token) = (tx.clone(), token.clone());
+            tracker.spawn(async move {
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                // After a long stall one re-scan is enough.
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        _ = tick.tick() => { let _ = tx.try_send(Cause::Rescan); }
+                    }
+                }
+            });
+        }
+        Ok(Self {
+            rx,
+            tx,
+            _watcher: watcher,
+        })
+    }
+
+    /// A sender for embedders that want to ask for a reload.
+    pub fn requester(&self) -> mpsc::Sender<Cause> {
+        self.tx.clone()
+    }
+
+    /// Wait for the next trigger, then for [`SETTLE`] more, and return everything that
+    /// arrived merged. Never returns `None` while `self` holds a sender.
+    pub async fn next(&mut self) -> Option<Causes> {
+        let first = self.rx.recv().await?;
+        let mut causes = Causes::default();
+        causes.add(first);
+        let settle = tokio::time::sleep(SETTLE);
+        tokio::pin!(settle);
+        loop {
+            tokio::select! {
+                () = &mut settle => return Some(causes),
+                more = self.rx.recv() => match more {
+                    Some(c) => causes.add(c),
+                    None => return Some(causes),
+                },
+            }
+        }
+    }
+}
+
+/// The ConfigMap volume's link to the current data directory: renamed over on every update.
+const CONFIGMAP_DATA: &str = "..data";
+
+/// Whether `event` (in the directory watched for `file_name`) may have changed the config:
+/// it names the file or the `..data` link, or it says events were lost.
+fn concerns_config(event: &notify::Event, file_name: &OsStr) -> bool {
+    if matches!(event.kind, EventKind::Access(_)) {
+        return false;
+    }
+    if event.need_rescan() {
+        return true;
+    }
+    event.paths.iter().any(|p| {
+        p.file_name()
+            .is_some_and(|n| n == file_name || n == CONFIGMAP_DATA)
+    })
+}
+
+/// Watch the directory holding `file`; events about the file or `..data` are triggers.
+fn watch_dir(file: &Path, tx: mpsc::Sender<Cause>) -> Result<RecommendedWatcher, ReloadError> {
+    let no_parent = || ReloadError::NoParent {
+        path: file.display().to_string(),
+    };
+    let dir = match file.parent() {
+        Some(d) if d.as_os_str().is_empty() => Path::new("."),
+        Some(d) => d,
+        None => return Err(no_parent()),
+    };
+    let file_name: OsString = file.file_name().ok_or_else(no_parent)?.to_os_string();
+    let shown = dir.display().to_string();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match event {
+            Ok(e) if concerns_config(&e, &file_name) => {
+                let _ = tx.try_send(Cause::ConfigFile);
+            }
+            Ok(_) => {}
+            // A queue overflow loses events: reload to be sure.
+            Err(_) => {
+                let _ = tx.try_send(Cause::ConfigFile);
+            }
+        }
+    })
+    .map_err(|source| ReloadError::Watch {
+        path: shown.clone(),
+        source,
+    })?;
+    watcher
+        .watch(dir, RecursiveMode::NonRecursive)
+        .map_err(|source| ReloadError::Watch {
+            path: shown,
+            source,
+        })?;
+    Ok(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_merge() {
+        let mut c = Causes::default();
+        c.add(Cause::ConfigFile);
+        assert_eq!(c.label(), "config");
+        c.add(Cause::Rescan);
+        assert_eq!(c.label(), "config+inventory");
+        let mut s = Causes::default();
+        s.add(Cause::Signal);
+        assert!(s.config && s.inventory);
+    }
+
+    #[test]
+    fn only_the_config_file_and_data_link_concern_the_config() {
+        use notify::event::{CreateKind, DataChange, ModifyKind, RenameMode};
+        let ev = |kind: EventKind, paths: &[&str]| {
+            let mut e = notify::Event::new(kind);
+            for p in paths {
+                e = e.add_path(PathBuf::from(p));
+            }
+            e
+        };
+        let name = OsStr::new("config.yaml");
+        let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        assert!(concerns_config(&ev(write, &["/etc/gs/config.yaml"]), name));
+        assert!(concerns_config(
+            &ev(rename, &["/etc/gs/..data_tmp", "/etc/gs/..data"]),
+            name
+        ));
+        assert!(concerns_config(
+            &ev(rename, &["/etc/gs/.config.yaml.swp", "/etc/gs/config.yaml"]),
+            name
+        ));
+        assert!(!concerns_config(&ev(write, &["/etc/gs/agent.log"]), name));
+        assert!(!concerns_config(
+            &ev(
+                EventKind::Create(CreateKind::File),
+                &["/etc/gs/config.yaml.bak"]
+            ),
+            name
+        ));
+        assert!(!concerns_config(
+            &ev(
+                EventKind::Create(CreateKind::Folder),
+                &["/etc/gs/..2026_v2"]
+            ),
+            name
+        ));
+        let read = EventKind::Access(notify::event::AccessKind::Any);
+        assert!(!concerns_config(&ev(read, &["/etc/gs/config.yaml"]), name));
+        let lost = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        assert!(concerns_config(&lost, name));
+    }
+
+    #[tokio::test]
+    async fn a_configmap_style_swap_is_one_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v1 = dir.path().join("..2026_v1");
+        std::fs::create_dir(&v1).expect("v1");
+        std::fs::write(v1.join("config.yaml"), "version: v1\n").expect("write");
+        std::os::unix::fs::symlink("..2026_v1", dir.path().join("..data")).expect("data");
+        std::os::unix::fs::symlink("..data/config.yaml", dir.path().join("config.yaml"))
+            .expect("link");
+        let tracker = TaskTracker::new();
+        let token = CancellationToken::new();
+        let settings = TriggerSettings {
+            config_file: Some(dir.path().join("config.yaml")),
+            ..TriggerSettings::default()
+        };
+        let mut triggers = Triggers::start(&settings, &tracker, &token).expect("start");
+        // What the kubelet does: new directory, new `..data_tmp` link, rename over `..data`.
+        let v2 = dir.path().join("..2026_v2");
+        std::fs::create_dir(&v2).expect("v2");
+        std::fs::write(v2.join("config.yaml"), "version: v1\nflags: {}\n").expect("write");
+        std::os::unix::fs::symlink("..2026_v2", dir.path().join("..data_tmp")).expect("tmp");
+        std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).expect("swap");
+        let causes = tokio::time::timeout(Duration::from_secs(5), triggers.next())
+            .await
+            .expect("a trigger within 5 s")
+            .expect("open");
+        assert_eq!(causes.label(), "config");
+        // The burst was merged: nothing else is pending after the settle delay.
+        let more = tokio::time::timeout(SETTLE * 3, triggers.next()).await;
+        assert!(more.is_err(), "burst not merged: {more:?}");
+        token.cancel();
+    }
+}
