@@ -12,6 +12,11 @@ cd "$(dirname "$0")/.."
 
 secs=${1:-60}
 shift || true
+# libFuzzer reads -max_total_time=0 as "no limit".
+if ! [[ $secs =~ ^[0-9]+$ ]] || [ "$secs" -eq 0 ]; then
+  echo "fuzz: SECONDS must be a whole number above 0, not \`$secs\`" >&2
+  exit 2
+fi
 targets=("$@")
 if ! cargo +nightly --version >/dev/null 2>&1 || ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   if [ "${FUZZ_SKIP_MISSING:-0}" = 1 ]; then
