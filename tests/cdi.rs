@@ -1,6 +1,9 @@
 //! CDI provider through the public API and the real binary: golden specs in `cdi-specs/`,
-//! the official JSON schema, the rules learnt from the 51 Podman 4.3.1 cases, the invalid
-//! examples in `../shared/cdi/examples/`, and the bad-input contract of `cdi generate`.
+//! the official JSON schema (as the `container-device-interface` crate ships it), that
+//! crate's own parser and validator as a second, independent check of every spec we emit,
+//! the rules learnt from the 51 Podman 4.3.1 cases, the invalid examples in
+//! `tests/fixtures/cdi/`, and the bad-input contract of
+//! `cdi generate`. Nothing outside the repository and its dependencies is read.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,7 +16,7 @@ use gpu_slicer::domain::cdi::{
 use gpu_slicer::domain::inventory::Backend;
 use gpu_slicer::platform::sim::{BUILTIN_PROFILES, SimBackend};
 
-const SHARED_CDI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/cdi");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
 const KIND: &str = "gpu-slicer.io/gpu";
 
 fn bin(args: &[&str]) -> Output {
@@ -30,31 +33,34 @@ fn spec_for(profile: &str) -> Spec {
     cdi::generate(&inv, &GenerateOptions::new(KIND), &NoProbe).expect("generate")
 }
 
+/// The official CDI schema, compiled by our own `jsonschema`: the copy the
+/// `container-device-interface` crate ships (its `src/schema/`), with `defs.json` merged in
+/// by the crate's own helper.
 fn schema_validator() -> jsonschema::Validator {
-    #[derive(Debug)]
-    struct Defs(serde_json::Value);
-    impl jsonschema::Retrieve for Defs {
-        fn retrieve(
-            &self,
-            uri: &jsonschema::Uri<String>,
-        ) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
-            if uri.as_str().ends_with("/defs.json") {
-                Ok(self.0.clone())
-            } else {
-                Err(format!("unexpected schema reference {uri}").into())
-            }
-        }
-    }
-    let read = |name: &str| -> serde_json::Value {
-        let path = format!("{SHARED_CDI}/schema/{name}");
-        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-    };
+    let schema = container_device_interface::schema::builtin_schema_value()
+        .expect("the crate's CDI schema parses");
     jsonschema::options()
-        .with_base_uri("file:///cdi-schema/schema.json")
-        .with_retriever(Defs(read("defs.json")))
-        .build(&read("schema.json"))
+        .with_draft(jsonschema::Draft::Draft7)
+        .build(&schema)
         .expect("official CDI schema compiles")
+}
+
+/// The second validator: CDI-RS, the reference Rust implementation, loading `bytes` the way a
+/// runtime loads a spec file (strict typed parse, schema, names, edits, version fields).
+fn cdi_rs_check(bytes: &[u8], file_name: &str) -> Result<(), String> {
+    container_device_interface::schema::validate_builtin(bytes).map_err(|e| format!("{e:#}"))?;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(file_name);
+    fs::write(&path, bytes).expect("write spec");
+    container_device_interface::spec::read_spec(&path, 0)
+        .map(drop)
+        .map_err(|e| format!("{e:#}"))
+}
+
+fn assert_cdi_rs_accepts(bytes: &[u8], file_name: &str, what: &str) {
+    if let Err(e) = cdi_rs_check(bytes, file_name) {
+        panic!("{what}: CDI-RS rejects it: {e}");
+    }
 }
 
 fn assert_schema_valid(v: &jsonschema::Validator, doc: &serde_json::Value, what: &str) {
@@ -282,6 +288,7 @@ fn cdi_specs_dir_matches_generator() {
         );
         // The checked-in file is itself a valid spec.
         validate_file(&path).expect("golden spec validates");
+        assert_cdi_rs_accepts(&want, &format!("{name}.yaml"), &path.display().to_string());
     }
 }
 
@@ -297,6 +304,11 @@ fn generated_specs_pass_the_official_schema_in_both_encodings() {
                 Format::Yaml => serde_yaml_ng::from_str(&text).expect("yaml"),
             };
             assert_schema_valid(&v, &doc, &format!("{what} as {format}"));
+            assert_cdi_rs_accepts(
+                text.as_bytes(),
+                &spec_file_name(&spec.kind, format),
+                &format!("{what} as {format}"),
+            );
             let back = Spec::parse(&text, Path::new("x.yaml")).expect("parse back");
             assert_eq!(back, spec, "{what} round-trips through {format}");
         }
@@ -311,6 +323,30 @@ fn schema_check_catches_what_it_should() {
         "devices": [{"name": "d", "containerEdits": {"deviceNodes": [{"hostPath": "/x"}]}}]});
     assert!(!v.is_valid(&bad), "deviceNode without path must fail");
     assert!(!v.is_valid(&serde_json::json!({})));
+}
+
+#[test]
+fn cdi_rs_check_catches_what_it_should() {
+    // The second validator must be able to fail: a spec without devices, an unknown key,
+    // a device name with a space.
+    for (name, text) in [
+        (
+            "a.yaml",
+            "cdiVersion: \"0.5.0\"\nkind: example.org/card\ndevices: []\n",
+        ),
+        (
+            "b.yaml",
+            "cdiVersion: \"0.5.0\"\nkind: example.org/card\nfoo: 1\ndevices:\n- name: d\n  containerEdits: {env: [A=1]}\n",
+        ),
+        (
+            "c.yaml",
+            "cdiVersion: \"0.5.0\"\nkind: example.org/card\ndevices:\n- name: \"bad name!\"\n  containerEdits: {env: [A=1]}\n",
+        ),
+    ] {
+        assert!(cdi_rs_check(text.as_bytes(), name).is_err(), "{text}");
+    }
+    let ok = "cdiVersion: \"0.5.0\"\nkind: example.org/card\ndevices:\n- name: d\n  containerEdits: {env: [A=1]}\n";
+    cdi_rs_check(ok.as_bytes(), "ok.yaml").expect("a valid spec passes");
 }
 
 /// What the 51 Podman 4.3.1 cases taught, asserted on everything we emit.
@@ -410,19 +446,17 @@ fn every_uuid_has_a_stable_device_name() {
     );
 }
 
-/// Files under `../shared/cdi/examples/` that `cdi validate` must reject: the invalid
-/// examples, the CDI-RS invalid fixtures, and every Podman case file Podman rejected for a
+/// Files that `cdi validate` must reject: `tests/fixtures/cdi/invalid/` (including the cases
+/// CDI-RS's own fixtures reject), and every Podman case file Podman rejected for a
 /// reason inside the file (not for host state such as a missing /dev node or a conflict
 /// between two files).
 fn must_reject() -> Vec<PathBuf> {
-    let ex = Path::new(SHARED_CDI).join("examples");
+    let ex = Path::new(FIXTURES);
     let mut files = Vec::new();
-    for d in ["invalid", "rust-crate-fixtures/invalid"] {
-        for e in fs::read_dir(ex.join(d)).expect("examples dir") {
-            files.push(e.expect("entry").path());
-        }
+    for e in fs::read_dir(ex.join("invalid")).expect("fixtures dir") {
+        files.push(e.expect("entry").path());
     }
-    let cases = ex.join("podman-4.3.1-debian12/cases");
+    let cases = ex.join("podman-4.3.1");
     for rel in [
         "ver-0.6.0/etc/t.json",
         "ver-0.7.0/etc/t.json",
@@ -478,8 +512,8 @@ fn validate_rejects_every_invalid_example() {
 
 #[test]
 fn validate_accepts_what_podman_loaded() {
-    let ex = Path::new(SHARED_CDI).join("examples");
-    let cases = ex.join("podman-4.3.1-debian12/cases");
+    let ex = Path::new(FIXTURES);
+    let cases = ex.join("podman-4.3.1");
     let mut files = vec![ex.join("valid/minimal.json")];
     for rel in [
         "ver-0.3.0/etc/t.json",
