@@ -39,7 +39,7 @@ pub enum Error {
     Enforce(#[from] crate::platform::enforce::EnforceError),
     /// Driver discovery or a driver hook.
     #[error(transparent)]
-    Driver(#[from] crate::driver::DriverError),
+    Driver(#[from] crate::platform::driver::DriverError),
     /// `gpu-slicer run`.
     #[error(transparent)]
     Run(#[from] RunError),
@@ -127,7 +127,7 @@ impl Error {
                 RunError::Signal(_) => Class::Runtime,
             },
             Error::Demo(DemoError::App(e)) => app(e),
-            Error::Driver(crate::driver::DriverError::Io { .. }) => Class::Runtime,
+            Error::Driver(crate::platform::driver::DriverError::Io { .. }) => Class::Runtime,
             Error::Driver(_) => Class::Input,
             Error::Enforce(_)
             | Error::Demo(_)

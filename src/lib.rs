@@ -1,35 +1,43 @@
 //! gpu-slicer: a node agent that hands out exactly the GPU share a workload asks for.
 //!
-//! Data flows one way:
+//! Four layers, one direction of imports (each uses only the ones below it):
 //!
 //! ```text
-//! backend (sim | NVML) -> inventory --+
-//!                                     +--> plan --> CDI spec (cdi)
-//! config file ------------------------+      \--> one device-plugin server per resource
+//! cli        clap types and one module per subcommand; arguments -> settings
+//! runtime    actors on one TaskTracker, each stopped by a CancellationToken:
+//!            supervisor (wiring, ordered shutdown), reloader (triggers -> load/discover
+//!            -> transition -> spec -> commit), plugin servers, health monitor, MPS
+//!            reconciler, ledger, metrics, HTTP
+//! state      the store: one watch<Arc<Snapshot>>, commands that change it
+//! domain     pure values and functions: config, inventory, plan, device nodes, CDI
+//!            (model, generate, validate, YAML), allocate (rules, views, preferred,
+//!            responses), MPS derivation, health policy, snapshot, transition::next
+//! platform   the host: NVML (inventory, events, memory limits), sim backend, the
+//!            user-space driver (discovery, hooks), files (spec writer, checkpoint)
 //! ```
 //!
-//! Module map:
-//! - [`inventory`]: domain types for GPUs and MIG devices; the `Backend` trait; sim backend.
-//! - [`config`]: NVIDIA `version: v1` config plus extensions; load, validate, precedence.
-//! - [`plan`]: pure `Inventory × Config → Plan` (resources and allocatable devices).
-//! - [`cdi`]: CDI spec model, pure `Inventory → Spec` generator, checks, atomic writer.
-//! - [`driver`]: the host's user-space driver (libraries, firmware, binaries, sockets) for
-//!   the spec's driver edits, and the `cdi-hook` driver hooks.
-//! - [`enforce`]: per-container GPU memory limits (the `cdi-hook set-memory-limit` command).
-//! - [`mps`]: MPS control daemons per shared device (derivation, supervision, client edits).
-//! - [`cli`]: command-line surface; [`commands`] runs each subcommand.
-//! - [`allocate`]: pure enforcement rules, preferred-allocation policies, responses, live health.
-//! - [`health`]: NVML event thread / sim injector → XID policy with recovery → live health.
-//! - [`plugin`]: one device-plugin gRPC server per resource, registration, kubelet watch.
-//! - [`kubelet`]: in-process kubelet emulator (registration, device manager, PodResources).
-//! - [`ledger`]: PodResources client: who holds which device, drift; [`metrics`] and
-//!   [`http`]: Prometheus registry and the `/metrics` `/healthz` `/readyz` endpoint.
-//! - [`app`]: the daemon's wiring, reloads and ordered shutdown; [`proto`]: generated kubelet APIs.
-//! - [`reload`]: reload triggers (config directory watch, SIGHUP, re-scan timer).
+//! Where each behaviour lives:
+//! - Discovery: [`platform::nvml`], [`platform::sim`]; types in [`domain::inventory`].
+//! - Config: [`domain::config`] (NVIDIA `version: v1` plus extensions, precedence).
+//! - Planning: [`domain::plan`] (`Inventory × Config → Plan`).
+//! - A reload, start included: [`runtime::reloader`] does the I/O around the pure
+//!   [`domain::transition::next`], which computes the next [`state::Snapshot`], the CDI spec
+//!   (every held device kept), the per-resource diff and the MPS changes.
+//! - What is served: [`state::Store`]; every RPC reads one snapshot.
+//! - The kubelet API: [`runtime::plugin`] (one server per resource, registration,
+//!   ListAndWatch streams without a task each, Allocate with its generation).
+//! - Enforcement: [`domain::allocate`] (rules, responses), [`domain::cdi::shares`] (share
+//!   devices), [`platform::enforce`] (the memory-limit hook), [`runtime::mps`] (daemons).
+//! - The driver in the spec: [`platform::driver`] (discovery, ld.so.cache, in-root paths,
+//!   `cdi-hook` driver hooks).
+//! - Health: [`runtime::health`] (sources) over [`domain::health`] (policy).
+//! - Operations: [`runtime::ledger`] (PodResources), [`runtime::metrics`], [`runtime::http`].
+//! - Held devices across restarts: [`platform::checkpoint`].
+//! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
+//!   emulator, fixtures). Generated kubelet APIs: [`proto`].
 
 pub mod cli;
 pub mod domain;
-pub mod driver;
 pub mod error;
 pub mod platform;
 pub mod proto;

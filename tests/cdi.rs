@@ -93,7 +93,7 @@ fn all_generated() -> Vec<(String, Spec)> {
 /// A host driver as `driver::discover` reports it on a typical node, built by hand so the
 /// golden spec does not depend on this machine.
 fn driver_spec() -> Spec {
-    use gpu_slicer::driver::{Driver, DriverFile, Library, container_edits};
+    use gpu_slicer::platform::driver::{Driver, DriverFile, Library, container_edits};
     let v = "570.124.06";
     let file = |p: String| DriverFile {
         container_path: p.clone(),

@@ -250,6 +250,15 @@ impl NodeLayout {
             std::fs::write(host.join(format!("dev/nvidia{m}")), "").unwrap();
         }
         std::fs::write(host.join("dev/nvidiactl"), "").unwrap();
+        // The host's user-space driver at the node's version, where the installer puts it
+        // (no ld.so.cache: discovery scans the standard folders), for the spec's driver edits.
+        let libs = host.join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&libs).unwrap();
+        for lib in ["libcuda.so", "libnvidia-ml.so"] {
+            std::fs::write(libs.join(format!("{lib}.{}", node.driver_version)), "").unwrap();
+        }
+        std::fs::create_dir_all(host.join("usr/bin")).unwrap();
+        std::fs::write(host.join("usr/bin/nvidia-smi"), "").unwrap();
         for d in [
             "var/lib/kubelet/device-plugins",
             "var/lib/kubelet/pod-resources",
@@ -417,6 +426,26 @@ async fn manifest_runs_on_mig_node(dir: &str) {
             );
         }
     }
+    // The host's driver rides along with every device, by its host path, read through the
+    // host-root volume (`--container-driver-root`).
+    let spec_path = cdi_dir.join("gpu-slicer.io-gpu.yaml");
+    let spec = gpu_slicer::domain::cdi::Spec::parse(
+        &std::fs::read_to_string(&spec_path).unwrap(),
+        &spec_path,
+    )
+    .unwrap();
+    let libcuda = format!(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.{}",
+        inv.driver_version.as_deref().unwrap_or_default()
+    );
+    assert!(
+        spec.container_edits
+            .mounts
+            .iter()
+            .any(|m| m.host_path == libcuda),
+        "{dir}: the spec does not mount {libcuda}: {:?}",
+        spec.container_edits.mounts
+    );
     for g in &inv.gpus {
         for m in &g.mig_devices {
             let gi = m.gi_cap_minor.expect("sim minors");

@@ -89,7 +89,7 @@ impl ConfigArgs {
             mps_root: self.mps_root.clone(),
             driver_root: self.driver_root.clone(),
             dev_root: self.dev_root.clone(),
-            container_driver_root: None,
+            container_driver_root: self.nvidia.driver_root_ctr_path.clone(),
             pass_device_specs: self.pass_device_specs,
             device_list_strategy: self.device_list_strategy.clone(),
             device_id_strategy: self.device_id_strategy.clone(),

@@ -279,7 +279,7 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::error::Re
     let want_driver =
         !args.no_driver && (args.backend.backend == "nvml" || cfg.driver_root != Path::new("/"));
     let driver = if want_driver {
-        crate::driver::spec_edits(
+        crate::platform::driver::spec_edits(
             &cfg,
             inv.driver_version.as_deref(),
             &args.library_search_path,

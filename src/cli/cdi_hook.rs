@@ -1,7 +1,7 @@
 //! `gpu-slicer cdi-hook set-memory-limit`: the CDI hook that binds a container's GPU memory.
 //! `gpu-slicer cdi-hook install --to DIR`: put this binary where the runtime can run it.
 //! `gpu-slicer cdi-hook create-symlinks | update-ldcache | disable-device-node-modification`:
-//! the driver hooks of the spec's driver edits (`crate::driver::hooks`), run as
+//! the driver hooks of the spec's driver edits (`crate::platform::driver::hooks`), run as
 //! `createContainer` hooks with the OCI state on stdin.
 //!
 //! Run by the container runtime on the host (a CDI `createRuntime` hook) with the OCI state
@@ -48,7 +48,7 @@ pub struct UpdateLdcacheArgs {
     #[arg(long = "folder")]
     pub folders: Vec<PathBuf>,
     /// The HOST's ldconfig, run with `-r <container root>` (images need none of their own).
-    #[arg(long, default_value = crate::driver::DEFAULT_LDCONFIG)]
+    #[arg(long, default_value = crate::platform::driver::DEFAULT_LDCONFIG)]
     pub ldconfig_path: PathBuf,
 }
 
@@ -56,7 +56,7 @@ pub struct UpdateLdcacheArgs {
 #[derive(Debug, Clone, Args)]
 pub struct DisableDeviceNodeModificationArgs {
     /// The host's driver params file to copy.
-    #[arg(long, default_value = crate::driver::hooks::PARAMS_PATH)]
+    #[arg(long, default_value = crate::platform::driver::hooks::PARAMS_PATH)]
     pub params: PathBuf,
     /// Host directory for the moment between writing the copy and binding it (the file
     /// is unlinked right after the mount).
@@ -163,7 +163,7 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
             Ok(())
         }
         CdiHookCommand::CreateSymlinks(args) => {
-            use crate::driver::hooks;
+            use crate::platform::driver::hooks;
             // Arguments first: a bad one fails before anything is touched.
             let links = args
                 .links
@@ -174,7 +174,7 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
             Ok(hooks::create_symlinks(&root, &links)?)
         }
         CdiHookCommand::UpdateLdcache(args) => {
-            use crate::driver::hooks;
+            use crate::platform::driver::hooks;
             let root = hooks::container_root(&read_state()?)?;
             Ok(hooks::update_ldcache(
                 &root,
@@ -183,7 +183,7 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
             )?)
         }
         CdiHookCommand::DisableDeviceNodeModification(args) => {
-            use crate::driver::hooks;
+            use crate::platform::driver::hooks;
             let root = hooks::container_root(&read_state()?)?;
             Ok(hooks::disable_device_node_modification(
                 &root,

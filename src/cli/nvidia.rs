@@ -40,7 +40,8 @@ pub struct NvidiaArgs {
         hide = true
     )]
     pub nvidia_cdi_hook_path: Option<String>,
-    /// Where NVIDIA's plugin container sees the driver root; accepted and ignored.
+    /// Where this container sees the driver root (`flags.plugin.containerDriverRoot`): the
+    /// agent reads the driver's files there and writes their host paths into the spec.
     #[arg(
         long = "driver-root-ctr-path",
         visible_alias = "container-driver-root",
@@ -136,9 +137,6 @@ impl NvidiaArgs {
         let mut ignored = Vec::new();
         if self.nvidia_cdi_hook_path.is_some() {
             ignored.push("--nvidia-cdi-hook-path");
-        }
-        if self.driver_root_ctr_path.is_some() {
-            ignored.push("--driver-root-ctr-path");
         }
         if self.cdi_feature_flags.is_some() {
             ignored.push("--cdi-feature-flags");

@@ -3,6 +3,7 @@
 
 pub mod cdi_writer;
 pub mod checkpoint;
+pub mod driver;
 pub mod enforce;
 pub mod nvml;
 pub mod nvml_events;

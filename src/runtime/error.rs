@@ -30,7 +30,7 @@ pub enum AppError {
     Transition(#[from] crate::domain::transition::TransitionError),
     /// The driver could not be found under the driver root (`failOnInitError: true`).
     #[error(transparent)]
-    Driver(#[from] crate::driver::DriverError),
+    Driver(#[from] crate::platform::driver::DriverError),
     /// The held-device checkpoint could not be read.
     #[error(transparent)]
     Checkpoint(#[from] crate::platform::checkpoint::CheckpointError),

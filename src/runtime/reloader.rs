@@ -217,7 +217,12 @@ impl Reloader {
                         .map(|h| h.path.clone())
                         .unwrap_or_default();
                     blocking("driver discovery", move || {
-                        crate::driver::spec_edits(&cfg, inv.driver_version.as_deref(), &[], &hook)
+                        crate::platform::driver::spec_edits(
+                            &cfg,
+                            inv.driver_version.as_deref(),
+                            &[],
+                            &hook,
+                        )
                     })
                     .await??
                     .map(|(_, edits)| edits)

@@ -67,7 +67,7 @@ pub enum EnforceError {
     Limit(#[from] LimitError),
     /// A driver hook (`create-symlinks`, `update-ldcache`, …) failed.
     #[error(transparent)]
-    Driver(#[from] crate::driver::DriverError),
+    Driver(#[from] crate::platform::driver::DriverError),
     /// Installing the hook binary on the host failed.
     #[error("cannot {action} {path}: {source}")]
     Install {
