@@ -470,3 +470,61 @@ async fn sigkill_and_a_changed_config_lose_no_held_device() {
 async fn sigterm_and_a_changed_config_lose_no_held_device() {
     restart_keeps_held_devices(nix::sys::signal::Signal::SIGTERM).await;
 }
+
+/// Open ListAndWatch streams are bounded per resource and give their slot back when they
+/// close: a local client cannot make the agent hold streams without end.
+#[tokio::test]
+async fn list_and_watch_streams_are_bounded_and_freed_on_close() {
+    use gpu_slicer::proto::deviceplugin as pb;
+    use gpu_slicer::runtime::plugin::{MAX_STREAMS_PER_RESOURCE, socket_name};
+    let dir = short_tempdir();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, ENV4).unwrap();
+    let d = start(dir, file_loader(file)).await;
+    let socket = d
+        .dir
+        .path()
+        .join("dp")
+        .join(socket_name("nvidia.com/mig-1g.10gb"));
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = pb::device_plugin_client::DevicePluginClient::new(channel);
+    // The kubelet emulator holds one stream already.
+    let mut open = Vec::new();
+    loop {
+        match client.list_and_watch(pb::Empty {}).await {
+            Ok(s) => {
+                let mut s = s.into_inner();
+                within("first frame", s.message()).await.unwrap().unwrap();
+                open.push(s);
+                assert!(open.len() <= MAX_STREAMS_PER_RESOURCE, "no bound");
+            }
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        open.len(),
+        MAX_STREAMS_PER_RESOURCE - 1,
+        "the emulator's stream counts too"
+    );
+    // Closing streams frees their slots: new ones are accepted again.
+    open.truncate(open.len() - 2);
+    within("slots freed", async {
+        loop {
+            if let Ok(s) = client.list_and_watch(pb::Empty {}).await {
+                open.push(s.into_inner());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    drop(open);
+    d.stop().await;
+}
