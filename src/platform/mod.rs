@@ -5,6 +5,7 @@ pub mod cdi_writer;
 pub mod checkpoint;
 pub mod driver;
 pub mod enforce;
+pub mod fswatch;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;

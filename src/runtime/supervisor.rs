@@ -29,7 +29,9 @@ use crate::domain::plan::Plan;
 use crate::platform::checkpoint::Checkpoint;
 pub use crate::runtime::error::AppError;
 use crate::runtime::error::blocking;
-use crate::runtime::plugin::{self, Backoff, PluginContext, PluginError, PluginSettings};
+use crate::runtime::plugin::{
+    self, Backoff, PluginContext, PluginError, PluginSettings, WatchError,
+};
 use crate::runtime::reloader::Reloader;
 pub use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
 use crate::runtime::triggers::{Cause, TriggerSettings, Triggers};
@@ -226,8 +228,16 @@ pub async fn run(
     }
     let tracker = TaskTracker::new();
     let token = shutdown.child_token();
-    let watch = plugin::KubeletWatch::start(&kubelet_socket)?;
-    let triggers = Triggers::start(&reload.triggers, &tracker, &token)?;
+    // One inotify thread for the kubelet socket's directory and the config file's.
+    let fs = crate::platform::fswatch::DirWatch::new().map_err(|source| {
+        AppError::Watch(WatchError::Watch {
+            path: kubelet_socket.display().to_string(),
+            source,
+        })
+    })?;
+    let watch = plugin::KubeletWatch::start(&kubelet_socket, &fs)?;
+    let triggers = Triggers::start(&reload.triggers, &fs, &tracker, &token)?;
+    drop(fs);
     let requester = triggers.requester();
     // MPS daemons starting (their replicas Unhealthy until up) before any resource is served.
     let mut mps = crate::runtime::mps::health::Reconciler::new(

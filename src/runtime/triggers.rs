@@ -15,12 +15,15 @@
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use notify::EventKind;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use crate::platform::fswatch::{DirWatch, Handler};
 
 /// How long to wait after the first trigger for more to arrive before reloading.
 pub const SETTLE: Duration = Duration::from_millis(150);
@@ -113,7 +116,7 @@ pub struct Triggers {
     tx: mpsc::Sender<Cause>,
     /// Kept alive for as long as events are wanted: dropping the watcher ends the inotify
     /// watch and its thread.
-    _watcher: Option<RecommendedWatcher>,
+    _watcher: Option<Arc<DirWatch>>,
 }
 
 impl Triggers {
@@ -121,13 +124,17 @@ impl Triggers {
     /// `token`.
     pub fn start(
         settings: &TriggerSettings,
+        fs: &Arc<DirWatch>,
         tracker: &TaskTracker,
         token: &CancellationToken,
     ) -> Result<Self, ReloadError> {
         // Bounded: a full queue means a reload is already pending, which covers the event.
         let (tx, rx) = mpsc::channel(16);
         let watcher = match &settings.config_file {
-            Some(file) => Some(watch_dir(file, tx.clone())?),
+            Some(file) => {
+                watch_dir(file, fs, tx.clone())?;
+                Some(fs.clone())
+            }
             None => None,
         };
         if settings.sighup {
@@ -212,7 +219,7 @@ fn concerns_config(event: &notify::Event, file_name: &OsStr) -> bool {
 }
 
 /// Watch the directory holding `file`; events about the file or `..data` are triggers.
-fn watch_dir(file: &Path, tx: mpsc::Sender<Cause>) -> Result<RecommendedWatcher, ReloadError> {
+fn watch_dir(file: &Path, fs: &DirWatch, tx: mpsc::Sender<Cause>) -> Result<(), ReloadError> {
     let no_parent = || ReloadError::NoParent {
         path: file.display().to_string(),
     };
@@ -223,29 +230,20 @@ fn watch_dir(file: &Path, tx: mpsc::Sender<Cause>) -> Result<RecommendedWatcher,
     };
     let file_name: OsString = file.file_name().ok_or_else(no_parent)?.to_os_string();
     let shown = dir.display().to_string();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        match event {
-            Ok(e) if concerns_config(&e, &file_name) => {
-                let _ = tx.try_send(Cause::ConfigFile);
-            }
-            Ok(_) => {}
-            // A queue overflow loses events: reload to be sure.
-            Err(_) => {
-                let _ = tx.try_send(Cause::ConfigFile);
-            }
+    let handler: Handler = Box::new(move |event: &notify::Result<notify::Event>| match event {
+        Ok(e) if concerns_config(e, &file_name) => {
+            let _ = tx.try_send(Cause::ConfigFile);
         }
-    })
-    .map_err(|source| ReloadError::Watch {
-        path: shown.clone(),
+        Ok(_) => {}
+        // A queue overflow loses events: reload to be sure.
+        Err(_) => {
+            let _ = tx.try_send(Cause::ConfigFile);
+        }
+    });
+    fs.watch(dir, handler).map_err(|source| ReloadError::Watch {
+        path: shown,
         source,
-    })?;
-    watcher
-        .watch(dir, RecursiveMode::NonRecursive)
-        .map_err(|source| ReloadError::Watch {
-            path: shown,
-            source,
-        })?;
-    Ok(watcher)
+    })
 }
 
 #[cfg(test)]
@@ -322,7 +320,8 @@ mod tests {
             config_file: Some(dir.path().join("config.yaml")),
             ..TriggerSettings::default()
         };
-        let mut triggers = Triggers::start(&settings, &tracker, &token).expect("start");
+        let fs = crate::platform::fswatch::DirWatch::new().expect("watcher");
+        let mut triggers = Triggers::start(&settings, &fs, &tracker, &token).expect("start");
         // What the kubelet does: new directory, new `..data_tmp` link, rename over `..data`.
         let v2 = dir.path().join("..2026_v2");
         std::fs::create_dir(&v2).expect("v2");

@@ -5,9 +5,12 @@
 //! bursts; every resource task re-serves and re-registers on a change.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use notify::EventKind;
 use tokio::sync::watch;
+
+use crate::platform::fswatch::{DirWatch, Handler};
 
 /// Errors setting up the watch.
 #[derive(Debug, thiserror::Error)]
@@ -31,16 +34,16 @@ pub enum WatchError {
 /// A live watch on the kubelet socket's directory. Dropping it stops the watch.
 #[derive(Debug)]
 pub struct KubeletWatch {
-    /// Kept alive for as long as events are wanted: dropping the watcher ends the inotify
-    /// watch and its thread.
-    _watcher: RecommendedWatcher,
+    /// Kept alive for as long as events are wanted: the last holder of the shared watcher
+    /// ends the inotify watch and its thread.
+    _watcher: Arc<DirWatch>,
     generation: watch::Receiver<u64>,
 }
 
 impl KubeletWatch {
     /// Start watching the directory of `kubelet_socket` (created if missing, so a plugin
     /// that starts before the kubelet waits instead of failing).
-    pub fn start(kubelet_socket: &Path) -> Result<Self, WatchError> {
+    pub fn start(kubelet_socket: &Path, fs: &Arc<DirWatch>) -> Result<Self, WatchError> {
         let dir = kubelet_socket
             .parent()
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
@@ -50,8 +53,8 @@ impl KubeletWatch {
         })?;
         let name = kubelet_socket.file_name().map(|n| n.to_os_string());
         let (tx, rx) = watch::channel(0u64);
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            // Runs on notify's thread: a non-async send is right here.
+        let handler: Handler = Box::new(move |res: &notify::Result<notify::Event>| {
+            // Runs on the watcher's thread: a non-async send is right here.
             let Ok(event) = res else { return };
             if !matches!(event.kind, EventKind::Create(_)) {
                 return;
@@ -63,19 +66,14 @@ impl KubeletWatch {
             {
                 tx.send_modify(|g| *g += 1);
             }
-        })
-        .map_err(|source| WatchError::Watch {
-            path: dir.display().to_string(),
-            source,
-        })?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
+        });
+        fs.watch(&dir, handler)
             .map_err(|source| WatchError::Watch {
                 path: dir.display().to_string(),
                 source,
             })?;
         Ok(Self {
-            _watcher: watcher,
+            _watcher: fs.clone(),
             generation: rx,
         })
     }
