@@ -313,7 +313,14 @@ fn main() {
     let nvml = rt.block_on(idle_cpu(
         &idle.join("n"),
         "nvml",
-        &[("--nvml-lib", lib), ("--proc-root", idle.join("proc"))],
+        &[
+            ("--nvml-lib", lib),
+            ("--proc-root", idle.join("proc")),
+            (
+                "--container-driver-root",
+                common::fake_driver_root(&idle, "570.124.06"),
+            ),
+        ],
         &[("FAKE_NVML_NODE", node_path.clone())],
         window,
     ));

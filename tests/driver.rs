@@ -131,7 +131,10 @@ fn generate_with_driver_root_writes_the_named_file_with_driver_mounts() {
     );
     // One spec file per name: writing the JSON removed its YAML twin (runtimes would load
     // both and refuse every device they share).
-    assert!(!out_dir.path().join("spec.yaml").exists(), "the YAML twin is left");
+    assert!(
+        !out_dir.path().join("spec.yaml").exists(),
+        "the YAML twin is left"
+    );
     let o = bin(&["cdi", "validate", out_dir.path().to_str().expect("utf8")]);
     assert!(o.status.success(), "{}", text(&o.stdout));
     // Two files of one kind in a directory, as a runtime loads them: their shared device

@@ -131,6 +131,11 @@ impl Daemon {
         if opts.backend == "nvml" && !opts.extra.contains(&"--nvml-lib") {
             cmd.arg("--nvml-lib").arg(&lib);
         }
+        if opts.backend == "nvml" {
+            // The node file's driver, for the spec's driver edits.
+            cmd.arg("--container-driver-root")
+                .arg(common::fake_driver_root(dir.path(), "570.124.06"));
+        }
         cmd.args(opts.extra)
             .env("FAKE_NVML_NODE", node_file())
             .env("FAKE_NVML_EVENT_FILE", dir.path().join("events.jsonl"))

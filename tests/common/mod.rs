@@ -138,3 +138,17 @@ pub(crate) fn run_command(
         .kill_on_drop(true);
     cmd
 }
+
+/// A host driver root as the NVIDIA installer leaves one, as far as discovery needs it: the
+/// CUDA and NVML libraries at `version` in the standard library folder (no ld.so.cache, so
+/// discovery scans the folder). Returns the root; pass it as `--container-driver-root` (the
+/// agent reads the files there, the spec names them under the host root `/`).
+pub(crate) fn fake_driver_root(dir: &std::path::Path, version: &str) -> std::path::PathBuf {
+    let root = dir.join("driver-root");
+    let libs = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&libs).expect("driver root");
+    for lib in ["libcuda.so", "libnvidia-ml.so"] {
+        std::fs::write(libs.join(format!("{lib}.{version}")), "").expect("driver library");
+    }
+    root
+}
