@@ -12,54 +12,16 @@ use common::{short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{
-    self as app, AppError, ReloadSettings, ReloadStatus, RunSettings, Running,
-};
+use gpu_slicer::runtime::supervisor::{self as app, ReloadSettings, ReloadStatus, RunSettings};
 use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const FOUR: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
 
-struct Daemon {
-    dir: TempDir,
-    emulator: KubeletEmulator,
-    running: Running,
-    shutdown: CancellationToken,
-    app: JoinHandle<Result<(), AppError>>,
-}
-
-impl Daemon {
-    fn cdi_spec(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("cdi").join("gpu-slicer.io-gpu.yaml"))
-            .expect("spec written")
-    }
-
-    /// Wait until the reload counters move past `before`.
-    async fn next_reload(&self, before: &ReloadStatus) -> ReloadStatus {
-        let mut rx = self.running.reloads.clone();
-        let total = before.applied + before.failed + before.unchanged;
-        within(
-            "reload",
-            rx.wait_for(|s| s.applied + s.failed + s.unchanged > total),
-        )
-        .await
-        .expect("daemon alive")
-        .clone()
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        within("stop", self.app)
-            .await
-            .expect("join")
-            .expect("clean stop");
-        self.emulator.shutdown().await;
-    }
-}
+type Daemon = common::Harness;
 
 /// Replace a file the way editors and `kubectl cp` do: write aside, rename over.
 fn replace(path: &Path, text: &str) {
@@ -158,7 +120,7 @@ async fn more_replicas_re_advertise_only_that_resource() {
             assert_eq!(reg.frames, old.frames, "{name} got a frame it did not need");
         }
     }
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -220,7 +182,7 @@ async fn a_broken_config_keeps_the_last_good_plan() {
     replace(&file, FOUR);
     let status = d.next_reload(&status).await;
     assert!(status.last_error.is_none(), "{status:?}");
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -249,7 +211,7 @@ async fn configmap_symlink_swap_is_followed() {
     within("4 replicas", gpu.wait_for(|v| v.len() == 4))
         .await
         .unwrap();
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -306,7 +268,7 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains(HELD), "{err}");
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -341,7 +303,7 @@ async fn health_survives_a_reload() {
     for dev in &list {
         assert_eq!(dev.healthy, !dev.id.starts_with(GPU2), "{dev:?}");
     }
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[test]
@@ -421,7 +383,7 @@ async fn writes_next_to_the_config_cause_no_reload() {
     within("2 replicas served", gpu.wait_for(|v| v.len() == 4))
         .await
         .unwrap();
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -442,5 +404,5 @@ async fn writes_next_to_an_invalid_config_count_no_failed_reloads() {
         (broken.failed, broken.unchanged),
         "the log writes were counted as reloads"
     );
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }

@@ -16,14 +16,12 @@ use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::plugin::{Backoff, GENERATION_ANNOTATION};
 use gpu_slicer::runtime::supervisor::{
-    self as app, AppError, ConfigLoader, ReloadSettings, ReloadStatus, RunSettings, Running,
-    SHUTDOWN_DEADLINE,
+    self as app, ConfigLoader, ReloadSettings, RunSettings, SHUTDOWN_DEADLINE,
 };
 use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const GPU3: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03";
@@ -36,40 +34,7 @@ const ANN2: &str = "version: v1\nflags: {migStrategy: mixed, plugin: {deviceList
 /// GPU 3 split four ways with enforced memory: 3 replicas are the `-share-3` CDI device.
 const SHARES: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.shared, devices: [3], replicas: 4, isolation: memory}\n";
 
-struct Daemon {
-    dir: TempDir,
-    emulator: KubeletEmulator,
-    running: Running,
-    shutdown: CancellationToken,
-    app: JoinHandle<Result<(), AppError>>,
-}
-
-impl Daemon {
-    fn spec(&self) -> String {
-        read_spec(self.dir.path())
-    }
-
-    async fn reloaded(&self, before: &ReloadStatus) -> ReloadStatus {
-        let mut rx = self.running.reloads.clone();
-        let total = before.applied + before.failed + before.unchanged;
-        within(
-            "reload",
-            rx.wait_for(|s| s.applied + s.failed + s.unchanged > total),
-        )
-        .await
-        .expect("daemon alive")
-        .clone()
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        within("stop", self.app)
-            .await
-            .expect("join")
-            .expect("clean stop");
-        self.emulator.shutdown().await;
-    }
-}
+type Daemon = common::Harness;
 
 fn read_spec(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("cdi").join(SPEC)).expect("spec written")
@@ -214,7 +179,7 @@ async fn one_allocate_never_mixes_two_generations() {
         env_answers > 0 && ann_answers > 0,
         "both configs answered: {env_answers} env, {ann_answers} annotation of {answers}"
     );
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -252,9 +217,9 @@ async fn held_devices_stay_in_the_spec_across_three_reloads_until_released() {
         let before = d.running.reloads.borrow().clone();
         std::fs::write(&file, text).unwrap();
         d.running.reload.send(Cause::Request).await.unwrap();
-        let status = d.reloaded(&before).await;
+        let status = d.next_reload(&before).await;
         assert_eq!(status.last_error, None);
-        let have = spec_devices(&d.spec());
+        let have = spec_devices(&d.cdi_spec());
         let lost: Vec<&String> = held.difference(&have).collect();
         assert!(lost.is_empty(), "lost after reload to {text:?}: {lost:?}");
     }
@@ -285,7 +250,7 @@ async fn held_devices_stay_in_the_spec_across_three_reloads_until_released() {
     .await;
     let checkpoint = std::fs::read_to_string(d.dir.path().join("state/held.json")).unwrap();
     assert!(!checkpoint.contains("-share-3"), "{checkpoint}");
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }
 
 /// A config loader that blocks until the test lets it go (a hung NFS mount, a stuck
@@ -526,5 +491,5 @@ async fn list_and_watch_streams_are_bounded_and_freed_on_close() {
     })
     .await;
     drop(open);
-    d.stop().await;
+    d.stop().await.expect("clean stop");
 }

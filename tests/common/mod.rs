@@ -59,6 +59,28 @@ impl Harness {
             .collect()
     }
 
+    /// The CDI spec the daemon wrote.
+    pub(crate) fn cdi_spec(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("cdi").join("gpu-slicer.io-gpu.yaml"))
+            .expect("spec written")
+    }
+
+    /// Wait until the reload counters move past `before`.
+    pub(crate) async fn next_reload(
+        &self,
+        before: &gpu_slicer::runtime::supervisor::ReloadStatus,
+    ) -> gpu_slicer::runtime::supervisor::ReloadStatus {
+        let mut rx = self.running.reloads.clone();
+        let total = before.applied + before.failed + before.unchanged;
+        within(
+            "reload",
+            rx.wait_for(|s| s.applied + s.failed + s.unchanged > total),
+        )
+        .await
+        .expect("daemon alive")
+        .clone()
+    }
+
     pub(crate) async fn stop(self) -> Result<(), AppError> {
         self.shutdown.cancel();
         let result = within("daemon stop", self.app).await.expect("join");
