@@ -144,7 +144,9 @@ fn discovery(fake: &Fake, runs: usize) -> Vec<Duration> {
 async fn latency(fake: &Fake, dir: &Path, events: usize) -> Vec<Duration> {
     let plugin_dir = dir.join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
-    let config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    let mut config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    // A host driver for the spec's driver edits (NVML nodes always carry it).
+    config.container_driver_root = Some(common::fake_driver_root(dir, "570.124.06"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
     settings.backoff = Backoff {
         initial: Duration::from_millis(1),

@@ -2,7 +2,7 @@
 //! and the duration parser. The top-level [`crate::cli::Cli`] lives in `cli`; each
 //! subcommand's own arguments live beside the code that runs them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
@@ -10,6 +10,8 @@ use clap::{Args, ValueEnum};
 
 use super::nvidia;
 
+use crate::domain::cdi::CdiError;
+use crate::domain::cdi::shares::HookSettings;
 use crate::domain::config::Overrides;
 use crate::domain::health::XidFilter;
 use crate::domain::inventory::InventoryError;
@@ -229,6 +231,58 @@ pub enum OutputFormat {
     Table,
     /// Stable, sorted JSON for scripts.
     Json,
+}
+
+/// Where the `set-memory-limit` CDI hook is on the host, and what it is told. Shared by
+/// `cdi generate` and `run`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HookArgs {
+    /// Absolute HOST path of the gpu-slicer binary the runtime runs as the CDI hook
+    /// (default: this executable). In a DaemonSet, the host path the binary is copied to.
+    #[arg(long, env = "CDI_HOOK_PATH")]
+    pub cdi_hook_path: Option<PathBuf>,
+    /// NVML library the hook loads (default: `--nvml-lib` when given, else the system's
+    /// libnvidia-ml.so.1).
+    #[arg(long, env = "CDI_HOOK_NVML_LIB")]
+    pub cdi_hook_nvml_lib: Option<PathBuf>,
+    /// `KEY=VALUE` environment of the hook process (repeat the flag; comma list in the env).
+    #[arg(long, env = "CDI_HOOK_ENV", value_delimiter = ',')]
+    pub cdi_hook_env: Vec<String>,
+}
+
+impl HookArgs {
+    /// The hook settings, `nvml_lib` being the backend's `--nvml-lib`. The path must be
+    /// absolute: runtimes execute it from their own working directory.
+    pub fn settings(&self, nvml_lib: Option<&Path>) -> Result<HookSettings, CdiError> {
+        let path = match &self.cdi_hook_path {
+            Some(p) => p.clone(),
+            None => HookSettings::current_exe(None)?.path,
+        };
+        if !path.is_absolute() {
+            return Err(CdiError::HookPath {
+                path,
+                rule: "must be absolute (the runtime runs the hook from its own directory)".into(),
+            });
+        }
+        if let Some(bad) = self
+            .cdi_hook_env
+            .iter()
+            .find(|e| e.find('=').is_none_or(|i| i == 0))
+        {
+            return Err(CdiError::HookPath {
+                path,
+                rule: format!("hook env `{bad}` is not KEY=VALUE"),
+            });
+        }
+        Ok(HookSettings {
+            path,
+            nvml_lib: self
+                .cdi_hook_nvml_lib
+                .clone()
+                .or_else(|| nvml_lib.map(Path::to_path_buf)),
+            env: self.cdi_hook_env.clone(),
+        })
+    }
 }
 
 /// Parse a duration flag the way NVIDIA's Go configs write them (`1m30s`, `500ms`, `90s`,

@@ -75,59 +75,7 @@ pub struct CdiGenerateArgs {
     pub dev_root: Option<PathBuf>,
     /// The memory-limit hook written into per-share devices.
     #[command(flatten)]
-    pub hook: HookArgs,
-}
-
-/// Where the `set-memory-limit` CDI hook is on the host, and what it is told. Shared by
-/// `cdi generate` and `run`.
-#[derive(Debug, Clone, Default, Args)]
-pub struct HookArgs {
-    /// Absolute HOST path of the gpu-slicer binary the runtime runs as the CDI hook
-    /// (default: this executable). In a DaemonSet, the host path the binary is copied to.
-    #[arg(long, env = "CDI_HOOK_PATH")]
-    pub cdi_hook_path: Option<PathBuf>,
-    /// NVML library the hook loads (default: `--nvml-lib` when given, else the system's
-    /// libnvidia-ml.so.1).
-    #[arg(long, env = "CDI_HOOK_NVML_LIB")]
-    pub cdi_hook_nvml_lib: Option<PathBuf>,
-    /// `KEY=VALUE` environment of the hook process (repeat the flag; comma list in the env).
-    #[arg(long, env = "CDI_HOOK_ENV", value_delimiter = ',')]
-    pub cdi_hook_env: Vec<String>,
-}
-
-impl HookArgs {
-    /// The hook settings, `nvml_lib` being the backend's `--nvml-lib`. The path must be
-    /// absolute: runtimes execute it from their own working directory.
-    pub fn settings(&self, nvml_lib: Option<&Path>) -> Result<cdi::shares::HookSettings> {
-        let path = match &self.cdi_hook_path {
-            Some(p) => p.clone(),
-            None => cdi::shares::HookSettings::current_exe(None)?.path,
-        };
-        if !path.is_absolute() {
-            return Err(CdiError::HookPath {
-                path,
-                rule: "must be absolute (the runtime runs the hook from its own directory)".into(),
-            });
-        }
-        if let Some(bad) = self
-            .cdi_hook_env
-            .iter()
-            .find(|e| e.find('=').is_none_or(|i| i == 0))
-        {
-            return Err(CdiError::HookPath {
-                path,
-                rule: format!("hook env `{bad}` is not KEY=VALUE"),
-            });
-        }
-        Ok(cdi::shares::HookSettings {
-            path,
-            nvml_lib: self
-                .cdi_hook_nvml_lib
-                .clone()
-                .or_else(|| nvml_lib.map(Path::to_path_buf)),
-            env: self.cdi_hook_env.clone(),
-        })
-    }
+    pub hook: crate::cli::args::HookArgs,
 }
 
 /// Arguments of `cdi validate`.

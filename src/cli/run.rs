@@ -67,7 +67,7 @@ pub struct RunArgs {
     pub mps: crate::cli::args::MpsArgs,
     /// The memory-limit hook written into per-share CDI devices.
     #[command(flatten)]
-    pub hook: crate::cli::cdi::HookArgs,
+    pub hook: crate::cli::args::HookArgs,
     /// Health monitoring flags.
     #[command(flatten)]
     pub health: crate::cli::args::HealthArgs,

@@ -24,7 +24,7 @@ pub enum AppError {
     Plan(#[from] PlanError),
     /// Writing the CDI spec failed.
     #[error(transparent)]
-    Spec(#[from] crate::runtime::reloader::SpecWriteError),
+    Spec(#[from] SpecWriteError),
     /// The new state could not be computed (the config does not fit, a spec rule).
     #[error(transparent)]
     Transition(#[from] crate::domain::transition::TransitionError),
@@ -65,4 +65,15 @@ pub(crate) async fn blocking<T: Send + 'static>(
             task,
             message: e.to_string(),
         })
+}
+
+/// Writing the CDI spec failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write CDI spec in {dir}: {source}")]
+pub struct SpecWriteError {
+    /// CDI directory.
+    pub dir: String,
+    /// What went wrong.
+    #[source]
+    pub source: Box<crate::domain::cdi::CdiError>,
 }

@@ -28,7 +28,7 @@ use crate::domain::plan::PlanDiff;
 use crate::domain::snapshot::Snapshot;
 use crate::domain::transition::{self, Host};
 use crate::platform::cdi_writer;
-use crate::runtime::error::{AppError, blocking};
+use crate::runtime::error::{AppError, SpecWriteError, blocking};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::triggers::{Causes, Triggers};
 use crate::state::Store;
@@ -339,15 +339,4 @@ fn write(dir: &Path, spec: &Spec, kept: &[String]) -> Result<(), AppError> {
     }
     tracing::info!(dir = %dir.display(), file = %name, ?outcome, kept = kept.len(), "CDI spec");
     Ok(())
-}
-
-/// Writing the CDI spec failed.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot write CDI spec in {dir}: {source}")]
-pub struct SpecWriteError {
-    /// CDI directory.
-    pub dir: String,
-    /// What went wrong.
-    #[source]
-    pub source: Box<cdi::CdiError>,
 }
