@@ -29,9 +29,6 @@ pub use validate::{minimum_version, validate};
 /// 1.7.0–1.7.11, so a spec that needs them is refused rather than written.
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.4.0", "0.5.0"];
 
-/// The highest `cdiVersion` we write: Podman 4.3.x loads nothing newer.
-pub const MAX_VERSION: &str = "0.5.0";
-
 /// Directory that dynamically generated specs go to (runtimes also scan `/etc/cdi`, which
 /// has lower priority).
 pub const DEFAULT_SPEC_DIR: &str = "/var/run/cdi";
