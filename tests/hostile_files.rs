@@ -360,12 +360,16 @@ impl HookHost {
             .spawn()
             .expect("spawn hook");
         use std::io::Write;
-        child
+        // A hook that refuses its arguments exits before reading its stdin: a broken pipe
+        // here is that refusal, which the caller checks.
+        if let Err(e) = child
             .stdin
             .take()
             .expect("stdin")
             .write_all(state.as_bytes())
-            .expect("state");
+        {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "state: {e}");
+        }
         child.wait_with_output().expect("hook")
     }
 }
