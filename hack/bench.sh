@@ -19,12 +19,13 @@ cargo build --release --bin gpu-slicer -q
 
 mkdir -p "$wd/dp" "$wd/cdi"
 samples=()
+stops=()
 threads=0
 for _ in 1 2 3 4 5; do
   # As deployed: HTTP endpoint on and the ledger running (its socket absent here, so it
   # retries every interval in the background).
   target/release/gpu-slicer run --backend sim:mixed-a100 --config hack/configs/mixed-timeslicing.yaml \
-    --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --http-listen 127.0.0.1:0 \
+    --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --state-dir "$wd/state" --http-listen 127.0.0.1:0 \
     --pod-resources-socket "$wd/pod-resources.sock" >"$wd/run.log" 2>&1 &
   pid=$!
   # Wait until every socket is bound (the daemon then idles waiting for kubelet.sock).
@@ -35,13 +36,16 @@ for _ in 1 2 3 4 5; do
   sleep 1
   samples+=("$(awk '/VmRSS/ {print $2}' /proc/$pid/status)")
   threads=$(awk '/Threads/ {print $2}' /proc/$pid/status)
+  t0=$(date +%s%N)
   kill -TERM "$pid"
   wait "$pid" || true
+  stops+=("$(( ($(date +%s%N) - t0) / 1000000 ))")
 done
 median=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n 3p)
 {
   echo "FIGURE|idle run RSS (sim:mixed-a100, median of 5 starts)|${median} KiB"
   echo "FIGURE|idle run threads|${threads}"
+  echo "FIGURE|SIGTERM -> exit of idle run (median of 5)|$(printf '%s\n' "${stops[@]}" | sort -n | sed -n 3p) ms"
   echo "FIGURE|release binary size|$(stat -c %s target/release/gpu-slicer) bytes"
 } >>"$wd/figures.log"
 

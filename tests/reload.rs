@@ -11,13 +11,10 @@ use std::time::Duration;
 use common::{short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, ReloadSettings, ReloadStatus, RunSettings};
+use gpu_slicer::runtime::supervisor::{ReloadSettings, ReloadStatus, RunSettings};
 use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 
 const FOUR: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
 
@@ -39,10 +36,6 @@ async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
     let config = load().expect("initial config");
     let backend = Arc::new(SimBackend::open(node).expect("node"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(2),
-        max: Duration::from_millis(100),
-    };
     settings.reload = ReloadSettings {
         load: Some(load),
         triggers: TriggerSettings {
@@ -50,25 +43,7 @@ async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
             ..TriggerSettings::default()
         },
     };
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let running = within("daemon ready", rx).await.expect("daemon ready");
-    let names: Vec<String> = running
-        .plan
-        .resources
-        .iter()
-        .map(|r| r.name.clone())
-        .collect();
-    within("registration", emulator.wait_registered(&names, 1)).await;
-    Daemon {
-        dir,
-        emulator,
-        running,
-        shutdown,
-        app,
-    }
+    common::launch(dir, emulator, settings, backend).await
 }
 
 #[tokio::test]

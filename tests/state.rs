@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 use common::{short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::plugin::{Backoff, GENERATION_ANNOTATION};
+use gpu_slicer::runtime::plugin::GENERATION_ANNOTATION;
 use gpu_slicer::runtime::supervisor::{
-    self as app, ConfigLoader, ReloadSettings, RunSettings, SHUTDOWN_DEADLINE,
+    ConfigLoader, ReloadSettings, RunSettings, SHUTDOWN_DEADLINE,
 };
 use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 const GPU3: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03";
@@ -69,10 +68,6 @@ async fn start_with(dir: TempDir, load: ConfigLoader, ledger: bool) -> Daemon {
     let backend = Arc::new(SimBackend::open("mixed-a100").expect("node"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
     settings.state_dir = Some(dir.path().join("state"));
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(2),
-        max: Duration::from_millis(100),
-    };
     settings.reload = ReloadSettings {
         load: Some(load),
         triggers: TriggerSettings::default(),
@@ -83,25 +78,7 @@ async fn start_with(dir: TempDir, load: ConfigLoader, ledger: bool) -> Daemon {
             interval: Duration::from_millis(50),
         });
     }
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let running = within("daemon ready", rx).await.expect("daemon ready");
-    let names: Vec<String> = running
-        .plan
-        .resources
-        .iter()
-        .map(|r| r.name.clone())
-        .collect();
-    within("registration", emulator.wait_registered(&names, 1)).await;
-    Daemon {
-        dir,
-        emulator,
-        running,
-        shutdown,
-        app,
-    }
+    common::launch(dir, emulator, settings, backend).await
 }
 
 /// A loader reading `file` as `run` does.
@@ -492,4 +469,33 @@ async fn list_and_watch_streams_are_bounded_and_freed_on_close() {
     .await;
     drop(open);
     d.stop().await.expect("clean stop");
+}
+
+/// A checkpoint that is not one (a truncated write from another tool, a planted file) stops
+/// the agent before it writes any spec: exit 1 (the machine's state, not the user's input),
+/// naming the file; nothing held is silently forgotten.
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_refused_naming_the_file() {
+    let dir = short_tempdir();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, SHARES).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("held.json"), "{\"resources\": [").unwrap();
+    let out = common::run_command(dir.path(), "sim:mixed-a100", &config)
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("held-device checkpoint")
+            && err.contains(&*state.join("held.json").to_string_lossy()),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("cdi").join(SPEC).exists(),
+        "a spec was written anyway"
+    );
 }

@@ -1,6 +1,8 @@
 //! The whole reload as one pure function: from the current [`Snapshot`] and a (re)loaded
 //! config and inventory, compute the next snapshot, the CDI spec to write (with every
-//! device still held), the per-resource diff and the MPS daemon changes.
+//! device still held) and the per-resource diff. The MPS daemon set is part of the
+//! snapshot; [`mps_change`] says how the running set must change (the MPS reconciler
+//! applies it against the daemons it actually runs).
 //!
 //! Startup is a transition from the empty snapshot (whose `spec` is the one an earlier run
 //! left on disk and whose held set is the checkpoint), so start and reload share one code
@@ -74,8 +76,6 @@ pub struct Next {
     pub kept: Vec<String>,
     /// Per-resource changes against the current plan.
     pub diff: PlanDiff,
-    /// MPS daemon changes against the current set.
-    pub mps: MpsChange,
 }
 
 /// Compute the next state. Pure: every fact about the host arrives in `host`.
@@ -107,7 +107,6 @@ pub fn next(
         (Some(spec), kept)
     };
     let diff = plan::diff(&current.plan, &plan);
-    let mps = mps_change(&current.mps, &daemons);
     let snapshot = Snapshot {
         generation: current.generation,
         config,
@@ -128,7 +127,6 @@ pub fn next(
         spec,
         kept,
         diff,
-        mps,
     })
 }
 

@@ -93,11 +93,29 @@ impl Harness {
 /// resource has registered.
 pub(crate) async fn start(profile: &str, config_text: &str) -> Harness {
     let dir = short_tempdir();
-    let plugin_dir = dir.path().join("dp");
-    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
     let config = config::parse(config_text, "test.yaml", &Overrides::default()).expect("config");
-    let backend = Arc::new(SimBackend::open(profile).expect("profile"));
-    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    let settings = RunSettings::new(config, dir.path().join("dp"), dir.path().join("cdi"));
+    launch(
+        dir,
+        emulator,
+        settings,
+        Arc::new(SimBackend::open(profile).expect("profile")),
+    )
+    .await
+}
+
+/// Run the daemon with `settings` (sockets in `dir/dp`, where `emulator` serves) on
+/// `backend`, with fast registration retries; wait until it is ready and every planned
+/// resource has registered.
+pub(crate) async fn launch(
+    dir: TempDir,
+    emulator: KubeletEmulator,
+    mut settings: RunSettings,
+    backend: Arc<dyn gpu_slicer::domain::inventory::Backend>,
+) -> Harness {
     settings.backoff = Backoff {
         initial: Duration::from_millis(2),
         max: Duration::from_millis(100),
