@@ -54,6 +54,7 @@ pub fn synthetic_inventory(gpus: u32, migs: u32) -> Inventory {
     Inventory {
         source: "bench".into(),
         driver_version: None,
+        cuda_driver_version: None,
         gpus,
     }
 }

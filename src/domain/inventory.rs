@@ -149,6 +149,9 @@ pub struct Inventory {
     pub source: String,
     /// Driver version, when known.
     pub driver_version: Option<String>,
+    /// CUDA version the driver supports, as NVML encodes it (12080 = 12.8), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<u32>,
     /// GPUs sorted by index.
     pub gpus: Vec<Gpu>,
 }

@@ -174,6 +174,11 @@ impl Backend for NvmlBackend {
             .device_count()
             .map_err(nvml_err("nvmlDeviceGetCount_v2"))?;
         let driver_version = nvml.sys_driver_version().ok();
+        let cuda_driver_version = nvml
+            .sys_cuda_driver_version()
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|v| *v > 0);
         let mut gpus = (0..count)
             .map(|i| self.gpu(&nvml, i, minors.as_ref()))
             .collect::<Result<Vec<_>>>()?;
@@ -182,6 +187,7 @@ impl Backend for NvmlBackend {
         Ok(Inventory {
             source: "nvml".to_string(),
             driver_version,
+            cuda_driver_version,
             gpus,
         })
     }

@@ -148,6 +148,9 @@ pub fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
     Inventory {
         source: source.to_string(),
         driver_version: Some(spec.driver_version.clone()),
+        cuda_driver_version: u32::try_from(spec.cuda_driver_version)
+            .ok()
+            .filter(|v| *v > 0),
         gpus,
     }
 }
