@@ -235,6 +235,8 @@ async fn idle_cpu(
         // As deployed, HTTP endpoint and ledger on (an ephemeral port; the socket is absent,
         // so the ledger retries every interval).
         .arg("--http-listen=127.0.0.1:0")
+        .arg("--labels-file")
+        .arg(dir.join("labels"))
         .arg("--pod-resources-socket")
         .arg(dir.join("pod-resources.sock"))
         .stdout(Stdio::null())

@@ -25,7 +25,7 @@ for _ in 1 2 3 4 5; do
   # As deployed: HTTP endpoint on and the ledger running (its socket absent here, so it
   # retries every interval in the background).
   target/release/gpu-slicer run --backend sim:mixed-a100 --config hack/configs/mixed-timeslicing.yaml \
-    --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --state-dir "$wd/state" --http-listen 127.0.0.1:0 \
+    --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --state-dir "$wd/state" --labels-file "$wd/labels" --http-listen 127.0.0.1:0 \
     --pod-resources-socket "$wd/pod-resources.sock" >"$wd/run.log" 2>&1 &
   pid=$!
   # Wait until every socket is bound (the daemon then idles waiting for kubelet.sock).

@@ -37,6 +37,9 @@ pub enum Error {
     /// A CDI hook failed (the container must not start).
     #[error(transparent)]
     Enforce(#[from] crate::platform::enforce::EnforceError),
+    /// Writing the node-labels file.
+    #[error(transparent)]
+    Labels(#[from] crate::platform::labels_file::LabelsFileError),
     /// Driver discovery or a driver hook.
     #[error(transparent)]
     Driver(#[from] crate::platform::driver::DriverError),
@@ -129,7 +132,11 @@ impl Error {
             Error::Demo(DemoError::App(e)) => app(e),
             Error::Driver(crate::platform::driver::DriverError::Io { .. }) => Class::Runtime,
             Error::Driver(_) => Class::Input,
+            Error::Labels(crate::platform::labels_file::LabelsFileError::NotAFilePath {
+                ..
+            }) => Class::Input,
             Error::Enforce(_)
+            | Error::Labels(_)
             | Error::Demo(_)
             | Error::Runtime(_)
             | Error::Output(_)

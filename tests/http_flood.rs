@@ -44,6 +44,7 @@ fn spawn_daemon(dir: &Path, port: u16, log: &Path, nofile: u64) -> tokio::proces
         .arg(dir.join("cdi"))
         .arg(format!("--http-listen=127.0.0.1:{port}"))
         .arg("--pod-resources-socket=")
+        .arg("--labels-file=")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

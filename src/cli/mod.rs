@@ -7,6 +7,7 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod demo;
 pub mod inventory;
+pub mod labels;
 pub mod logging;
 pub mod nvidia;
 pub mod run;
@@ -43,6 +44,8 @@ pub enum LogFormat {
 pub enum Command {
     /// Show the node's GPUs, MIG slices and the resources the config turns them into.
     Inventory(Box<args::InventoryArgs>),
+    /// Print the node labels (GPU Feature Discovery's names) once, as `key=value` lines.
+    Labels(Box<labels::LabelsArgs>),
     /// Generate, check, list and remove CDI specs.
     #[command(subcommand)]
     Cdi(cdi::CdiCommand),
@@ -61,6 +64,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
     let mut stdout = std::io::stdout().lock();
     match &cli.command {
         Command::Inventory(args) => inventory::run(args, &mut stdout),
+        Command::Labels(args) => labels::run(args, &mut stdout),
         Command::Cdi(cmd) => Ok(cdi::run(cmd, &mut stdout)?),
         Command::CdiHook(cmd) => Ok(cdi_hook::run(cmd)?),
         Command::Run(args) => block_on(run::run(args)),

@@ -87,6 +87,10 @@ pub struct RunArgs {
     /// directory (the kubelet deletes files there). Empty: held devices are not persisted.
     #[arg(long, env = "STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: String,
+    /// Node Feature Discovery feature file the node labels (GPU Feature Discovery's names)
+    /// are written to, rewritten whenever they change; empty writes no labels.
+    #[arg(long, env = "LABELS_FILE", default_value = crate::runtime::labels::DEFAULT_LABELS_FILE)]
+    pub labels_file: String,
 }
 
 /// Default of `--state-dir`.
@@ -121,6 +125,8 @@ impl RunArgs {
                 interval: self.ledger_interval,
             }
         });
+        settings.labels = (!self.labels_file.is_empty())
+            .then(|| crate::runtime::labels::LabelsSettings::new(&self.labels_file));
         Ok(settings)
     }
 }

@@ -1,11 +1,12 @@
 //! The platform: everything that touches the host — NVML (inventory, events, memory limits),
-//! the sim backend's node files, and files on disk (atomic CDI spec writes).
+//! the sim backend's node files, and files on disk (atomic CDI spec and NFD feature-file writes).
 
 pub mod cdi_writer;
 pub mod checkpoint;
 pub mod driver;
 pub mod enforce;
 pub mod fswatch;
+pub mod labels_file;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;

@@ -5,6 +5,7 @@
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod labels;
 pub mod ledger;
 pub mod metrics;
 pub mod mps;

@@ -7,7 +7,8 @@
 //!
 //! - the reloader (triggers → load/discover → transition → spec → commit);
 //! - the plugin manager (one gRPC server per planned resource, registration);
-//! - the MPS reconciler, the health monitor, metrics, the ledger and HTTP.
+//! - the MPS reconciler, the health monitor, metrics, the ledger, HTTP and the node-labels
+//!   writer.
 //!
 //! Shutdown and resource failures are watched here and never wait behind a reload: the
 //! reloader is just another task. The stop has a deadline. The CDI spec is left in place on
@@ -114,6 +115,8 @@ pub struct RunSettings {
     pub http_listen: Option<String>,
     /// PodResources ledger; `None` runs without one.
     pub ledger: Option<crate::runtime::ledger::LedgerSettings>,
+    /// The NFD feature file of node labels (`--labels-file`); `None` writes no labels.
+    pub labels: Option<crate::runtime::labels::LabelsSettings>,
     /// Metrics registry to record into (injected so embedders can read it).
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
 }
@@ -144,6 +147,7 @@ impl RunSettings {
             health_monitor: None,
             http_listen: None,
             ledger: None,
+            labels: None,
             metrics: Arc::default(),
         }
     }
@@ -170,6 +174,7 @@ pub async fn run(
         health_monitor,
         http_listen,
         ledger,
+        labels,
         metrics,
     } = settings;
     let hook = match hook {
@@ -268,6 +273,9 @@ pub async fn run(
         token.clone(),
     ));
     tracker.spawn(follow_spec(store.clone(), readiness.clone(), token.clone()));
+    if let Some(settings) = labels {
+        crate::runtime::labels::spawn(settings, store.clone(), &tracker, token.clone());
+    }
     let ledger = ledger.map(|settings| {
         let (checkpoint, store_for_release, requester) =
             (checkpoint.clone(), store.clone(), requester.clone());

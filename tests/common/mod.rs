@@ -155,7 +155,7 @@ pub(crate) fn fake_lib() -> std::path::PathBuf {
 }
 
 /// `gpu-slicer run` on `backend` with `config`, everything it writes in `dir` (`dp/`
-/// sockets, `cdi/` spec, `state/` checkpoint), HTTP on an ephemeral loopback port (never
+/// sockets, `cdi/` spec, `state/` checkpoint, `features.d/gpu-slicer` labels), HTTP on an ephemeral loopback port (never
 /// the default :9400: tests run in parallel) and no ledger. Callers add flags and spawn.
 pub(crate) fn run_command(
     dir: &std::path::Path,
@@ -175,6 +175,7 @@ pub(crate) fn run_command(
         .env("STATE_DIR", dir.join("state"))
         .env("HTTP_LISTEN", "127.0.0.1:0")
         .env("POD_RESOURCES_SOCKET", "")
+        .env("LABELS_FILE", dir.join("features.d").join("gpu-slicer"))
         .kill_on_drop(true);
     cmd
 }

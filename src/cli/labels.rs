@@ -1,0 +1,49 @@
+//! `gpu-slicer labels`: the node labels once, as GPU Feature Discovery's `--oneshot` prints
+//! them: `key=value` lines on stdout, or written atomically to `--output-file`.
+//!
+//! Discovers the inventory, plans it under the config and calls
+//! [`crate::domain::labels::build`]; warnings about the node go to the log (stderr).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::cli::args::{BackendArgs, ConfigArgs};
+use crate::domain::labels;
+use crate::domain::plan;
+use crate::error::Result;
+use crate::platform::labels_file;
+
+/// Arguments of `gpu-slicer labels`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabelsArgs {
+    /// `--backend` and NVML settings.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// `--config` and the flags that override it.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Write the NFD feature file here (atomically) instead of printing; GFD's
+    /// `--output-file`.
+    #[arg(long, short = 'o', visible_alias = "output")]
+    pub output_file: Option<PathBuf>,
+}
+
+/// Run `labels`.
+pub fn run(args: &LabelsArgs, out: &mut dyn Write) -> Result<()> {
+    let config = args.config.load()?;
+    let backend = super::backend::open_backend(&args.backend)?;
+    let inventory = backend.discover()?;
+    let plan = plan::build(&inventory, &config)?;
+    let node = labels::build(&inventory, &config, &plan);
+    for warning in &node.warnings {
+        tracing::warn!(warning = %warning, "node labels");
+    }
+    let text = node.to_feature_file();
+    match &args.output_file {
+        Some(path) => {
+            labels_file::write(path, text.as_bytes())?;
+        }
+        None => out.write_all(text.as_bytes())?,
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The labels writer: follows the state store and keeps the NFD feature file
+//! (`--labels-file`) equal to the node's labels.
+//!
+//! Every committed snapshot (start, config reload, re-scan, MIG change, health) is turned
+//! into a label set by the pure [`crate::domain::labels::build`]; the file is rewritten only
+//! when that set differs from the one last written, so health flaps and allocations cause
+//! no writes. A failed write is logged and retried on a timer (labels are an aid to the
+//! scheduler, never a reason to stop serving devices). A node with no GPUs has no labels:
+//! the file is removed. On shutdown the file is removed, as GPU Feature Discovery removes
+//! its own: a node whose agent is gone should not keep advertising what it served. File
+//! operations run on blocking threads through [`crate::platform::labels_file`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::domain::labels::{self, NodeLabels};
+use crate::platform::labels_file;
+use crate::state::Store;
+
+/// Default of `--labels-file`: NFD's local feature directory, a file of our own (GFD writes
+/// `gfd` beside it, so both can coexist while a cluster migrates).
+pub const DEFAULT_LABELS_FILE: &str =
+    "/etc/kubernetes/node-feature-discovery/features.d/gpu-slicer";
+
+/// How long after a failed write the writer tries again.
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Settings of the labels writer.
+#[derive(Debug, Clone)]
+pub struct LabelsSettings {
+    /// The feature file.
+    pub path: PathBuf,
+    /// Retry delay after a failed write.
+    pub retry: Duration,
+}
+
+impl LabelsSettings {
+    /// Write `path`, retrying failures every [`RETRY_INTERVAL`].
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            retry: RETRY_INTERVAL,
+        }
+    }
+}
+
+/// Spawn the writer on `tracker`; it stops (and removes the file) when `token` is cancelled.
+pub fn spawn(
+    settings: LabelsSettings,
+    store: Store,
+    tracker: &TaskTracker,
+    token: CancellationToken,
+) {
+    tracker.spawn(follow(settings, store, token));
+}
+
+async fn follow(settings: LabelsSettings, store: Store, token: CancellationToken) {
+    let mut rx = store.subscribe();
+    // What the file holds now, as far as this writer knows; `None` until a write succeeds.
+    let mut written: Option<BTreeMap<String, String>> = None;
+    loop {
+        let snapshot = rx.borrow_and_update().clone();
+        let next = labels::build(&snapshot.inventory, &snapshot.config, &snapshot.plan);
+        let mut retry = None;
+        if written.as_ref() != Some(&next.labels) {
+            for warning in &next.warnings {
+                tracing::warn!(file = %settings.path.display(), warning = %warning, "node labels");
+            }
+            if apply(&settings.path, &next).await {
+                written = Some(next.labels);
+            } else {
+                retry = Some(tokio::time::sleep(settings.retry));
+            }
+        }
+        let retry = async {
+            match retry {
+                Some(sleep) => sleep.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = token.cancelled() => break,
+            changed = rx.changed() => if changed.is_err() { break },
+            () = retry => {}
+        }
+    }
+    if written.is_some() {
+        let path = settings.path.clone();
+        match tokio::task::spawn_blocking(move || labels_file::remove(&path)).await {
+            Ok(Ok(_)) => tracing::info!(file = %settings.path.display(), "node labels removed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "node labels not removed"),
+            Err(e) => tracing::warn!(error = %e, "node labels not removed"),
+        }
+    }
+}
+
+/// Write (or, with no labels, remove) the file; `true` when the file now matches.
+async fn apply(path: &std::path::Path, next: &NodeLabels) -> bool {
+    let (path_owned, text, empty) = (path.to_path_buf(), next.to_feature_file(), next.is_empty());
+    let result = tokio::task::spawn_blocking(move || {
+        if empty {
+            labels_file::remove(&path_owned).map(|_| None)
+        } else {
+            labels_file::write(&path_owned, text.as_bytes()).map(Some)
+        }
+    })
+    .await;
+    match result {
+        Ok(Ok(outcome)) => {
+            tracing::info!(
+                file = %path.display(),
+                labels = next.labels.len(),
+                written = outcome.is_some_and(|o| o == labels_file::WriteOutcome::Written),
+                "node labels updated"
+            );
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "node labels not written; retrying");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "node labels task failed; retrying");
+            false
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Node labels end to end: the built daemon writes the NFD feature file named by
+//! `LABELS_FILE`, rewrites it when a config reload changes the labels, removes it on
+//! SIGTERM; `gpu-slicer labels` prints the same set (the README sample).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{short_tempdir, within};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Replace a file the way editors and `kubectl cp` do: write aside, rename over.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+/// Poll `path` until `pred` holds for its content (or it is absent, as `None`).
+async fn wait_file(what: &str, path: &Path, pred: impl Fn(Option<&str>) -> bool) -> Option<String> {
+    within(what, async {
+        loop {
+            let text = std::fs::read_to_string(path).ok();
+            if pred(text.as_deref()) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn daemon_writes_rewrites_and_removes_the_labels_file() {
+    let dir = short_tempdir();
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
+    let config = dir.path().join("config.yaml");
+    std::fs::copy(root().join("hack/configs/mixed.yaml"), &config).unwrap();
+    // run_command sets LABELS_FILE to <dir>/features.d/gpu-slicer; the directory does not
+    // exist yet (a host without NFD): the daemon creates it.
+    let labels = dir.path().join("features.d").join("gpu-slicer");
+    assert!(!labels.parent().unwrap().exists());
+    let mut child = common::run_command(dir.path(), "sim:mixed-a100", &config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let golden =
+        std::fs::read_to_string(root().join("tests/golden/labels-mixed-a100.txt")).expect("golden");
+    let text = wait_file("labels written", &labels, |t| t.is_some())
+        .await
+        .unwrap();
+    assert_eq!(text, golden, "the daemon's file is the golden set");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&labels).unwrap().mode() & 0o777, 0o644);
+
+    // Time-slice the whole GPUs 4 ways: a reload rewrites the file with GFD's shared labels.
+    replace(
+        &config,
+        &std::fs::read_to_string(root().join("hack/configs/mixed-timeslicing.yaml")).unwrap(),
+    );
+    let text = wait_file("labels rewritten", &labels, |t| {
+        t.is_some_and(|t| t.contains("nvidia.com/gpu.replicas=4"))
+    })
+    .await
+    .unwrap();
+    for line in [
+        "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB-SHARED",
+        "nvidia.com/gpu.sharing-strategy=time-slicing",
+        "nvidia.com/gpu.count=4",
+        "nvidia.com/mig-1g.10gb.replicas=1",
+        "gpu-slicer.io/isolation=none",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    // Memory-limited shares: the isolation label follows.
+    replace(
+        &config,
+        "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2, isolation: memory}\n",
+    );
+    wait_file("isolation label", &labels, |t| {
+        t.is_some_and(|t| t.contains("gpu-slicer.io/isolation=memory\n"))
+    })
+    .await;
+    // Nothing but the file in the directory: no temp files left for NFD to read.
+    let names: Vec<_> = std::fs::read_dir(labels.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("gpu-slicer")]);
+
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    kill(pid, Signal::SIGTERM).unwrap();
+    let status = within("exit", child.wait()).await.unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!labels.exists(), "labels removed on shutdown, as GFD does");
+    emulator.shutdown().await;
+}
+
+#[test]
+fn labels_file_flag_default_path_and_empty_disables() {
+    use clap::Parser;
+    use gpu_slicer::cli::{Cli, Command};
+    let settings = |extra: &[&str]| {
+        let argv = ["gpu-slicer", "run", "--backend", "sim:mixed-a100"]
+            .iter()
+            .chain(extra)
+            .copied();
+        let Command::Run(run) = Cli::try_parse_from(argv).expect("parse").command else {
+            panic!("not run");
+        };
+        run.settings().expect("settings").labels.map(|l| l.path)
+    };
+    assert_eq!(
+        settings(&[]),
+        Some(PathBuf::from(
+            "/etc/kubernetes/node-feature-discovery/features.d/gpu-slicer"
+        ))
+    );
+    assert_eq!(settings(&["--labels-file="]), None);
+    assert_eq!(
+        settings(&["--labels-file", "/tmp/x/labels"]),
+        Some(PathBuf::from("/tmp/x/labels"))
+    );
+}
+
+#[test]
+fn labels_command_prints_the_golden_set_and_writes_files() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(["labels", "--backend", "sim:mixed-a100", "--config"])
+        .arg(root().join("hack/configs/mixed.yaml"))
+        .env_remove("MIG_STRATEGY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let golden = std::fs::read(root().join("tests/golden/labels-mixed-a100.txt")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&golden)
+    );
+
+    // GFD's `--output-file` form: written atomically, same bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpu-slicer");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args([
+            "labels",
+            "--backend",
+            "sim:mixed-a100",
+            "--mig-strategy",
+            "mixed",
+            "-o",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), golden);
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn labels_command_refuses_a_config_that_does_not_fit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args([
+            "labels",
+            "--backend",
+            "sim:mixed-a100",
+            "--mig-strategy",
+            "single",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("migStrategy") && stderr.contains("single"),
+        "{stderr}"
+    );
+}
