@@ -3,7 +3,9 @@
 # kustomization (the base, deploy/ itself and each overlay) built by real `kubectl kustomize`
 # and its output checked by kubernetes-validate --strict for every Kubernetes minor we
 # support (1.28 … 1.34). Components (kind: Component) are built through the overlays that
-# use them.
+# use them. The Prometheus rules in deploy/monitoring/ are checked and unit-tested by
+# promtool (tests/monitoring.rs checks their metric names, and the dashboard's, against a
+# real scrape).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/env.sh
@@ -27,6 +29,9 @@ for f in deploy/base/*.yaml; do
   [ "$(basename "$f")" = kustomization.yaml ] && continue
   check "base kustomization lists $f" grep -qx -- "- $(basename "$f")" deploy/base/kustomization.yaml
 done
+check "promtool check rules" promtool check rules deploy/monitoring/rules.yaml
+check "promtool test rules" promtool test rules deploy/monitoring/rules.test.yaml
+check "dashboard is JSON" python3 -m json.tool deploy/monitoring/dashboard.json /dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 versions=(1.28.0 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0)

@@ -72,6 +72,33 @@ fn daemonset_args_are_real_run_flags() {
         run.pod_resources_socket,
         "/var/lib/kubelet/pod-resources/kubelet.sock"
     );
+    // The labels file lies in a mounted directory that is the same path on the host, where
+    // NFD's worker reads its features.d.
+    let labels = std::path::Path::new(&run.labels_file);
+    assert_eq!(
+        labels,
+        std::path::Path::new(gpu_slicer::runtime::labels::DEFAULT_LABELS_FILE)
+    );
+    let labels_dir = labels.parent().expect("labels dir").to_str().unwrap();
+    let mounts = container["volumeMounts"].as_sequence().expect("mounts");
+    let mount = mounts
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(labels_dir))
+        .unwrap_or_else(|| panic!("{labels_dir} is not mounted"));
+    assert_ne!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "labels dir writable"
+    );
+    let volume = volumes
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("labels volume");
+    assert_eq!(volume["hostPath"]["path"].as_str(), Some(labels_dir));
+    assert_eq!(
+        volume["hostPath"]["type"].as_str(),
+        Some("DirectoryOrCreate")
+    );
     let port = run
         .http_listen
         .rsplit(':')
