@@ -11,7 +11,8 @@
 //! state      the store: one watch<Arc<Snapshot>>, commands that change it
 //! domain     pure values and functions: config, inventory, plan, device nodes, CDI
 //!            (model, generate, validate, YAML), allocate (rules, views, preferred,
-//!            responses), MPS derivation, health policy, snapshot, transition::next
+//!            responses), MPS derivation, health policy, node labels, snapshot,
+//!            transition::next
 //! platform   the host: NVML (inventory, events, memory limits), sim backend, the
 //!            user-space driver (discovery, hooks), files (spec writer, checkpoint)
 //! ```
@@ -32,6 +33,8 @@
 //!   `cdi-hook` driver hooks).
 //! - Health: [`runtime::health`] (sources) over [`domain::health`] (policy).
 //! - Operations: [`runtime::ledger`] (PodResources), [`runtime::metrics`], [`runtime::http`].
+//! - Node labels: [`domain::labels`] (GPU Feature Discovery's names, pure), kept in an NFD
+//!   feature file by [`runtime::labels`] through [`platform::labels_file`].
 //! - Held devices across restarts: [`platform::checkpoint`].
 //! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`].

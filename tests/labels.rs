@@ -197,3 +197,43 @@ fn labels_command_refuses_a_config_that_does_not_fit() {
         "{stderr}"
     );
 }
+
+#[test]
+fn readme_shows_the_golden_file_and_selects_pools_by_real_labels() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let golden =
+        std::fs::read_to_string(root().join("tests/golden/labels-mixed-a100.txt")).unwrap();
+    assert!(
+        readme.contains(&format!("```\n{golden}```")),
+        "README's sample labels file differs from tests/golden/labels-mixed-a100.txt"
+    );
+    let keys: Vec<&str> = golden
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, _)| k)
+        .collect();
+    let start = readme.find("# Training:").expect("pool example");
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let mut used = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(block) {
+        let pod = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+        let spec = &pod["spec"];
+        if let Some(sel) = spec["nodeSelector"].as_mapping() {
+            used.extend(sel.keys().map(|k| k.as_str().unwrap().to_string()));
+        }
+        let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        for term in terms.as_sequence().into_iter().flatten() {
+            for e in term["matchExpressions"].as_sequence().into_iter().flatten() {
+                used.push(e["key"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    assert!(used.len() >= 5, "{used:?}");
+    for key in &used {
+        assert!(
+            keys.contains(&key.as_str()),
+            "README selects on {key}, which is no label"
+        );
+    }
+}
