@@ -1,6 +1,6 @@
 //! Node labels end to end: the built daemon writes the NFD feature file named by
-//! `LABELS_FILE`, rewrites it when a config reload changes the labels, removes it on
-//! SIGTERM; `gpu-slicer labels` prints the same set (the README sample).
+//! `LABELS_FILE`, rewrites it when a config reload or a re-scan (MIG change) changes the
+//! labels, removes it on SIGTERM; `gpu-slicer labels` prints the same set (the README sample).
 
 mod common;
 
@@ -50,11 +50,16 @@ async fn daemon_writes_rewrites_and_removes_the_labels_file() {
     // exist yet (a host without NFD): the daemon creates it.
     let labels = dir.path().join("features.d").join("gpu-slicer");
     assert!(!labels.parent().unwrap().exists());
-    let mut child = common::run_command(dir.path(), "sim:mixed-a100", &config)
+    // A node file, so a re-scan (SIGHUP) sees an edited MIG layout.
+    let node = dir.path().join("node.yaml");
+    std::fs::copy(root().join("hack/nodes/mixed-a100.yaml"), &node).unwrap();
+    let backend = format!("sim:{}", node.display());
+    let mut child = common::run_command(dir.path(), &backend, &config)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
 
     let golden =
         std::fs::read_to_string(root().join("tests/golden/labels-mixed-a100.txt")).expect("golden");
@@ -93,6 +98,16 @@ async fn daemon_writes_rewrites_and_removes_the_labels_file() {
         t.is_some_and(|t| t.contains("gpu-slicer.io/isolation=memory\n"))
     })
     .await;
+    // A MIG change: GPU 1's last 1g.10gb slice destroyed; SIGHUP re-scans.
+    let text = std::fs::read_to_string(&node).unwrap();
+    let slice = "        - {uuid: MIG-2c3d4e5f-0000-4b00-8000-00000000000a, profile: 1g.10gb, gpuInstanceId: 10}\n";
+    assert!(text.contains(slice));
+    replace(&node, &text.replace(slice, ""));
+    kill(pid, Signal::SIGHUP).unwrap();
+    wait_file("MIG change relabelled", &labels, |t| {
+        t.is_some_and(|t| t.contains("nvidia.com/mig-1g.10gb.count=8\n"))
+    })
+    .await;
     // Nothing but the file in the directory: no temp files left for NFD to read.
     let names: Vec<_> = std::fs::read_dir(labels.parent().unwrap())
         .unwrap()
@@ -100,7 +115,6 @@ async fn daemon_writes_rewrites_and_removes_the_labels_file() {
         .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("gpu-slicer")]);
 
-    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
     kill(pid, Signal::SIGTERM).unwrap();
     let status = within("exit", child.wait()).await.unwrap();
     assert!(status.success(), "{status:?}");
