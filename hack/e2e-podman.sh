@@ -495,8 +495,8 @@ AGENT_PID=
 out=$(shm_ctr "$KIND=3-share-1" 'echo started')
 crc=$?
 if [ $rc = 0 ] && [ -z "$(shm_mount "$MPS/$GPU2/shm")$(shm_mount "$MPS/$GPU3/shm")" ] &&
-  [ ! -e "$MPS/$GPU2/shm" ] && [ ! -e "$MPS/$GPU3/shm" ] && [ $crc != 0 ] && ! grep -q "^started" <<<"$out"; then
-  ok "agent stopped (exit 0): shm tmpfs unmounted and removed; a share container is then refused (exit $crc)"
+  [ ! -e "$MPS/$GPU2/shm" ] && [ ! -e "$MPS/$GPU3/shm" ] && [ $crc != 0 ] && ! grep -q "^started" <<<"$out" && grep -q "$MPS/$GPU3/shm" <<<"$out"; then
+  ok "agent stopped (exit 0): shm tmpfs unmounted and removed; a share container is then refused (exit $crc: ${out##*$'\n'})"
 else
   ko "agent stop" "agent exit $rc; mounts [$(shm_mount "$MPS/$GPU2/shm")$(shm_mount "$MPS/$GPU3/shm")]; container exit $crc: $out; $(ls "$MPS"/* 2>&1 | tr '\n' ' ')"
 fi

@@ -311,3 +311,96 @@ async fn compute_mode_is_set_for_whole_gpus_only_and_restored() {
         ]
     );
 }
+
+/// Without `CAP_SYS_ADMIN` (as root: dropped from the bounding set with util-linux
+/// `setpriv`; unprivileged: not held anyway) `gpu-slicer run` starts no daemon on a shared
+/// `/dev/shm`: each stays down with an error naming the daemon, its shm directory and the
+/// capability, and nothing is mounted.
+#[tokio::test]
+async fn without_cap_sys_admin_no_daemon_starts_and_the_log_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = daemons(&dir.path().join("mps"));
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "flags: {{migStrategy: mixed, mpsRoot: {}}}
+sharing:
+  mps:
+    resources:
+    - {{name: nvidia.com/mig-3g.40gb, replicas: 2}}
+    - {{name: nvidia.com/gpu, replicas: 4}}
+",
+            dir.path().join("mps").display()
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_gpu-slicer");
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        let mut c = tokio::process::Command::new("setpriv");
+        c.args([
+            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin",
+            "--",
+            bin,
+        ]);
+        c
+    } else {
+        tokio::process::Command::new(bin)
+    };
+    let log = dir.path().join("run.log");
+    cmd.arg("run")
+        .args(["--backend", "sim:mixed-a100", "--config"])
+        .arg(&cfg)
+        .arg("--device-plugin-dir")
+        .arg(dir.path().join("dp"))
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .arg("--mps-control-bin")
+        .arg(fake())
+        .env("STATE_DIR", dir.path().join("state"))
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("POD_RESOURCES_SOCKET", "")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    std::fs::create_dir_all(dir.path().join("dp")).unwrap();
+    let mut child = cmd.spawn().expect("setpriv (util-linux) and gpu-slicer");
+    let said_why = |text: &str, spec: &DaemonSpec| {
+        text.lines().any(|l| {
+            l.contains("MPS control daemon failed to start")
+                && l.contains(&spec.uuid)
+                && l.contains(&spec.shm_dir.display().to_string())
+                && l.contains("CAP_SYS_ADMIN")
+        })
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if specs.iter().all(|s| said_why(&text, s)) {
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("gpu-slicer exited ({status}):\n{text}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no CAP_SYS_ADMIN error for every daemon:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for spec in &specs {
+        assert_eq!(mps_shm::mounted_size(&spec.shm_dir).unwrap(), None);
+        assert!(!spec.pipe_dir.join("nvidia-cuda-mps-control.pid").exists());
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+}

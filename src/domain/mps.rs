@@ -89,7 +89,7 @@ pub enum MpsError {
     },
     /// The daemon could not be given its own mount namespace with its `/dev/shm`.
     #[error(
-        "cannot start {bin} for {uuid} in a mount namespace of its own with {shm} as /dev/shm (needs CAP_SYS_ADMIN): {source}"
+        "cannot start {bin} for {uuid} in a mount namespace of its own with {shm} as /dev/shm: {source}"
     )]
     Namespace {
         bin: PathBuf,

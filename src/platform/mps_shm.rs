@@ -85,7 +85,7 @@ pub fn unmount(dir: &Path) -> io::Result<()> {
             Ok(()) => {}
             // Not a mount point (any more).
             Err(Errno::EINVAL) => return Ok(()),
-            Err(e) => return Err(with_step("unmount", e)),
+            Err(e) => return Err(with_step("detach what is mounted there", e)),
         }
     }
     Err(io::Error::other(format!(
@@ -147,6 +147,16 @@ impl ShmBind {
         let source = CString::new(shm_dir.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"))?;
         Ok(Self { source })
+    }
+
+    /// Checked before spawning: a missing `/dev/shm` would fail the child with an ENOENT
+    /// that reads like a missing binary.
+    pub fn check_target() -> io::Result<()> {
+        match std::fs::metadata("/dev/shm") {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(io::Error::other("/dev/shm is not a directory")),
+            Err(e) => Err(io::Error::new(e.kind(), format!("/dev/shm: {e}"))),
+        }
     }
 
     /// Run in the child between `fork` and `exec` (`Command::pre_exec`): only system

@@ -341,12 +341,14 @@ impl DaemonTask {
             path: out_path,
             source,
         })?;
-        let bind = mps_shm::ShmBind::new(&spec.shm_dir).map_err(|source| MpsError::Namespace {
-            bin: self.config.control_bin.clone(),
-            uuid: spec.uuid.clone(),
-            shm: spec.shm_dir.clone(),
-            source,
-        })?;
+        let bind = mps_shm::ShmBind::check_target()
+            .and_then(|()| mps_shm::ShmBind::new(&spec.shm_dir))
+            .map_err(|source| MpsError::Namespace {
+                bin: self.config.control_bin.clone(),
+                uuid: spec.uuid.clone(),
+                shm: spec.shm_dir.clone(),
+                source,
+            })?;
         let mut command = Command::new(&self.config.control_bin);
         command
             .arg("-f")
@@ -369,7 +371,10 @@ impl DaemonTask {
                     bin: self.config.control_bin.clone(),
                     uuid: spec.uuid.clone(),
                     shm: spec.shm_dir.clone(),
-                    source,
+                    source: std::io::Error::new(
+                        source.kind(),
+                        format!("{source} (unshare and mount need CAP_SYS_ADMIN)"),
+                    ),
                 }
             } else {
                 MpsError::Spawn {
