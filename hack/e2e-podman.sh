@@ -4,7 +4,10 @@
 # for and NVIDIA_VISIBLE_DEVICES=void, and a broken spec must be stopped by `cdi validate`.
 # Shares: `--device gpu-slicer.io/gpu=3-share-3` runs gpu-slicer's memory-limit hook on the
 # host (against the fake libnvidia-ml), which must find that container's cgroup and set 3/4
-# of GPU 3's memory; a hook that fails must keep the container from starting.
+# of GPU 3's memory; a hook that fails must keep the container from starting. MPS: the real
+# agent (`gpu-slicer run`, with hack/fake-mps-control as the daemon) gives each daemon its own
+# size-bounded tmpfs as /dev/shm; share containers of GPU 2 and GPU 3 each see only their
+# daemon's, never each other's nor the host's, and lose it when the agent stops.
 #
 # Runs as root (CI: Debian 12 after `apt-get install -y podman runc busybox-static`).
 # Idempotent and self-cleaning: all state lives in a temp dir; the spec directories Podman
@@ -56,7 +59,13 @@ NODE_FILE=$PWD/hack/nodes/mixed-a100.yaml
 
 WD=$(mktemp -d /tmp/gpu-slicer-e2e.XXXXXX)
 made_dirs=()
+AGENT_PID=
 cleanup() {
+  if [ -n "$AGENT_PID" ]; then kill "$AGENT_PID" 2>/dev/null; wait "$AGENT_PID" 2>/dev/null; fi
+  # An agent that died uncleanly leaves its shm tmpfs mounts under $WD: detach them first.
+  for m in $(awk -v wd="$WD/" 'index($5, wd) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
+    umount -l "$m"
+  done
   rm -rf "$WD"
   # Remove only the (empty) mount points we created; never anything else in them.
   for d in "${made_dirs[@]}"; do rmdir "$d" 2>/dev/null; done
@@ -210,15 +219,40 @@ expect_nodes "good spec still served after failed regenerate" /dev/nvidia2 "$KIN
 GPU3=GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03
 GPU3_MEM=$((80 * 1024 * 1024 * 1024))
 MPS=$WD/mps
-mkdir -p "$MPS/$GPU3/pipe" "$MPS/shm" "$WD/cdi-fail"
+GPU2=GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02
+mkdir -p "$WD/cdi-fail" "$WD/dp"
 cat >"$WD/shares.yaml" <<EOF
 version: v1
 flags: {migStrategy: mixed, mpsRoot: $MPS}
 sharing:
   timeSlicing:
     resources:
-    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.shared, devices: [3], replicas: 4, isolation: memory+mps}
+    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.shared, devices: [2, 3], replicas: 4, isolation: memory+mps}
 EOF
+# The agent runs the MPS daemons of GPUs 2 and 3 (no kubelet needed: it keeps waiting for
+# one) and mounts their /dev/shm: a 16 MiB tmpfs each at $MPS/<uuid>/shm, on this host.
+SHM_KIB=16384
+STATE_DIR=$WD/state HTTP_LISTEN=127.0.0.1:0 POD_RESOURCES_SOCKET="" \
+  "$BIN" run --backend sim:mixed-a100 --config "$WD/shares.yaml" --device-plugin-dir "$WD/dp" \
+  --cdi-dir "$WD/cdi-agent" --mps-control-bin "$PWD/hack/fake-mps-control" \
+  --mps-shm-size "${SHM_KIB}Ki" --mps-restart-backoff-ms 200 >"$WD/agent.log" 2>&1 &
+AGENT_PID=$!
+shm_mount() { # dir: "fstype source options" of the mount on top of dir, if any
+  awk -v d="$1" '$5 == d { for (i = 7; $i != "-"; i++); t = $(i+1) " " $(i+2) " " $(i+3) } END { print t }' /proc/self/mountinfo
+}
+for _ in $(seq 100); do
+  [ -s "$MPS/$GPU2/shm/fake-mps-daemon" ] && [ -s "$MPS/$GPU3/shm/fake-mps-daemon" ] && break
+  sleep 0.1
+done
+m2=$(shm_mount "$MPS/$GPU2/shm")
+m3=$(shm_mount "$MPS/$GPU3/shm")
+if [[ $m2 == "tmpfs gpu-slicer-mps-shm "*size=${SHM_KIB}k* && $m3 == "tmpfs gpu-slicer-mps-shm "*size=${SHM_KIB}k* ]] &&
+  [ "$(cut -d' ' -f2 "$MPS/$GPU2/shm/fake-mps-daemon")" = "$GPU2" ] &&
+  [ "$(cut -d' ' -f2 "$MPS/$GPU3/shm/fake-mps-daemon")" = "$GPU3" ] && [ ! -e /dev/shm/fake-mps-daemon ]; then
+  ok "agent: MPS daemons of GPU 2 and 3 up, each on its own ${SHM_KIB} KiB tmpfs as /dev/shm ($MPS/<uuid>/shm)"
+else
+  ko "agent MPS shm" "GPU2 [$m2] GPU3 [$m3]; $(tail -5 "$WD/agent.log")"
+fi
 LIMITS=$WD/limits.json
 share_spec() { # output dir, extra hook env (comma list)
   "$BIN" cdi generate --backend sim:mixed-a100 --config "$WD/shares.yaml" --dev-root "$DEVROOT" \
@@ -267,6 +301,34 @@ if share_spec "$WD/cdi-fail" FAKE_NVML_LIMITS_UNSUPPORTED=1; then
   fi
 else
   ko "failing hook" "cannot generate the spec"
+fi
+
+# --- MPS /dev/shm isolation: a share container of GPU 2 and one of GPU 3, each writing into
+# its /dev/shm. Each must find its own daemon's marker there and never the other's file;
+# the host's /dev/shm sees neither, and the tmpfs bound holds inside a container too.
+shm_ctr() { # device, script
+  in_ns "${PODMAN[@]}" --log-level=error run --rm --network none --device "$1" localhost/busybox sh -c "$2" 2>&1
+}
+SHM_PROBE='cat /dev/shm/fake-mps-daemon; echo "$SHM_TAG" >/dev/shm/tenant-$SHM_TAG; ls /dev/shm | sort | tr "\n" " "'
+out2=$(shm_ctr "$KIND=2-share-1" "SHM_TAG=gpu2; $SHM_PROBE")
+out3=$(shm_ctr "$KIND=3-share-1" "SHM_TAG=gpu3; $SHM_PROBE")
+want2="$(cat "$MPS/$GPU2/shm/fake-mps-daemon" 2>&1)"$'\n'"fake-mps-daemon tenant-gpu2 "
+want3="$(cat "$MPS/$GPU3/shm/fake-mps-daemon" 2>&1)"$'\n'"fake-mps-daemon tenant-gpu3 "
+if [ "$out2" = "$want2" ] && [ "$out3" = "$want3" ] &&
+  [ "$(cat "$MPS/$GPU2/shm/tenant-gpu2")" = gpu2 ] && [ ! -e "$MPS/$GPU3/shm/tenant-gpu2" ] &&
+  [ "$(cat "$MPS/$GPU3/shm/tenant-gpu3")" = gpu3 ] && [ ! -e "$MPS/$GPU2/shm/tenant-gpu3" ] &&
+  [ ! -e /dev/shm/tenant-gpu2 ] && [ ! -e /dev/shm/tenant-gpu3 ]; then
+  ok "MPS /dev/shm: GPU 2's and GPU 3's share containers each see only their daemon's tmpfs, not each other's nor the host's"
+else
+  ko "MPS /dev/shm isolation" "GPU2 [$out2] want [$want2]; GPU3 [$out3] want [$want3]"
+fi
+out=$(shm_ctr "$KIND=2-share-1" 'busybox dd if=/dev/zero of=/dev/shm/big bs=1M count=64 2>&1; echo "rc $?"')
+big=$(stat -c %s "$MPS/$GPU2/shm/big" 2>/dev/null || echo 0)
+rm -f "$MPS/$GPU2/shm/big"
+if grep -q "No space left" <<<"$out" && grep -qx "rc 1" <<<"$out" && [ "$big" -le $((SHM_KIB * 1024)) ]; then
+  ok "MPS /dev/shm bound: 64 MiB written in a share container stops at the ${SHM_KIB} KiB tmpfs ($big bytes)"
+else
+  ko "MPS /dev/shm bound" "wrote $big bytes: $out"
 fi
 
 # --- the driver in the spec: a fake driver root, run from a glibc image by the nvidia-smi
@@ -422,6 +484,21 @@ if [ -z "$written" ] && [ "$host_sum" = "$(cat /etc/ld.so.cache /etc/ld.so.conf.
   ok "hostile image (absolute symlinks to host folders): nothing written outside the container; $how"
 else
   ko "hostile image" "written on the host: [$written]; exit $rc: $out"
+fi
+
+# --- the agent stops: its daemons quit, their tmpfs mounts and directories are gone, and a
+# share container started afterwards is refused (no unbounded directory in their place).
+kill "$AGENT_PID"
+wait "$AGENT_PID"
+rc=$?
+AGENT_PID=
+out=$(shm_ctr "$KIND=3-share-1" 'echo started')
+crc=$?
+if [ $rc = 0 ] && [ -z "$(shm_mount "$MPS/$GPU2/shm")$(shm_mount "$MPS/$GPU3/shm")" ] &&
+  [ ! -e "$MPS/$GPU2/shm" ] && [ ! -e "$MPS/$GPU3/shm" ] && [ $crc != 0 ] && ! grep -q "^started" <<<"$out" && grep -q "$MPS/$GPU3/shm" <<<"$out"; then
+  ok "agent stopped (exit 0): shm tmpfs unmounted and removed; a share container is then refused (exit $crc: ${out##*$'\n'})"
+else
+  ko "agent stop" "agent exit $rc; mounts [$(shm_mount "$MPS/$GPU2/shm")$(shm_mount "$MPS/$GPU3/shm")]; container exit $crc: $out; $(ls "$MPS"/* 2>&1 | tr '\n' ' ')"
 fi
 
 echo "RESULT: $pass passed, $fail failed"

@@ -203,7 +203,9 @@ fn share_devices_carry_the_limits_of_k_shares() {
             .collect();
         let pipe = format!("/run/nvidia/mps/{}/pipe", gpu3.uuid);
         assert!(mounts.contains(&(pipe.as_str(), format!("/mps/{}/pipe", gpu3.uuid).as_str())));
-        assert!(mounts.contains(&("/run/nvidia/mps/shm", "/dev/shm")));
+        // GPU 3's own daemon's /dev/shm, no other.
+        let shm = format!("/run/nvidia/mps/{}/shm", gpu3.uuid);
+        assert_eq!(shm_of(e), vec![shm.as_str()]);
     }
     assert!(spec.devices.iter().all(|d| d.name != "3-share-5"));
     // GPU 2: memory only (no MPS env), 2 ways.
@@ -227,9 +229,23 @@ fn share_devices_carry_the_limits_of_k_shares() {
             .contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100".to_string())
     );
     assert_eq!(e.device_nodes.len(), 3, "GPU node and the slice's two caps");
+    // Issue 13 item 11: shares of different devices never share a /dev/shm (it was one
+    // `<mpsRoot>/shm` for all).
+    let mig_shm = format!("/run/nvidia/mps/{}/shm", mig.uuid);
+    assert_eq!(shm_of(e), vec![mig_shm.as_str()]);
+    assert_ne!(shm_of(e), shm_of(&dev("3-share-1").container_edits));
     // Whole devices are untouched and still present; the spec stays loadable by 0.5.0.
     assert!(dev("2").container_edits.hooks.is_empty());
     assert_eq!(spec.cdi_version, "0.5.0");
+}
+
+/// Host paths bind-mounted at `/dev/shm` by these edits.
+fn shm_of(e: &gpu_slicer::domain::cdi::ContainerEdits) -> Vec<&str> {
+    e.mounts
+        .iter()
+        .filter(|m| m.container_path == "/dev/shm")
+        .map(|m| m.host_path.as_str())
+        .collect()
 }
 
 /// mixed-a100 with `hack/configs/shares.yaml`: per-share devices with the hook at a fixed

@@ -178,10 +178,51 @@ fn mps_overlay_mounts_what_the_config_names() {
     };
     // Same path inside and out: CDI specs name host paths for tenants' bind mounts.
     assert_eq!(host_path_of(root.to_str().unwrap()), root.to_str().unwrap());
+    // Issue 13 item 11: no one shared /dev/shm. Each daemon's is a tmpfs the agent mounts
+    // under the root, which must reach the host (tenants bind the host path), and the
+    // daemons get it as /dev/shm in mount namespaces of their own (CAP_SYS_ADMIN; mount
+    // and Bidirectional propagation take a privileged container).
+    assert!(
+        mounts
+            .iter()
+            .all(|m| m["mountPath"].as_str() != Some("/dev/shm")),
+        "the daemon container mounts nothing at /dev/shm"
+    );
+    assert!(
+        volumes
+            .iter()
+            .all(|v| v["hostPath"]["path"]
+                .as_str()
+                .is_none_or(
+                    |p| !std::path::Path::new(p).starts_with(&root) || p == root.to_str().unwrap()
+                )),
+        "no volume of a directory inside the MPS root"
+    );
+    for d in gpu_slicer::domain::mps::daemons_for(&plan, &cfg).unwrap() {
+        assert_eq!(d.shm_dir, root.join(&d.uuid).join("shm"));
+    }
+    let root_mount = mounts
+        .iter()
+        .find(|m| m["mountPath"].as_str() == root.to_str())
+        .unwrap();
     assert_eq!(
-        std::path::PathBuf::from(host_path_of("/dev/shm")),
-        gpu_slicer::domain::mps::shm_dir(&root),
-        "the daemons' /dev/shm is the directory tenants get"
+        root_mount["mountPropagation"].as_str(),
+        Some("Bidirectional"),
+        "the shm mounts under the MPS root reach the host"
+    );
+    let merged = kustomize("deploy/mps");
+    let sc = &object(&merged, "DaemonSet", "gpu-slicer")["spec"]["template"]["spec"]["containers"]
+        [0]["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(true), "{sc:?}");
+    // The API server refuses privileged with allowPrivilegeEscalation false (the base's).
+    assert_eq!(
+        sc["allowPrivilegeEscalation"].as_bool(),
+        Some(true),
+        "{sc:?}"
+    );
+    assert!(
+        strings(&sc["capabilities"]["add"]).contains(&"SYS_ADMIN".to_string()),
+        "{sc:?}"
     );
 }
 

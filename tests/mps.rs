@@ -1,6 +1,7 @@
 //! MPS supervisor end to end with `hack/fake-mps-control`: one daemon per shared device on
 //! the mixed-a100 sim node (a MIG profile and whole GPUs), the right environment and
-//! default limits, restart after a crash, and `quit` on cancellation.
+//! default limits, restart after a crash, and `quit` on cancellation; each daemon on a
+//! size-bounded `/dev/shm` of its own, removed when it stops (needs root, as CI runs).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::domain::inventory::Backend;
 use gpu_slicer::domain::mps::{self, DaemonSpec};
 use gpu_slicer::domain::plan;
+use gpu_slicer::platform::mps_shm;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::mps::daemon::{DaemonState, DaemonStates, Supervisor, SupervisorConfig};
 use tokio::sync::watch;
@@ -17,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 const WAIT: Duration = Duration::from_secs(20);
+
+/// Size bound of the daemons' /dev/shm in these tests.
+const SHM: u64 = 8 << 20;
 
 fn daemons(root: &Path) -> Vec<DaemonSpec> {
     let text = format!(
@@ -60,6 +65,36 @@ fn alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
+/// Every daemon's `/dev/shm` is its own tmpfs of `size` bytes: the fake daemon's marker
+/// (`<pid> <uuid>`) is in its daemon's directory, and nowhere else.
+fn assert_own_shm(specs: &[DaemonSpec], size: u64) {
+    for spec in specs {
+        assert_eq!(
+            mps_shm::mounted_size(&spec.shm_dir).unwrap(),
+            Some(size),
+            "{}: no tmpfs of ours at {}",
+            spec.uuid,
+            spec.shm_dir.display()
+        );
+        assert_eq!(
+            read(spec.shm_dir.join("fake-mps-daemon")),
+            format!("{} {}\n", pid_of(spec), spec.uuid),
+            "the daemon's /dev/shm is {}",
+            spec.shm_dir.display()
+        );
+    }
+    // The host's /dev/shm never saw a daemon (each ran in its own mount namespace).
+    assert!(!Path::new("/dev/shm/fake-mps-daemon").exists());
+}
+
+/// The shm directories are gone: unmounted and removed.
+fn assert_shm_removed(specs: &[DaemonSpec]) {
+    for spec in specs {
+        assert_eq!(mps_shm::mounted_size(&spec.shm_dir).unwrap(), None);
+        assert!(!spec.shm_dir.exists(), "{} left", spec.shm_dir.display());
+    }
+}
+
 fn read(path: PathBuf) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -84,10 +119,17 @@ async fn daemons_start_configure_restart_and_quit() {
         control_bin: fake(),
         backoff_base: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
+        shm_size_bytes: SHM,
         ..SupervisorConfig::default()
     };
     let sup = Supervisor::start(specs.clone(), config, &tracker, cancel.clone());
     sup.wait_up(WAIT).await.unwrap();
+    assert_own_shm(&specs, SHM);
+    // The bound holds: a tenant cannot write more than SHM bytes into its /dev/shm.
+    let big = specs[0].shm_dir.join("big");
+    let err = std::fs::write(&big, vec![1u8; SHM as usize + 4096]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(nix::libc::ENOSPC), "{err}");
+    std::fs::remove_file(&big).unwrap();
 
     for spec in &specs {
         let env = read(spec.log_dir.join("daemon.env"));
@@ -145,6 +187,8 @@ async fn daemons_start_configure_restart_and_quit() {
     let new = pid_of(mig);
     assert_ne!(old, new);
     assert!(alive(new));
+    // The restarted daemon is back on the same tmpfs.
+    assert_own_shm(std::slice::from_ref(mig), SHM);
     let log = read(mig.log_dir.join("commands.log"));
     assert_eq!(
         log.matches("set_default_active_thread_percentage 50\n")
@@ -164,6 +208,46 @@ async fn daemons_start_configure_restart_and_quit() {
         assert!(!alive(pids[&spec.uuid]), "{} still running", spec.uuid);
     }
     assert!(sup.states().borrow().values().all(|s| !s.is_up()));
+    assert_shm_removed(&specs);
+}
+
+/// A supervisor replacing another for the same devices (what a reload with new settings
+/// does) starts only after the old one stopped: the old task's clean-up must not take
+/// the new daemon's /dev/shm away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_daemon_keeps_its_shm_when_the_old_one_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = daemons(dir.path());
+    let tracker = TaskTracker::new();
+    let config = SupervisorConfig {
+        control_bin: fake(),
+        backoff_base: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(200),
+        shm_size_bytes: SHM,
+        ..SupervisorConfig::default()
+    };
+    let old_token = CancellationToken::new();
+    let old = Supervisor::start(specs.clone(), config.clone(), &tracker, old_token.clone());
+    old.wait_up(WAIT).await.unwrap();
+    let old_pids: Vec<i32> = specs.iter().map(pid_of).collect();
+    old_token.cancel();
+    let token = CancellationToken::new();
+    let new = Supervisor::start(specs.clone(), config, &tracker, token.clone());
+    new.wait_up(WAIT).await.unwrap();
+    let mut rx = old.states();
+    wait_for(&mut rx, "the old daemons stopped", |s| {
+        s.values()
+            .all(|d| matches!(d, DaemonState::Down { reason } if reason == "stopped"))
+    })
+    .await;
+    for (spec, old_pid) in specs.iter().zip(old_pids) {
+        assert!(!alive(old_pid), "{}: old daemon running", spec.uuid);
+    }
+    assert_own_shm(&specs, SHM);
+    token.cancel();
+    tracker.close();
+    tokio::time::timeout(WAIT, tracker.wait()).await.unwrap();
+    assert_shm_removed(&specs);
 }
 
 #[tokio::test]
@@ -226,4 +310,97 @@ async fn compute_mode_is_set_for_whole_gpus_only_and_restored() {
             "-i GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03 -c EXCLUSIVE_PROCESS",
         ]
     );
+}
+
+/// Without `CAP_SYS_ADMIN` (as root: dropped from the bounding set with util-linux
+/// `setpriv`; unprivileged: not held anyway) `gpu-slicer run` starts no daemon on a shared
+/// `/dev/shm`: each stays down with an error naming the daemon, its shm directory and the
+/// capability, and nothing is mounted.
+#[tokio::test]
+async fn without_cap_sys_admin_no_daemon_starts_and_the_log_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = daemons(&dir.path().join("mps"));
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "flags: {{migStrategy: mixed, mpsRoot: {}}}
+sharing:
+  mps:
+    resources:
+    - {{name: nvidia.com/mig-3g.40gb, replicas: 2}}
+    - {{name: nvidia.com/gpu, replicas: 4}}
+",
+            dir.path().join("mps").display()
+        ),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_gpu-slicer");
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        let mut c = tokio::process::Command::new("setpriv");
+        c.args([
+            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin",
+            "--",
+            bin,
+        ]);
+        c
+    } else {
+        tokio::process::Command::new(bin)
+    };
+    let log = dir.path().join("run.log");
+    cmd.arg("run")
+        .args(["--backend", "sim:mixed-a100", "--config"])
+        .arg(&cfg)
+        .arg("--device-plugin-dir")
+        .arg(dir.path().join("dp"))
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .arg("--mps-control-bin")
+        .arg(fake())
+        .env("STATE_DIR", dir.path().join("state"))
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("POD_RESOURCES_SOCKET", "")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    std::fs::create_dir_all(dir.path().join("dp")).unwrap();
+    let mut child = cmd.spawn().expect("setpriv (util-linux) and gpu-slicer");
+    let said_why = |text: &str, spec: &DaemonSpec| {
+        text.lines().any(|l| {
+            l.contains("MPS control daemon failed to start")
+                && l.contains(&spec.uuid)
+                && l.contains(&spec.shm_dir.display().to_string())
+                && l.contains("CAP_SYS_ADMIN")
+        })
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if specs.iter().all(|s| said_why(&text, s)) {
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("gpu-slicer exited ({status}):\n{text}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no CAP_SYS_ADMIN error for every daemon:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for spec in &specs {
+        assert_eq!(mps_shm::mounted_size(&spec.shm_dir).unwrap(), None);
+        assert!(!spec.pipe_dir.join("nvidia-cuda-mps-control.pid").exists());
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
 }

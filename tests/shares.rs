@@ -120,12 +120,13 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
             commands.contains(&format!("set_default_active_thread_percentage {threads}")),
             "{uuid}: {commands}"
         );
+        // Its /dev/shm is its own directory (the fake daemon leaves a marker there).
+        let marker =
+            std::fs::read_to_string(mps_root.join(uuid).join("shm/fake-mps-daemon")).unwrap();
+        assert!(marker.ends_with(&format!(" {uuid}\n")), "{uuid}: {marker}");
     }
     assert_eq!(
-        std::fs::read_dir(&mps_root)
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name() != "shm")
-            .count(),
+        std::fs::read_dir(&mps_root).unwrap().count(),
         3,
         "exactly one daemon directory per MPS-shared device"
     );

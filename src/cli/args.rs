@@ -313,6 +313,22 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 }
 
 #[cfg(test)]
+mod size_tests {
+    #[test]
+    fn shm_size_parses_like_config_memory_and_defaults_to_the_supervisor_default() {
+        assert_eq!(super::parse_size("512Mi"), Ok(512 << 20));
+        assert_eq!(super::parse_size("4096"), Ok(4096));
+        for bad in ["", "0", "1Xi", "-1"] {
+            assert!(super::parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            super::parse_size(crate::domain::mps::DEFAULT_SHM_SIZE),
+            Ok(crate::runtime::mps::daemon::SupervisorConfig::default().shm_size_bytes)
+        );
+    }
+}
+
+#[cfg(test)]
 mod duration_tests {
     use super::{parse_duration, parse_interval};
 
@@ -377,6 +393,15 @@ pub struct MpsArgs {
     /// Longest restart delay, in milliseconds.
     #[arg(long, env = "MPS_RESTART_BACKOFF_MAX_MS", default_value_t = 60_000)]
     pub mps_restart_backoff_max_ms: u64,
+    /// Size bound of each daemon's `/dev/shm`: a tmpfs at `<mpsRoot>/<uuid>/shm`, shared by
+    /// the daemon and the tenants of its device only (`512Mi`, `2Gi`, bytes).
+    #[arg(long, env = "MPS_SHM_SIZE", value_parser = parse_size, default_value = crate::domain::mps::DEFAULT_SHM_SIZE)]
+    pub mps_shm_size: u64,
+}
+
+/// Parse a size flag as the config file writes memory (`512Mi`, `2Gi`, bytes), never zero.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    crate::domain::config::parse_quantity_text(text).map_err(|e| format!("`{text}`: {e}"))
 }
 
 impl MpsArgs {
@@ -387,6 +412,7 @@ impl MpsArgs {
             nvidia_smi: self.mps_nvidia_smi.clone(),
             backoff_base: Duration::from_millis(self.mps_restart_backoff_ms),
             backoff_max: Duration::from_millis(self.mps_restart_backoff_max_ms),
+            shm_size_bytes: self.mps_shm_size,
             ..crate::runtime::mps::daemon::SupervisorConfig::default()
         }
     }

@@ -52,6 +52,12 @@ pub const CONTAINER_MPS_ROOT: &str = "/mps";
 /// Default client/daemon binary.
 pub const DEFAULT_CONTROL_BIN: &str = "nvidia-cuda-mps-control";
 
+/// Default size bound of each daemon's `/dev/shm` tmpfs (`--mps-shm-size`). A bound, not a
+/// reservation: pages are used (and charged to the writer's cgroup) only when written. One
+/// per daemon, so a node with 8 shared GPUs caps MPS shared memory at 8 GiB, where NVIDIA's
+/// plugin gives all daemons and tenants together one tmpfs of half the node's RAM.
+pub const DEFAULT_SHM_SIZE: &str = "1Gi";
+
 /// Errors of the MPS manager.
 #[derive(Debug, thiserror::Error)]
 pub enum MpsError {
@@ -67,6 +73,28 @@ pub enum MpsError {
     #[error("cannot create {path}: {source}")]
     CreateDir {
         path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon's `/dev/shm` (`<mpsRoot>/<uuid>/shm`) could not be mounted.
+    #[error(
+        "cannot mount a {size_bytes}-byte tmpfs at {path} as the /dev/shm of the MPS daemon for {uuid}: {source}"
+    )]
+    Shm {
+        uuid: String,
+        path: PathBuf,
+        size_bytes: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon could not be given its own mount namespace with its `/dev/shm`.
+    #[error(
+        "cannot start {bin} for {uuid} in a mount namespace of its own with {shm} as /dev/shm: {source}"
+    )]
+    Namespace {
+        bin: PathBuf,
+        uuid: String,
+        shm: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -111,6 +139,9 @@ pub struct DaemonSpec {
     pub pipe_dir: PathBuf,
     /// `<mpsRoot>/<uuid>/log`: control and server logs.
     pub log_dir: PathBuf,
+    /// `<mpsRoot>/<uuid>/shm`: this daemon's `/dev/shm` and its clients' (a size-bounded
+    /// tmpfs the supervisor mounts; see [`DaemonSpec::client_edits`]).
+    pub shm_dir: PathBuf,
     /// Default active thread percentage: `100 / replicas` of this device.
     pub active_thread_percentage: u32,
     /// Default pinned device memory per client, MiB: one replica's memory.
@@ -156,19 +187,21 @@ impl DaemonSpec {
 
     /// What a container allocated replicas of this device needs to reach the daemon.
     ///
-    /// `shm_dir` is `<mpsRoot>/shm` ([`shm_dir`]): MPS clients and the server exchange
-    /// data through POSIX shared memory, so a client must see the `/dev/shm` the server
-    /// uses. The daemon is run with that tmpfs as its `/dev/shm` (the DaemonSet mounts it
-    /// there), and containers get the same directory at `/dev/shm`, as NVIDIA's plugin
-    /// does. Without it clients fail to connect; the host's own `/dev/shm` is not used
-    /// because exposing it would leak host segments to tenants.
-    pub fn client_edits(&self, shm_dir: &Path) -> MpsClientEdits {
+    /// MPS clients and the server exchange data through POSIX shared memory, so a client
+    /// must see the `/dev/shm` the server uses: the container gets this daemon's
+    /// [`DaemonSpec::shm_dir`] at `/dev/shm`, and the supervisor runs the daemon (and so
+    /// the server it spawns) in a mount namespace of its own with that same directory as
+    /// its `/dev/shm`. One directory per daemon, never one for all: tenants of different
+    /// devices must not read each other's segments, and a tenant filling its `/dev/shm`
+    /// fills only its daemon's bounded tmpfs. The host's own `/dev/shm` is never used:
+    /// exposing it would leak host segments to tenants.
+    pub fn client_edits(&self) -> MpsClientEdits {
         let pipe = self.container_pipe_dir();
         MpsClientEdits {
             env: vec![("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.clone())],
             mounts: vec![
                 (self.pipe_dir.clone(), pipe),
-                (shm_dir.to_path_buf(), "/dev/shm".into()),
+                (self.shm_dir.clone(), "/dev/shm".into()),
             ],
         }
     }
@@ -181,11 +214,6 @@ pub struct MpsClientEdits {
     pub env: Vec<(String, String)>,
     /// Bind mounts: host path, container path.
     pub mounts: Vec<(PathBuf, String)>,
-}
-
-/// `<mpsRoot>/shm`: the tmpfs shared between MPS servers and clients.
-pub fn shm_dir(mps_root: &Path) -> PathBuf {
-    mps_root.join("shm")
 }
 
 /// The daemons a plan needs, keyed and sorted by device UUID.
@@ -237,6 +265,7 @@ pub fn daemons(plan: &Plan, mps_root: &Path) -> Result<Vec<DaemonSpec>> {
                 replicas: replica.of,
                 pipe_dir: dir.join("pipe"),
                 log_dir: dir.join("log"),
+                shm_dir: dir.join("shm"),
                 // Relative to this physical device (the MIG device for MIG), not the GPU:
                 // the daemon only sees this device.
                 active_thread_percentage: 100 / replica.of.max(1),

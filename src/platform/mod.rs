@@ -1,5 +1,6 @@
 //! The platform: everything that touches the host — NVML (inventory, events, memory limits),
-//! the sim backend's node files, and files on disk (atomic CDI spec and NFD feature-file writes).
+//! the sim backend's node files, files on disk (atomic CDI spec and NFD feature-file writes),
+//! and the MPS daemons' size-bounded `/dev/shm` mounts.
 
 pub mod cdi_writer;
 pub mod checkpoint;
@@ -7,6 +8,7 @@ pub mod driver;
 pub mod enforce;
 pub mod fswatch;
 pub mod labels_file;
+pub mod mps_shm;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;

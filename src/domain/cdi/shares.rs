@@ -19,13 +19,14 @@
 //!   closed, so a container whose limit cannot be set never starts. CDI 0.3.0 already
 //!   has hooks, so no newer `cdiVersion` is needed.
 //! - `mps` levels: `CUDA_MPS_PIPE_DIRECTORY` and the pipe + shm bind mounts of the
-//!   device's control daemon, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = k × 100 / N` and
+//!   device's own control daemon (`<mpsRoot>/<uuid>/shm` at `/dev/shm`: a share never
+//!   names another daemon's shm), `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = k × 100 / N` and
 //!   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT = 0=<k × one replica>M`. The daemon's defaults
 //!   (one replica's worth per client process, `crate::domain::mps`) stay the binding ceiling: the
 //!   client variables can only lower it, so they state the container's entitlement and
 //!   let a process ask for less, never more.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{ContainerEdits, Device, Hook, Mount};
 use crate::domain::config::Isolation;
@@ -202,16 +203,13 @@ pub fn share_devices(
                 .push(memory_hook(&opts.hook, &s.gpu_uuid, s.memory_bytes));
         }
         if s.isolation.uses_mps() {
-            let (Some(root), Some(daemon)) = (
-                opts.mps_root.as_deref(),
-                daemons.iter().find(|d| d.uuid == s.uuid),
-            ) else {
+            let Some(daemon) = daemons.iter().find(|d| d.uuid == s.uuid) else {
                 return Err(super::CdiError::Edits {
                     device: share_device_name(&s.uuid, s.k),
                     rule: "uses MPS but no MPS root is configured (flags.mpsRoot)".into(),
                 });
             };
-            mps_edits(&mut edits, daemon, root, s);
+            mps_edits(&mut edits, daemon, s);
         }
         for name in [&s.uuid, &s.index_name] {
             out.push(Device {
@@ -223,13 +221,8 @@ pub fn share_devices(
     Ok(out)
 }
 
-fn mps_edits(
-    edits: &mut ContainerEdits,
-    daemon: &crate::domain::mps::DaemonSpec,
-    root: &Path,
-    s: &ShareLimits,
-) {
-    let client = daemon.client_edits(&crate::domain::mps::shm_dir(root));
+fn mps_edits(edits: &mut ContainerEdits, daemon: &crate::domain::mps::DaemonSpec, s: &ShareLimits) {
+    let client = daemon.client_edits();
     edits
         .env
         .extend(client.env.iter().map(|(k, v)| format!("{k}={v}")));

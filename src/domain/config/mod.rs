@@ -911,6 +911,11 @@ pub fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
     )
 }
 
+/// [`parse_quantity`] of a quantity written as text (a flag, an environment variable).
+pub fn parse_quantity_text(text: &str) -> std::result::Result<u64, String> {
+    parse_quantity(&Quantity::Text(text.into()))
+}
+
 fn nonzero(b: u64) -> std::result::Result<u64, String> {
     if b == 0 {
         Err("must be greater than 0".into())

@@ -148,7 +148,7 @@ fn client_edits_mount_pipe_and_shm() {
     let plan = plan::build(&inv("mixed-a100"), &config).unwrap();
     let ds = daemons_for(&plan, &config).unwrap();
     let root = config.mps_root.clone().unwrap();
-    let edits = ds[2].client_edits(&shm_dir(&root));
+    let edits = ds[2].client_edits();
     let pipe = "/mps/MIG-2c3d4e5f-0000-4b00-8000-000000000002/pipe".to_string();
     assert_eq!(
         edits.env,
@@ -158,7 +158,10 @@ fn client_edits_mount_pipe_and_shm() {
         edits.mounts,
         vec![
             (ds[2].pipe_dir.clone(), pipe),
-            (root.join("shm"), "/dev/shm".to_string()),
+            (
+                root.join("MIG-2c3d4e5f-0000-4b00-8000-000000000002/shm"),
+                "/dev/shm".to_string()
+            ),
         ]
     );
     // No thread-percentage variable: see the module header.
@@ -168,6 +171,34 @@ fn client_edits_mount_pipe_and_shm() {
             .iter()
             .all(|(k, _)| k != "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     );
+}
+
+/// Issue 13 item 11: every daemon has its own `/dev/shm`, under its own directory, and
+/// a share of one device is handed only its own daemon's (it was one `<mpsRoot>/shm` for
+/// every tenant of every device).
+#[test]
+fn every_daemon_has_its_own_shm_and_clients_get_only_theirs() {
+    let config = cfg(MIXED);
+    let plan = plan::build(&inv("mixed-a100"), &config).unwrap();
+    let ds = daemons_for(&plan, &config).unwrap();
+    let root = config.mps_root.clone().unwrap();
+    let shms: std::collections::BTreeSet<&Path> = ds.iter().map(|d| d.shm_dir.as_path()).collect();
+    assert_eq!(
+        shms.len(),
+        ds.len(),
+        "one shm directory per daemon: {shms:?}"
+    );
+    for d in &ds {
+        assert_eq!(d.shm_dir, root.join(&d.uuid).join("shm"));
+        let shm: Vec<PathBuf> = d
+            .client_edits()
+            .mounts
+            .into_iter()
+            .filter(|(_, ct)| ct == "/dev/shm")
+            .map(|(host, _)| host)
+            .collect();
+        assert_eq!(shm, vec![d.shm_dir.clone()], "{}", d.uuid);
+    }
 }
 
 #[test]

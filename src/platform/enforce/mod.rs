@@ -14,7 +14,9 @@
 //! only in v1 hierarchies (a cgroup-v1-only host) fails the hook with a message saying
 //! so: handing the driver a v1 directory would at best fail obscurely and at worst start
 //! the container unlimited. `/proc/<pid>/cgroup` paths are relative to the reader's
-//! cgroup namespace; the hook runs in the host's, so they are host paths.
+//! cgroup namespace; the hook runs in the host's, so they are host paths. A path with `..`
+//! components (what the kernel writes for a cgroup outside the reader's namespace) is
+//! refused: joined under the root it would name some other directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,16 @@ pub enum EnforceError {
         pid: i64,
         root: PathBuf,
         v1_path: PathBuf,
+    },
+    /// The cgroup path leaves the cgroup root (`..` components: the process is outside the
+    /// reader's cgroup namespace, or the state names a process it should not).
+    #[error(
+        "pid {pid}: cgroup path `{path}` has `..` components and would leave {root}; refusing to limit a directory outside the cgroup root"
+    )]
+    CgroupEscapes {
+        pid: i64,
+        root: PathBuf,
+        path: String,
     },
     /// A zero-byte limit was asked for.
     #[error("--bytes 0: a limit of 0 bytes would leave no GPU memory; the hook needs at least 1")]
@@ -192,6 +204,20 @@ pub fn resolve_cgroup_dir(
     pid: i64,
     exists: impl Fn(&Path) -> bool,
 ) -> Result<PathBuf> {
+    // The kernel writes `/../..` for a cgroup outside the reader's cgroup namespace; joined
+    // under the root that would name (and limit) some other directory.
+    for p in cg.unified.iter().chain(cg.v1.get("memory")) {
+        if Path::new(p)
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            return Err(EnforceError::CgroupEscapes {
+                pid,
+                root: root.to_path_buf(),
+                path: p.clone(),
+            });
+        }
+    }
     let join = |base: PathBuf, p: &str| base.join(p.trim_start_matches('/'));
     let mut candidates = Vec::new();
     if let Some(p) = &cg.unified {
@@ -294,6 +320,35 @@ mod tests {
         // A path may contain ':'.
         let odd = parse_proc_cgroup("0::/a:b\n", "x").unwrap();
         assert_eq!(odd.unified.as_deref(), Some("/a:b"));
+    }
+
+    #[test]
+    fn cgroup_paths_that_leave_the_root_are_refused() {
+        let root = Path::new("/sys/fs/cgroup");
+        let everything = |_: &Path| true;
+        for text in [
+            "0::/../../etc\n",
+            "0::/kubepods/../../../var/lib\n",
+            "5:memory:/../x\n0::/u/c1/..\n",
+            "5:memory:/../x\n",
+        ] {
+            let cg = parse_proc_cgroup(text, "x").unwrap();
+            let err = resolve_cgroup_dir(&cg, root, 7, everything).unwrap_err();
+            assert!(
+                matches!(err, EnforceError::CgroupEscapes { .. }),
+                "{text}: {err}"
+            );
+            assert!(err.to_string().contains(".."), "{err}");
+        }
+        // `..` inside a name is just a name.
+        let cg = parse_proc_cgroup("0::/a..b/c1\n", "x").unwrap();
+        assert_eq!(
+            resolve_cgroup_dir(&cg, root, 7, |p: &Path| p
+                == Path::new("/sys/fs/cgroup/a..b/c1")
+                || p == Path::new("/sys/fs/cgroup/cgroup.controllers"))
+            .unwrap(),
+            Path::new("/sys/fs/cgroup/a..b/c1")
+        );
     }
 
     #[test]

@@ -17,6 +17,16 @@
 //! task at once through `Child::wait`, `kill_on_drop` guarantees no orphan if gpu-slicer
 //! is torn down, and its output goes to a file in the daemon's log directory.
 //!
+//! `/dev/shm`: each daemon has its own, `<mpsRoot>/<uuid>/shm`, a tmpfs of at most
+//! `shm_size_bytes` mounted before its first start and removed after it stops
+//! (`crate::platform::mps_shm`). The daemon is spawned in a mount namespace of its own with
+//! that tmpfs bound onto `/dev/shm`, so it and the server it spawns meet their clients there
+//! (the share devices bind the same host directory at `/dev/shm`), and no two daemons'
+//! tenants share one. Without `CAP_SYS_ADMIN` the daemon does not start and stays Down
+//! with an error saying so: a daemon on a shared `/dev/shm` is what this replaced. A task
+//! replacing another for the same device (a settings change) waits until the old one has
+//! stopped its daemon and removed the mount ([`DirOwners`]).
+//!
 //! Compute mode: when an `nvidia-smi` path is configured and exists, a whole GPU is set to
 //! `EXCLUSIVE_PROCESS` before its daemon starts and back to `DEFAULT` after it stops, as
 //! NVIDIA's plugin does, so only the MPS server can open a context on it. It is skipped for
@@ -27,6 +37,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
@@ -36,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::domain::mps::{DEFAULT_CONTROL_BIN, DaemonSpec, MpsError, Result};
+use crate::platform::mps_shm;
 
 /// State of one daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +104,26 @@ pub struct SupervisorConfig {
     pub command_timeout: Duration,
     /// How long a daemon may take to exit after `quit` before it is killed.
     pub stop_timeout: Duration,
+    /// Size bound of each daemon's `/dev/shm` tmpfs, bytes.
+    pub shm_size_bytes: u64,
+    /// Which task owns each daemon directory; shared by every supervisor started from
+    /// clones of this config.
+    pub owners: DirOwners,
+}
+
+/// One owner at a time per daemon directory (keyed by its shm path): a task that replaces
+/// another for the same device starts only once the old one has stopped its daemon and
+/// removed its tmpfs, or the old task's clean-up would unmount the new daemon's
+/// `/dev/shm` (and two daemons would fight over one pipe directory).
+#[derive(Debug, Clone, Default)]
+pub struct DirOwners(Arc<std::sync::Mutex<BTreeMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>>);
+
+impl DirOwners {
+    fn lock_for(&self, dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
+        // A poisoned map still holds valid locks: a panic elsewhere must not stop MPS.
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(dir.to_path_buf()).or_default().clone()
+    }
 }
 
 impl Default for SupervisorConfig {
@@ -104,6 +136,8 @@ impl Default for SupervisorConfig {
             ready_timeout: Duration::from_secs(10),
             command_timeout: Duration::from_secs(5),
             stop_timeout: Duration::from_secs(5),
+            shm_size_bytes: 1 << 30,
+            owners: DirOwners::default(),
         }
     }
 }
@@ -189,7 +223,16 @@ impl DaemonTask {
 
     #[tracing::instrument(name = "mps_daemon", skip(self), fields(uuid = %self.spec.uuid))]
     async fn run(self) {
+        let owner = self.config.owners.lock_for(&self.spec.shm_dir);
+        let _owner = tokio::select! {
+            () = self.cancel.cancelled() => {
+                self.set(DaemonState::Down { reason: "stopped".into() });
+                return;
+            }
+            guard = owner.lock_owned() => guard,
+        };
         let mut failures: u32 = 0;
+        let mut mounted = false;
         let whole_gpu = self.spec.uuid == self.spec.gpu_uuid;
         if whole_gpu {
             set_compute_mode(&self.config, &self.spec.uuid, "EXCLUSIVE_PROCESS").await;
@@ -199,7 +242,11 @@ impl DaemonTask {
                 break;
             }
             let started = Instant::now();
-            match self.start_and_configure().await {
+            let attempt = match self.mount_shm(&mut mounted) {
+                Ok(()) => self.start_and_configure().await,
+                Err(e) => Err(e),
+            };
+            match attempt {
                 Ok(child) => {
                     tracing::info!(resource = %self.spec.resource, "MPS control daemon up");
                     self.set(DaemonState::Up);
@@ -236,6 +283,16 @@ impl DaemonTask {
         self.set(DaemonState::Down {
             reason: "stopped".into(),
         });
+        if mounted {
+            // The daemon is gone: its tenants' segments go with it, and a container started
+            // later must fail on the missing directory, not get an unbounded one.
+            match mps_shm::remove(&self.spec.shm_dir) {
+                Ok(()) => tracing::debug!(shm = %self.spec.shm_dir.display(), "MPS shm removed"),
+                Err(e) => {
+                    tracing::warn!(shm = %self.spec.shm_dir.display(), error = %e, "cannot remove the MPS shm")
+                }
+            }
+        }
         if whole_gpu {
             // Bounded like the stop itself: shutdown has a deadline.
             let _ = tokio::time::timeout(
@@ -245,6 +302,25 @@ impl DaemonTask {
             .await;
         }
         tracing::info!("MPS control daemon stopped");
+    }
+
+    /// Mount the daemon's `/dev/shm` tmpfs once per task: a restarted daemon keeps it.
+    fn mount_shm(&self, mounted: &mut bool) -> Result<()> {
+        if *mounted {
+            return Ok(());
+        }
+        let spec = &self.spec;
+        mps_shm::mount(&spec.shm_dir, self.config.shm_size_bytes).map_err(|source| {
+            MpsError::Shm {
+                uuid: spec.uuid.clone(),
+                path: spec.shm_dir.clone(),
+                size_bytes: self.config.shm_size_bytes,
+                source,
+            }
+        })?;
+        *mounted = true;
+        tracing::debug!(shm = %spec.shm_dir.display(), size_bytes = self.config.shm_size_bytes, "MPS shm mounted");
+        Ok(())
     }
 
     /// Create the directories, start the daemon, wait for its pipe, send the limits.
@@ -265,20 +341,49 @@ impl DaemonTask {
             path: out_path,
             source,
         })?;
-        let mut child = Command::new(&self.config.control_bin)
+        let bind = mps_shm::ShmBind::check_target()
+            .and_then(|()| mps_shm::ShmBind::new(&spec.shm_dir))
+            .map_err(|source| MpsError::Namespace {
+                bin: self.config.control_bin.clone(),
+                uuid: spec.uuid.clone(),
+                shm: spec.shm_dir.clone(),
+                source,
+            })?;
+        let mut command = Command::new(&self.config.control_bin);
+        command
             .arg("-f")
             .envs(spec.env())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             // The child must never outlive its supervisor.
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| MpsError::Spawn {
-                bin: self.config.control_bin.clone(),
-                uuid: spec.uuid.clone(),
-                source,
-            })?;
+            .kill_on_drop(true);
+        // SAFETY: `apply` runs between fork and exec and only makes system calls (no
+        // allocation, no locks), which is all a child of a multithreaded process may do.
+        unsafe {
+            command.pre_exec(move || bind.apply());
+        }
+        let mut child = command.spawn().map_err(|source| {
+            // The pre-exec step fails with the errno of unshare/mount: EPERM without
+            // CAP_SYS_ADMIN; a missing binary is ENOENT.
+            if source.raw_os_error() == Some(nix::libc::EPERM) {
+                MpsError::Namespace {
+                    bin: self.config.control_bin.clone(),
+                    uuid: spec.uuid.clone(),
+                    shm: spec.shm_dir.clone(),
+                    source: std::io::Error::new(
+                        source.kind(),
+                        format!("{source} (unshare and mount need CAP_SYS_ADMIN)"),
+                    ),
+                }
+            } else {
+                MpsError::Spawn {
+                    bin: self.config.control_bin.clone(),
+                    uuid: spec.uuid.clone(),
+                    source,
+                }
+            }
+        })?;
         tracing::debug!(pid = child.id(), "MPS control daemon started");
 
         let deadline = Instant::now() + self.config.ready_timeout;
