@@ -232,7 +232,7 @@ EOF
 # The agent runs the MPS daemons of GPUs 2 and 3 (no kubelet needed: it keeps waiting for
 # one) and mounts their /dev/shm: a 16 MiB tmpfs each at $MPS/<uuid>/shm, on this host.
 SHM_KIB=16384
-STATE_DIR=$WD/state HTTP_LISTEN=127.0.0.1:0 POD_RESOURCES_SOCKET="" \
+STATE_DIR=$WD/state LABELS_FILE=$WD/labels HTTP_LISTEN=127.0.0.1:0 POD_RESOURCES_SOCKET="" \
   "$BIN" run --backend sim:mixed-a100 --config "$WD/shares.yaml" --device-plugin-dir "$WD/dp" \
   --cdi-dir "$WD/cdi-agent" --mps-control-bin "$PWD/hack/fake-mps-control" \
   --mps-shm-size "${SHM_KIB}Ki" --mps-restart-backoff-ms 200 >"$WD/agent.log" 2>&1 &

@@ -361,6 +361,7 @@ sharing:
         .env("STATE_DIR", dir.path().join("state"))
         .env("HTTP_LISTEN", "127.0.0.1:0")
         .env("POD_RESOURCES_SOCKET", "")
+        .env("LABELS_FILE", dir.path().join("labels"))
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .kill_on_drop(true);
