@@ -87,6 +87,14 @@ pub struct RunArgs {
     /// directory (the kubelet deletes files there). Empty: held devices are not persisted.
     #[arg(long, env = "STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: String,
+    /// How often usage is sampled (utilisation, memory, processes → shares); `0` turns
+    /// sampling, the usage metrics and `/v1/state` off.
+    #[arg(long, env = "USAGE_INTERVAL", default_value = "10s", value_parser = crate::cli::args::parse_duration)]
+    pub usage_interval: std::time::Duration,
+    /// A held share whose container used no GPU memory and no compute for this long counts
+    /// in `gpu_slicer_idle_shares`.
+    #[arg(long, env = "IDLE_WINDOW", default_value = "15m", value_parser = crate::cli::args::parse_duration)]
+    pub idle_window: std::time::Duration,
 }
 
 /// Default of `--state-dir`.
@@ -121,7 +129,38 @@ impl RunArgs {
                 interval: self.ledger_interval,
             }
         });
+        settings.usage = self.usage_settings()?;
         Ok(settings)
+    }
+
+    /// The usage sampler's settings: NVML figures for `nvml`, the node file's `usage`
+    /// section for `sim:*`; `None` when `--usage-interval` is 0.
+    fn usage_settings(&self) -> Result<Option<crate::runtime::usage::UsageSettings>, RunError> {
+        if self.usage_interval.is_zero() {
+            return Ok(None);
+        }
+        let source: Box<dyn crate::platform::usage::UsageSource> =
+            match self.backend.backend.strip_prefix("sim:") {
+                Some(profile) => {
+                    let sim = crate::platform::sim::SimBackend::open(profile)?;
+                    Box::new(crate::platform::usage::SimUsage::new(
+                        sim.spec().clone(),
+                        sim.path().map(std::path::Path::to_path_buf),
+                    ))
+                }
+                None => Box::new(crate::platform::usage::NvmlUsage::new(
+                    self.backend.nvml_lib.clone(),
+                )),
+            };
+        Ok(Some(crate::runtime::usage::UsageSettings {
+            source,
+            interval: self.usage_interval,
+            idle_window: self.idle_window,
+            proc_root: self.backend.proc_root.clone(),
+            checkpoint: self
+                .device_plugin_dir
+                .join(crate::platform::usage::CHECKPOINT_FILE),
+        }))
     }
 }
 

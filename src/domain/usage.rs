@@ -225,11 +225,10 @@ enum RawDeviceIds {
 /// Parse the kubelet's `kubelet_internal_checkpoint` (device manager). Entries are sorted
 /// and their device IDs deduplicated; `origin` names the file in errors.
 pub fn parse_checkpoint(text: &str, origin: &str) -> Result<Vec<CheckpointEntry>, UsageError> {
-    let file: CheckpointFile =
-        serde_json::from_str(text).map_err(|e| UsageError::Checkpoint {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })?;
+    let file: CheckpointFile = serde_json::from_str(text).map_err(|e| UsageError::Checkpoint {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })?;
     let mut out: Vec<CheckpointEntry> = file
         .data
         .entries
@@ -258,7 +257,7 @@ pub fn parse_checkpoint(text: &str, origin: &str) -> Result<Vec<CheckpointEntry>
 // ---------------------------------------------------------------------------- attribution
 
 /// Who holds a share, from the PodResources ledger.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Holder {
     /// Pod namespace.
     pub namespace: String,
@@ -542,7 +541,7 @@ pub fn placeable(view: &ResourceView, allocated: &BTreeSet<String>) -> Vec<(u32,
 // -------------------------------------------------------------------------------- report
 
 /// Memory figures of a device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryReport {
     /// Bytes in use.
@@ -552,7 +551,7 @@ pub struct MemoryReport {
 }
 
 /// A share as `/v1/state` shows it under one physical device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ShareReport {
     /// Extended resource name.
@@ -572,7 +571,7 @@ pub struct ShareReport {
 }
 
 /// A MIG device in `/v1/state`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MigReport {
     /// MIG UUID.
@@ -586,7 +585,7 @@ pub struct MigReport {
 }
 
 /// A GPU in `/v1/state`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuReport {
     /// NVML index.
@@ -606,7 +605,7 @@ pub struct GpuReport {
 }
 
 /// Requests of `size` that still fit on one device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PlaceableReport {
     /// Extended resource name.
@@ -618,7 +617,7 @@ pub struct PlaceableReport {
 }
 
 /// The node's usage as one document: `GET /v1/state`, `gpu-slicer top`, the metrics.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageReport {
     /// Generation of the state snapshot it was computed against.
@@ -668,8 +667,12 @@ pub struct ReportInputs<'a> {
 
 /// Build the report.
 pub fn report(i: &ReportInputs<'_>) -> UsageReport {
-    let figures: HashMap<&str, &DeviceSample> =
-        i.sample.devices.iter().map(|d| (d.uuid.as_str(), d)).collect();
+    let figures: HashMap<&str, &DeviceSample> = i
+        .sample
+        .devices
+        .iter()
+        .map(|d| (d.uuid.as_str(), d))
+        .collect();
     let memory = |uuid: &str| {
         figures.get(uuid).map(|d| MemoryReport {
             used_bytes: d.memory_used,
@@ -717,8 +720,7 @@ pub fn report(i: &ReportInputs<'_>) -> UsageReport {
             shares: shares_on(&g.uuid),
         })
         .collect();
-    let mut idle_shares: BTreeMap<String, u64> =
-        i.views.keys().map(|r| (r.clone(), 0)).collect();
+    let mut idle_shares: BTreeMap<String, u64> = i.views.keys().map(|r| (r.clone(), 0)).collect();
     for key in i.idle {
         if let (Some(n), Some(usage)) = (
             idle_shares.get_mut(&key.resource),

@@ -9,3 +9,4 @@ pub mod fswatch;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;
+pub mod usage;

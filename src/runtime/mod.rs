@@ -12,3 +12,4 @@ pub mod plugin;
 pub mod reloader;
 pub mod supervisor;
 pub mod triggers;
+pub mod usage;

@@ -14,7 +14,9 @@
 use std::ffi::c_uint;
 
 use node_spec::{GpuSpec, ProcessSpec};
-use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t, nvmlUtilization_t};
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t, nvmlUtilization_t,
+};
 
 use crate::{Dev, NO_INSTANCE, State, code, entry, mig_at, mig_of, put, state};
 
@@ -50,7 +52,10 @@ fn processes(st: &State, dev: Dev, gpu: &GpuSpec) -> Vec<nvmlProcessInfo_t> {
     };
     let of = |uuid: &str, gi: u32, ci: u32| -> Vec<nvmlProcessInfo_t> {
         node.usage.device(uuid).map_or_else(Vec::new, |u| {
-            u.processes.iter().map(|p| process_info(p, gi, ci)).collect()
+            u.processes
+                .iter()
+                .map(|p| process_info(p, gi, ci))
+                .collect()
         })
     };
     match dev {

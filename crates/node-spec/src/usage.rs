@@ -80,24 +80,23 @@ pub(crate) fn validate(node: &NodeSpec, origin: &str) -> Result<(), NodeSpecErro
     for (uuid, usage) in &node.usage.devices {
         let f = |name: &str| format!("usage.devices.{uuid}.{name}");
         // (total MiB, whether NVML can report utilisation, whether processes belong here)
-        let (total, utilisation_ok, processes_ok) = if let Some(gpu) =
-            node.gpus.iter().find(|g| &g.uuid == uuid)
-        {
-            let mig = gpu.mig_enabled();
-            (gpu.memory_mib(), !mig, !mig)
-        } else if let Some((gpu, dev)) = node.gpus.iter().find_map(|g| {
-            g.mig_devices()
-                .into_iter()
-                .find(|(_, d)| &d.uuid == uuid)
-                .map(|(_, d)| (g, d))
-        }) {
-            (gpu.mig_memory_mib(dev), false, true)
-        } else {
-            return Err(invalid(
-                format!("usage.devices.{uuid}"),
-                format!("`{uuid}` is not a GPU or MIG device of this node"),
-            ));
-        };
+        let (total, utilisation_ok, processes_ok) =
+            if let Some(gpu) = node.gpus.iter().find(|g| &g.uuid == uuid) {
+                let mig = gpu.mig_enabled();
+                (gpu.memory_mib(), !mig, !mig)
+            } else if let Some((gpu, dev)) = node.gpus.iter().find_map(|g| {
+                g.mig_devices()
+                    .into_iter()
+                    .find(|(_, d)| &d.uuid == uuid)
+                    .map(|(_, d)| (g, d))
+            }) {
+                (gpu.mig_memory_mib(dev), false, true)
+            } else {
+                return Err(invalid(
+                    format!("usage.devices.{uuid}"),
+                    format!("`{uuid}` is not a GPU or MIG device of this node"),
+                ));
+            };
         if let Some(p) = usage.utilization_percent {
             if !utilisation_ok {
                 return Err(invalid(

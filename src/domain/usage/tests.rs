@@ -133,7 +133,10 @@ fn views() -> BTreeMap<String, Arc<ResourceView>> {
         "dgx-h100",
         "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
     );
-    Snapshot::serving(config, inventory, plan).views.as_ref().clone()
+    Snapshot::serving(config, inventory, plan)
+        .views
+        .as_ref()
+        .clone()
 }
 
 fn holder(pod: &str) -> Holder {
@@ -346,7 +349,10 @@ fn a_share_is_idle_only_after_the_window_without_processes() {
 #[test]
 fn a_whole_gpu_busy_by_utilisation_is_not_idle() {
     let (inventory, config, plan) = fixtures::planned("dgx-h100", "version: v1\n");
-    let views = Snapshot::serving(config, inventory, plan).views.as_ref().clone();
+    let views = Snapshot::serving(config, inventory, plan)
+        .views
+        .as_ref()
+        .clone();
     let holders = BTreeMap::from([(
         SHARED.to_string(),
         BTreeMap::from([(GPU0.to_string(), holder("a"))]),
@@ -377,12 +383,8 @@ fn placeable_requests_count_per_gpu_not_across_gpus() {
     let views = views();
     let view = &views[SHARED];
     // Eight GPUs of four replicas: take every replica except 2 on GPU 0 and 2 on GPU 1.
-    let mut allocated: BTreeSet<String> = view
-        .resource
-        .devices
-        .iter()
-        .map(|d| d.id.clone())
-        .collect();
+    let mut allocated: BTreeSet<String> =
+        view.resource.devices.iter().map(|d| d.id.clone()).collect();
     for id in [
         format!("{GPU0}::0"),
         format!("{GPU0}::1"),
