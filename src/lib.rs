@@ -32,6 +32,9 @@
 //!   `cdi-hook` driver hooks).
 //! - Health: [`runtime::health`] (sources) over [`domain::health`] (policy).
 //! - Operations: [`runtime::ledger`] (PodResources), [`runtime::metrics`], [`runtime::http`].
+//! - Usage: [`runtime::usage`] (the sampler thread) over [`platform::usage`] (NVML / sim
+//!   figures, cgroup and kubelet checkpoint readers) and [`domain::usage`] (attribution,
+//!   idle window, placeable requests); `gpu-slicer top` in [`cli::top`].
 //! - Held devices across restarts: [`platform::checkpoint`].
 //! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`].
