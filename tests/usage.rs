@@ -381,3 +381,35 @@ async fn sim_daemon_attributes_usage_to_shares() {
 async fn fake_nvml_daemon_attributes_usage_to_shares() {
     usage_end_to_end(true).await;
 }
+
+/// The sampler sleeps between rounds on a channel: a long interval does not delay the stop.
+#[tokio::test]
+async fn a_sleeping_sampler_stops_at_once() {
+    let dir = short_tempdir();
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
+    let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
+    let mut settings = RunSettings::new(config, dir.path().join("dp"), dir.path().join("cdi"));
+    let sim = SimBackend::open("dgx-h100").expect("profile");
+    settings.usage = Some(UsageSettings {
+        source: Box::new(SimUsage::new(sim.spec().clone(), None)),
+        interval: Duration::from_secs(3600),
+        idle_window: Duration::from_secs(60),
+        proc_root: dir.path().join("proc"),
+        checkpoint: dir.path().join("dp").join(CHECKPOINT_FILE),
+    });
+    let h = launch(dir, emulator, settings, Arc::new(sim)).await;
+    // The first round runs at once.
+    let mut rx = h.running.usage.clone().expect("sampling on");
+    within("first round", rx.wait_for(|d| d.report.sampled_at_ms > 0))
+        .await
+        .expect("sampler alive");
+    let started = std::time::Instant::now();
+    h.stop().await.expect("clean stop");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "stop took {:?}",
+        started.elapsed()
+    );
+}

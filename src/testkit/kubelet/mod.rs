@@ -727,3 +727,58 @@ async fn connect_plugin(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_is_what_the_agent_reads_with_stable_uuid_shaped_pod_uids() {
+        let pod = PodRef {
+            namespace: "ml".into(),
+            name: "a".into(),
+            container: "main".into(),
+        };
+        let uid = pod_uid(&pod);
+        assert_eq!(uid, pod_uid(&pod.clone()));
+        assert_eq!(uid.len(), 36, "{uid}");
+        assert_eq!(uid.matches('-').count(), 4, "{uid}");
+        let other = PodRef {
+            name: "b".into(),
+            ..pod.clone()
+        };
+        assert_ne!(uid, pod_uid(&other));
+        let allocations = vec![Allocation {
+            pod: pod.clone(),
+            resource: "nvidia.com/gpu".into(),
+            device_ids: vec!["GPU-x::1".into(), "GPU-x::0".into()],
+            response: ContainerAllocation::default(),
+        }];
+        let devices = BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            vec![
+                DeviceInfo {
+                    id: "GPU-x::0".into(),
+                    healthy: true,
+                    numa_node: Some(0),
+                },
+                DeviceInfo {
+                    id: "GPU-x::1".into(),
+                    healthy: true,
+                    numa_node: None,
+                },
+            ],
+        )]);
+        let text = checkpoint_json(&allocations, &devices);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(
+            v["Data"]["PodDeviceEntries"][0]["DeviceIDs"],
+            serde_json::json!({"0": ["GPU-x::0"], "-1": ["GPU-x::1"]})
+        );
+        let entries = crate::domain::usage::parse_checkpoint(&text, "emulator").expect("parses");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].pod_uid, uid);
+        assert_eq!(entries[0].container, "main");
+        assert_eq!(entries[0].device_ids, vec!["GPU-x::0", "GPU-x::1"]);
+    }
+}
