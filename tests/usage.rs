@@ -413,3 +413,81 @@ async fn a_sleeping_sampler_stops_at_once() {
         started.elapsed()
     );
 }
+
+/// The NVML usage path over the fake and the sim source agree on a node with MIG GPUs, whole
+/// GPUs and processes on both: processes on a GPU in MIG mode are reported on their MIG
+/// device, and no utilisation exists there.
+#[test]
+fn nvml_usage_over_fake_matches_sim_with_mig() {
+    let usage = "usage:\n  devices:\n\
+        \x20   MIG-1b2c3d4e-0000-4a00-8000-000000000007:\n      memoryUsedMiB: 2048\n      processes: [{pid: 10, memoryMiB: 1024}, {pid: 11, memoryMiB: 512}]\n\
+        \x20   MIG-2c3d4e5f-0000-4b00-8000-000000000003: {processes: [{pid: 20, memoryMiB: 300}]}\n\
+        \x20   GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02: {utilizationPercent: 50, processes: [{pid: 30, memoryMiB: 4000}]}\n";
+    let text = format!(
+        "{}{usage}",
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/hack/nodes/mixed-a100.yaml"
+        ))
+        .expect("node")
+    );
+    let spec = node_spec::NodeSpec::parse(&text, "mixed-a100 + usage").expect("valid");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = Fake::new(dir.path());
+    fake.set_node(&text);
+    let mut nvml = NvmlUsage::new(Some(fake.path.clone()));
+    let over_nvml = nvml.sample().expect("nvml sample");
+    let over_sim = gpu_slicer::platform::usage::sample_from_spec(&spec);
+    assert_eq!(over_nvml, over_sim);
+    use gpu_slicer::domain::usage::DeviceKind;
+    let mig_gpu = &over_nvml.devices[0];
+    assert_eq!((mig_gpu.kind, mig_gpu.utilization), (DeviceKind::Gpu, None));
+    let mig = over_nvml
+        .devices
+        .iter()
+        .find(|d| d.uuid == "MIG-1b2c3d4e-0000-4a00-8000-000000000007")
+        .expect("MIG device");
+    assert_eq!((mig.kind, mig.memory_used), (DeviceKind::Mig, 2048 << 20));
+    let pids: Vec<(u32, &str)> = over_nvml
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.device.as_str()))
+        .collect();
+    assert_eq!(
+        pids,
+        vec![
+            (10, "MIG-1b2c3d4e-0000-4a00-8000-000000000007"),
+            (11, "MIG-1b2c3d4e-0000-4a00-8000-000000000007"),
+            (20, "MIG-2c3d4e5f-0000-4b00-8000-000000000003"),
+            (30, "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02"),
+        ]
+    );
+    let whole = over_nvml
+        .devices
+        .iter()
+        .find(|d| d.uuid == "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02")
+        .expect("GPU 2");
+    assert_eq!(whole.utilization, Some(0.5));
+}
+
+/// `top` against nothing: exit 1 naming the URL; a bad `--endpoint`: exit 2 naming the flag.
+#[test]
+fn top_errors_name_the_endpoint() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(["top", "--once", "--endpoint", &format!("http://{addr}")])
+        .output()
+        .expect("top");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("http://{addr}/v1/state")), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(["top", "--once", "--endpoint", "https://node:9400"])
+        .output()
+        .expect("top");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("`--endpoint` = `https://node:9400`"), "{err}");
+}

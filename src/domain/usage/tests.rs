@@ -402,3 +402,28 @@ fn placeable_requests_count_per_gpu_not_across_gpus() {
         vec![(1, 32), (2, 16), (3, 8), (4, 8)]
     );
 }
+
+proptest::proptest! {
+    /// Hostile cgroup and checkpoint text never panics, and what is found is well-formed.
+    #[test]
+    fn parsers_take_any_text(text in "\\PC{0,400}", path in "(/[a-z0-9_.:-]{0,40}){0,6}") {
+        if let Some(p) = parse_cgroup(&text).or_else(|| parse_cgroup(&format!("0::{path}"))) {
+            proptest::prop_assert!(p.pod_uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'));
+        }
+        let _ = parse_checkpoint(&text, "cp");
+    }
+
+    /// Fewer free replicas never place more requests, and size 1 counts every free one.
+    #[test]
+    fn placeable_is_monotone(taken in proptest::collection::btree_set(0usize..32, 0..32)) {
+        let views = views();
+        let view = &views[SHARED];
+        let ids: Vec<String> = view.resource.devices.iter().map(|d| d.id.clone()).collect();
+        let allocated: BTreeSet<String> = taken.iter().map(|&i| ids[i].clone()).collect();
+        let counts = placeable(view, &allocated);
+        proptest::prop_assert_eq!(counts[0], (1, (32 - allocated.len()) as u64));
+        for w in counts.windows(2) {
+            proptest::prop_assert!(w[1].1 <= w[0].1);
+        }
+    }
+}
