@@ -133,9 +133,16 @@ fn sample_nvml(nvml: &Nvml) -> Result<Sample, UsageReadError> {
             memory_total: mem.total,
         });
         if !mig {
-            let procs = dev
-                .running_compute_processes()
-                .map_err(nvml_err("nvmlDeviceGetComputeRunningProcesses_v3", &uuid))?;
+            let procs = match dev.running_compute_processes() {
+                Ok(p) => p,
+                // Boards that do not list processes: figures without attribution.
+                Err(NvmlError::NotSupported) => Vec::new(),
+                Err(e) => {
+                    return Err(nvml_err("nvmlDeviceGetComputeRunningProcesses_v3", &uuid)(
+                        e,
+                    ));
+                }
+            };
             sample.processes.extend(procs.iter().map(|p| ProcessSample {
                 pid: p.pid,
                 device: uuid.clone(),
@@ -165,10 +172,16 @@ fn sample_nvml(nvml: &Nvml) -> Result<Sample, UsageReadError> {
                 memory_used: mem.used,
                 memory_total: mem.total,
             });
-            let procs = m.running_compute_processes().map_err(nvml_err(
-                "nvmlDeviceGetComputeRunningProcesses_v3",
-                &mig_uuid,
-            ))?;
+            let procs = match m.running_compute_processes() {
+                Ok(p) => p,
+                Err(NvmlError::NotSupported) => Vec::new(),
+                Err(e) => {
+                    return Err(nvml_err(
+                        "nvmlDeviceGetComputeRunningProcesses_v3",
+                        &mig_uuid,
+                    )(e));
+                }
+            };
             sample.processes.extend(procs.iter().map(|p| ProcessSample {
                 pid: p.pid,
                 device: mig_uuid.clone(),

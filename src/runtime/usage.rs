@@ -87,6 +87,7 @@ struct Sampler {
     idle: IdleTracker,
     last: Option<(Sample, u64)>,
     last_error: Option<String>,
+    checkpoint_error: Option<String>,
 }
 
 impl Sampler {
@@ -120,10 +121,21 @@ impl Sampler {
         let checkpoint = if sample.processes.is_empty() {
             Vec::new()
         } else {
-            read_checkpoint(&self.settings.checkpoint).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "kubelet checkpoint unreadable; processes stay unattributed");
-                Vec::new()
-            })
+            match read_checkpoint(&self.settings.checkpoint) {
+                Ok(entries) => {
+                    self.checkpoint_error = None;
+                    entries
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    // Once per distinct error, not every round.
+                    if self.checkpoint_error.as_deref() != Some(text.as_str()) {
+                        tracing::warn!(error = %text, "kubelet checkpoint unreadable; processes stay unattributed");
+                    }
+                    self.checkpoint_error = Some(text);
+                    Vec::new()
+                }
+            }
         };
         let attribution = usage::attribute(&Inputs {
             sample: &sample,
@@ -211,6 +223,7 @@ pub fn spawn(
         idle: IdleTracker::default(),
         last: None,
         last_error: None,
+        checkpoint_error: None,
     };
     std::thread::Builder::new()
         .name("usage".into())
