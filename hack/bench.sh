@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-for bench in cdi plugin reload health scaling; do
+for bench in cdi plugin reload health scaling usage; do
   cargo bench -q --bench "$bench" | tee -a "$wd/figures.log"
 done
 cargo build --release --bin gpu-slicer -q
