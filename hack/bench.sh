@@ -4,7 +4,9 @@
 # devices advertised vs Allocate, GetPreferredAllocation and CDI spec time), reload and health
 # latency, and idle RSS and threads of `run`. Latencies are percentiles over thousands of
 # calls; the scaling figures are medians over 3 rounds on fresh daemons; RSS is the median of
-# 5 starts.
+# 5 starts. Usage sampling cost: CPU time per sampling round (utime+stime from
+# /proc/<pid>/stat over 10 s at --usage-interval 100ms, minus the same daemon with sampling
+# off) and RSS, on dgx-h100 with 32 GPU processes whose cgroup files sit in a fake proc root.
 # BENCH_QUICK=1 runs fewer calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +14,7 @@ cd "$(dirname "$0")/.."
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-for bench in cdi plugin reload health scaling; do
+for bench in cdi plugin reload health scaling usage; do
   cargo bench -q --bench "$bench" | tee -a "$wd/figures.log"
 done
 cargo build --release --bin gpu-slicer -q
@@ -47,6 +49,49 @@ median=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n 3p)
   echo "FIGURE|idle run threads|${threads}"
   echo "FIGURE|SIGTERM -> exit of idle run (median of 5)|$(printf '%s\n' "${stops[@]}" | sort -n | sed -n 3p) ms"
   echo "FIGURE|release binary size|$(stat -c %s target/release/gpu-slicer) bytes"
+} >>"$wd/figures.log"
+
+# Usage sampling: dgx-h100 with 4 processes per GPU (cgroup files shaped like a kubelet's).
+usage_node=$wd/usage-node.yaml
+{
+  sed -n '/^gpus:/,$p' hack/nodes/dgx-h100.yaml | sed '/^events:/,$d'
+  echo "usage:"
+  echo "  devices:"
+  for g in 0 1 2 3 4 5 6 7; do
+    echo "    GPU-4a1f3c2e-8b7d-4e6f-9a0b-1c2d3e4f500$g:"
+    echo "      utilizationPercent: 40"
+    echo "      processes:"
+    for p in 0 1 2 3; do
+      pid=$((1000 + g * 10 + p))
+      echo "      - {pid: $pid, memoryMiB: 1024}"
+      mkdir -p "$wd/proc/$pid"
+      printf '0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope\n' \
+        "0000000$g-0000-4000-8000-00000000000$p" "$(printf '%064d' "$pid")" >"$wd/proc/$pid/cgroup"
+    done
+  done
+} >"$usage_node"
+printf 'sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n' >"$wd/usage-config.yaml"
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+usage_run() { # $1: --usage-interval; prints "ticks-over-10s rss-KiB"
+  rm -rf "$wd/udp" && mkdir -p "$wd/udp"
+  target/release/gpu-slicer run --backend "sim:$usage_node" --config "$wd/usage-config.yaml" \
+    --device-plugin-dir "$wd/udp" --cdi-dir "$wd/cdi" --state-dir "" --http-listen 127.0.0.1:0 \
+    --pod-resources-socket "" --proc-root "$wd/proc" --usage-interval "$1" >"$wd/usage.log" 2>&1 &
+  local pid=$!
+  sleep 2
+  local t0
+  t0=$(cpu_ticks "$pid")
+  sleep 10
+  echo "$(( $(cpu_ticks "$pid") - t0 )) $(awk '/VmRSS/ {print $2}' "/proc/$pid/status")"
+  kill -TERM "$pid"
+  wait "$pid" || true
+}
+read -r on_ticks on_rss < <(usage_run 100ms)
+read -r off_ticks off_rss < <(usage_run 0)
+hz=$(getconf CLK_TCK)
+{
+  echo "FIGURE|usage sampling CPU per round (sim dgx-h100, 32 processes; 100 rounds in 10 s)|$(awk -v a="$on_ticks" -v b="$off_ticks" -v hz="$hz" 'BEGIN { printf "%.2f ms", (a - b) * 1000 / hz / 100 }')"
+  echo "FIGURE|run RSS with usage sampling on / off|${on_rss} KiB / ${off_rss} KiB"
 } >>"$wd/figures.log"
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)

@@ -49,6 +49,9 @@ pub enum Error {
     /// `gpu-slicer demo`.
     #[error(transparent)]
     Demo(#[from] DemoError),
+    /// `gpu-slicer top`.
+    #[error(transparent)]
+    Top(#[from] crate::cli::top::TopError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -130,6 +133,8 @@ impl Error {
                 RunError::Signal(_) => Class::Runtime,
             },
             Error::Demo(DemoError::App(e)) => app(e),
+            Error::Top(crate::cli::top::TopError::Endpoint { .. }) => Class::Input,
+            Error::Top(_) => Class::Runtime,
             Error::Driver(crate::platform::driver::DriverError::Io { .. }) => Class::Runtime,
             Error::Driver(_) => Class::Input,
             Error::Labels(crate::platform::labels_file::LabelsFileError::NotAFilePath {

@@ -35,6 +35,9 @@
 //! - Operations: [`runtime::ledger`] (PodResources), [`runtime::metrics`], [`runtime::http`].
 //! - Node labels: [`domain::labels`] (GPU Feature Discovery's names, pure), kept in an NFD
 //!   feature file by [`runtime::labels`] through [`platform::labels_file`].
+//! - Usage: [`runtime::usage`] (the sampler thread) over [`platform::usage`] (NVML / sim
+//!   figures, cgroup and kubelet checkpoint readers) and [`domain::usage`] (attribution,
+//!   idle window, placeable requests); `gpu-slicer top` in [`cli::top`].
 //! - Held devices across restarts: [`platform::checkpoint`].
 //! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`].

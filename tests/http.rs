@@ -53,6 +53,10 @@ async fn routes_readiness_and_promtool() {
         readiness.registered.store(true, Ordering::Release);
         assert_eq!(request(addr, "GET", "/readyz").await.0, 200);
         assert_eq!(request(addr, "GET", "/nope").await.0, 404);
+        // No usage sampler behind this endpoint.
+        let (code, body) = request(addr, "GET", "/v1/state").await;
+        assert_eq!(code, 503);
+        assert!(body.contains("--usage-interval"), "{body}");
         assert_eq!(request(addr, "POST", "/metrics").await.0, 405);
 
         let (code, body) = request(addr, "GET", "/metrics").await;

@@ -14,24 +14,13 @@ use std::time::Duration;
 use common::{short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::platform::usage::{CHECKPOINT_FILE, SimUsage};
 use gpu_slicer::runtime::ledger::LedgerSettings;
 use gpu_slicer::runtime::supervisor::RunSettings;
+use gpu_slicer::runtime::usage::UsageSettings;
+use gpu_slicer::testkit::kubelet::PodRef;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Usage families the rules and dashboard use that this branch's daemon does not export
-/// yet: the usage sampler (issue 14, another branch) adds them. The test skips exactly
-/// these and fails once one of them is exported, so the list is deleted at that merge.
-const PENDING_USAGE_FAMILIES: &[&str] = &[
-    "gpu_slicer_device_utilization_ratio",
-    "gpu_slicer_device_memory_used_bytes",
-    "gpu_slicer_device_memory_total_bytes",
-    "gpu_slicer_share_memory_used_bytes",
-    "gpu_slicer_share_memory_granted_bytes",
-    "gpu_slicer_idle_shares",
-    "gpu_slicer_placeable_requests",
-    "gpu_slicer_unattributed_processes",
-];
 
 /// Sample-name suffixes of a family (OpenMetrics counters, histograms, summaries).
 const SUFFIXES: &[&str] = &["_total", "_bucket", "_sum", "_count", "_created", "_info"];
@@ -181,19 +170,33 @@ async fn exported_families() -> BTreeSet<String> {
         socket: pod_resources,
         interval: Duration::from_millis(50),
     });
-    let h = common::launch(
-        dir,
-        emulator,
-        settings,
-        Arc::new(SimBackend::open("mixed-a100").unwrap()),
-    )
-    .await;
+    let sim = SimBackend::open("mixed-a100").unwrap();
+    settings.usage = Some(UsageSettings {
+        source: Box::new(SimUsage::new(sim.spec().clone(), None)),
+        interval: Duration::from_millis(50),
+        idle_window: Duration::from_millis(100),
+        proc_root: dir.path().join("proc"),
+        checkpoint: dir.path().join("dp").join(CHECKPOINT_FILE),
+    });
+    let h = common::launch(dir, emulator, settings, Arc::new(sim)).await;
     let addr = h.running.http_addr.expect("http enabled");
-    // Scrape once the ledger has reconciled (its families have series then).
-    let body = within("ledger families", async {
+    // One held share: the per-holder families have series only while something is held.
+    let pod = PodRef {
+        namespace: "ml".into(),
+        name: "p".into(),
+        container: "main".into(),
+    };
+    h.emulator
+        .allocate_for(pod, "nvidia.com/gpu", 1)
+        .await
+        .expect("allocate");
+    // Scrape once the ledger has reconciled and the sampler has seen the holder.
+    let body = within("ledger and usage families", async {
         loop {
             let body = scrape(addr).await;
-            if body.contains("gpu_slicer_ledger_up 1") {
+            if body.contains("gpu_slicer_ledger_up 1")
+                && body.contains("gpu_slicer_share_memory_granted_bytes{")
+            {
                 return body;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -225,14 +228,11 @@ async fn rules_and_dashboard_use_only_exported_metrics() {
     );
     let used = used();
     let mut missing = Vec::new();
-    let mut pending_used = BTreeSet::new();
     for (place, name) in &used.reads {
         if name.contains(':') {
             if !used.recorded.contains(name) {
                 missing.push(format!("{place}: {name} (not recorded by rules.yaml)"));
             }
-        } else if PENDING_USAGE_FAMILIES.contains(&name.as_str()) {
-            pending_used.insert(name.clone());
         } else if !is_exported(name, &families) {
             missing.push(format!("{place}: {name}"));
         }
@@ -242,15 +242,4 @@ async fn rules_and_dashboard_use_only_exported_metrics() {
         "not exported by the daemon:\n{}",
         missing.join("\n")
     );
-    // The pending list is exactly what is used and not yet exported.
-    for name in PENDING_USAGE_FAMILIES {
-        assert!(
-            !is_exported(name, &families),
-            "{name} is exported now: delete it from PENDING_USAGE_FAMILIES"
-        );
-        assert!(
-            pending_used.contains(*name),
-            "{name} is in PENDING_USAGE_FAMILIES but nothing uses it"
-        );
-    }
 }

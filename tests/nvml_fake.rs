@@ -454,6 +454,8 @@ fn fake_exports_every_symbol_the_agent_calls() {
         "nvmlEventSetFree",
         "nvmlDeviceSetMemoryLimits_v1",
         "nvmlDeviceGetMemoryLimits_v1",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
         "fakeNvmlSetNodeJson",
         "fakeNvmlInjectEvent",
     ];

@@ -11,6 +11,7 @@ pub mod labels;
 pub mod logging;
 pub mod nvidia;
 pub mod run;
+pub mod top;
 
 use std::io::Write;
 
@@ -56,6 +57,8 @@ pub enum Command {
     /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
     #[command(subcommand)]
     CdiHook(cdi_hook::CdiHookCommand),
+    /// A terminal view of the node's usage, read from the daemon's `/v1/state`.
+    Top(top::TopArgs),
 }
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the
@@ -69,6 +72,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::CdiHook(cmd) => Ok(cdi_hook::run(cmd)?),
         Command::Run(args) => block_on(run::run(args)),
         Command::Demo => block_on(demo::demo(&mut stdout)),
+        Command::Top(args) => Ok(top::run(args, &mut stdout)?),
     }?;
     stdout.flush()?;
     Ok(())

@@ -91,6 +91,14 @@ pub struct RunArgs {
     /// are written to, rewritten whenever they change; empty writes no labels.
     #[arg(long, env = "LABELS_FILE", default_value = crate::runtime::labels::DEFAULT_LABELS_FILE)]
     pub labels_file: String,
+    /// How often usage is sampled (utilisation, memory, processes → shares); `0` turns
+    /// sampling, the usage metrics and `/v1/state` off.
+    #[arg(long, env = "USAGE_INTERVAL", default_value = "10s", value_parser = crate::cli::args::parse_duration)]
+    pub usage_interval: std::time::Duration,
+    /// A held share whose container used no GPU memory and no compute for this long counts
+    /// in `gpu_slicer_idle_shares`.
+    #[arg(long, env = "IDLE_WINDOW", default_value = "15m", value_parser = crate::cli::args::parse_duration)]
+    pub idle_window: std::time::Duration,
 }
 
 /// Default of `--state-dir`.
@@ -127,7 +135,38 @@ impl RunArgs {
         });
         settings.labels = (!self.labels_file.is_empty())
             .then(|| crate::runtime::labels::LabelsSettings::new(&self.labels_file));
+        settings.usage = self.usage_settings()?;
         Ok(settings)
+    }
+
+    /// The usage sampler's settings: NVML figures for `nvml`, the node file's `usage`
+    /// section for `sim:*`; `None` when `--usage-interval` is 0.
+    fn usage_settings(&self) -> Result<Option<crate::runtime::usage::UsageSettings>, RunError> {
+        if self.usage_interval.is_zero() {
+            return Ok(None);
+        }
+        let source: Box<dyn crate::platform::usage::UsageSource> =
+            match self.backend.backend.strip_prefix("sim:") {
+                Some(profile) => {
+                    let sim = crate::platform::sim::SimBackend::open(profile)?;
+                    Box::new(crate::platform::usage::SimUsage::new(
+                        sim.spec().clone(),
+                        sim.path().map(std::path::Path::to_path_buf),
+                    ))
+                }
+                None => Box::new(crate::platform::usage::NvmlUsage::new(
+                    self.backend.nvml_lib.clone(),
+                )),
+            };
+        Ok(Some(crate::runtime::usage::UsageSettings {
+            source,
+            interval: self.usage_interval,
+            idle_window: self.idle_window,
+            proc_root: self.backend.proc_root.clone(),
+            checkpoint: self
+                .device_plugin_dir
+                .join(crate::platform::usage::CHECKPOINT_FILE),
+        }))
     }
 }
 

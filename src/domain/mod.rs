@@ -13,3 +13,4 @@ pub mod mps;
 pub mod plan;
 pub mod snapshot;
 pub mod transition;
+pub mod usage;

@@ -12,3 +12,4 @@ pub mod mps_shm;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;
+pub mod usage;

@@ -80,6 +80,11 @@ impl SimBackend {
     pub fn spec(&self) -> &NodeSpec {
         &self.spec
     }
+
+    /// The node file, when the node came from one (read again on every discovery).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
 }
 
 impl Backend for SimBackend {

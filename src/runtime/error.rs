@@ -46,6 +46,9 @@ pub enum AppError {
     /// The HTTP endpoint could not listen.
     #[error(transparent)]
     Http(#[from] crate::runtime::http::HttpError),
+    /// The usage sampler's thread could not be started.
+    #[error("cannot start the usage sampler thread: {0}")]
+    UsageThread(#[source] std::io::Error),
     /// A blocking task (discovery, spec writing) panicked or was cancelled.
     #[error("{task} did not complete: {message}")]
     Blocking { task: &'static str, message: String },

@@ -61,16 +61,8 @@ pub enum LedgerError {
     },
 }
 
-/// Who holds a device.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Holder {
-    /// Pod namespace.
-    pub namespace: String,
-    /// Pod name.
-    pub pod: String,
-    /// Container name.
-    pub container: String,
-}
+/// Who holds a device (the same value usage attribution joins on).
+pub use crate::domain::usage::Holder;
 
 /// A mismatch between what the kubelet reports and what this agent serves.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -22,6 +22,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod usage;
+
 /// Labels naming a resource.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ResourceLabels {
@@ -157,6 +159,8 @@ pub struct Metrics {
     pub config_entries_skipped: Family<SkipLabels, Gauge>,
     /// Always 1; the labels say which build runs.
     pub build_info: Family<BuildLabels, Gauge>,
+    /// Usage: utilisation, memory, shares, idle shares, placeable requests.
+    pub usage: usage::UsageMetrics,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
     /// Per-device series published for each resource, so a device whose reason changed,
@@ -267,6 +271,8 @@ impl Metrics {
             "Always 1; labels name the running build",
             build_info.clone(),
         );
+        let usage = usage::UsageMetrics::default();
+        usage.register(&mut registry);
         build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_string(),
@@ -307,6 +313,7 @@ impl Metrics {
             ledger_drift,
             config_entries_skipped,
             build_info,
+            usage,
             encode_lock: Mutex::new(()),
             device_series: Mutex::new(BTreeMap::new()),
         }

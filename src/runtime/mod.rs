@@ -13,3 +13,4 @@ pub mod plugin;
 pub mod reloader;
 pub mod supervisor;
 pub mod triggers;
+pub mod usage;

@@ -80,6 +80,8 @@ pub struct Running {
     pub ledger: Option<crate::runtime::ledger::Ledger>,
     /// Where the HTTP endpoint listens, when enabled.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// The usage sampler's rounds, when sampling is on.
+    pub usage: Option<crate::runtime::usage::UsageWatch>,
 }
 
 /// Settings of [`run`].
@@ -119,6 +121,8 @@ pub struct RunSettings {
     pub labels: Option<crate::runtime::labels::LabelsSettings>,
     /// Metrics registry to record into (injected so embedders can read it).
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
+    /// Usage sampling; `None`: off (`--usage-interval 0`).
+    pub usage: Option<crate::runtime::usage::UsageSettings>,
 }
 
 impl RunSettings {
@@ -149,6 +153,7 @@ impl RunSettings {
             ledger: None,
             labels: None,
             metrics: Arc::default(),
+            usage: None,
         }
     }
 }
@@ -176,6 +181,7 @@ pub async fn run(
         ledger,
         labels,
         metrics,
+        usage,
     } = settings;
     let hook = match hook {
         Some(h) => h,
@@ -301,14 +307,31 @@ pub async fn run(
             &token,
         )
     });
+    let usage = match usage {
+        Some(settings) => Some(
+            crate::runtime::usage::spawn(
+                settings,
+                store.clone(),
+                ledger
+                    .as_ref()
+                    .map(crate::runtime::ledger::Ledger::subscribe),
+                metrics.clone(),
+                &tracker,
+                token.clone(),
+            )
+            .map_err(AppError::UsageThread)?,
+        ),
+        None => None,
+    };
     let http_addr = match http_listen.as_deref() {
         Some(addr) => {
             let listener = crate::runtime::http::bind(addr).await?;
             let local = crate::runtime::http::local_addr(&listener);
-            let serve = crate::runtime::http::serve(
+            let serve = crate::runtime::http::serve_with_state(
                 listener,
                 metrics.clone(),
                 readiness.clone(),
+                usage.clone(),
                 token.clone(),
             );
             tracker.spawn(serve);
@@ -335,6 +358,7 @@ pub async fn run(
             readiness,
             ledger,
             http_addr,
+            usage,
         });
     }
     let failure = tokio::select! {

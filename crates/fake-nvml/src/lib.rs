@@ -67,9 +67,16 @@
 //! sees that limit as the GPU's total in `nvmlDeviceGetMemoryInfo(_v2)`, as under the real
 //! driver's memory partitioning (store and matching: `crates/fake-view`).
 //!
+//! # Usage
+//!
+//! Utilisation, used memory and compute processes come from the node file's `usage` section
+//! (see [`usage`]).
+//!
 //! Every export is `extern "C"`, catches panics (→ `UNKNOWN`, 999) and follows the pointer
 //! contract of `nvml.h`; the `# Safety` of each export is that contract.
 #![allow(clippy::missing_safety_doc)]
+
+pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
@@ -882,12 +889,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         let st = state();
         let (dev, gpu) = st.dev(h, "nvmlDeviceGetMemoryInfo_v2")?;
         let total = total_bytes(&st, dev, gpu);
+        let used = usage::used_bytes(&st, dev, gpu, total);
         let v = nvmlMemory_v2_t {
             version,
             total,
             reserved: 0,
-            free: total,
-            used: 0,
+            free: total - used,
+            used,
         };
         // SAFETY: checked non-null above; valid per nvml.h.
         unsafe { put(out, v) }
@@ -903,10 +911,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         let st = state();
         let (dev, gpu) = st.dev(h, "nvmlDeviceGetMemoryInfo")?;
         let total = total_bytes(&st, dev, gpu);
+        let used = usage::used_bytes(&st, dev, gpu, total);
         let v = nvmlMemory_t {
             total,
-            free: total,
-            used: 0,
+            free: total - used,
+            used,
         };
         // SAFETY: out-pointer per nvml.h.
         unsafe { put(out, v) }

@@ -17,8 +17,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod products;
+mod usage;
 
 pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
+pub use usage::{DeviceUsageSpec, ProcessSpec, UsageSpec};
 
 /// Errors reading or validating a node description.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +62,10 @@ pub struct NodeSpec {
     /// Health events to inject (sim backend and fake NVML): see [`EventSpec`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventSpec>,
+    /// What the devices are doing (sim backend and fake NVML usage figures): see
+    /// [`UsageSpec`].
+    #[serde(default, skip_serializing_if = "UsageSpec::is_empty")]
+    pub usage: UsageSpec,
 }
 
 fn default_driver_version() -> String {
@@ -456,6 +462,7 @@ impl NodeSpec {
                 ));
             }
         }
+        usage::validate(self, origin)?;
         Ok(())
     }
 }

@@ -1,8 +1,10 @@
-//! HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (process alive) and `/readyz`
-//! (registered with the kubelet and CDI spec written), on hyper 1.
+//! HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (process alive), `/readyz`
+//! (registered with the kubelet and CDI spec written) and `/v1/state` (the node's usage as
+//! JSON, for `gpu-slicer top`), on hyper 1.
 //!
-//! It reads [`crate::runtime::metrics::Metrics`] and a [`Readiness`] handle that the supervisor
-//! updates; it owns nothing else. Unknown paths get 404, other methods 405. Clients are
+//! It reads [`crate::runtime::metrics::Metrics`], a [`Readiness`] handle that the supervisor
+//! updates and the usage sampler's watch (`/v1/state` answers the JSON the sampler rendered
+//! once per round, so a request's work does not grow with the node); it owns nothing else. Unknown paths get 404, other methods 405. Clients are
 //! bounded by [`guard`]: a connection cap (the oldest goes first), a header-read timeout,
 //! and paced, rate-limited accept errors, so idle connections cannot exhaust descriptors.
 
@@ -24,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::runtime::metrics::Metrics;
+use crate::runtime::usage::UsageWatch;
+
+/// Path of the JSON state document.
+pub const STATE_PATH: &str = "/v1/state";
 
 mod guard;
 
@@ -145,11 +151,23 @@ pub async fn bind(addr: &str) -> Result<TcpListener, HttpError> {
         })
 }
 
-/// Serve until `shutdown` is cancelled; in-flight requests finish first.
+/// Serve until `shutdown` is cancelled; in-flight requests finish first. `/v1/state`
+/// answers 503 (no usage sampler): see [`serve_with_state`].
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    serve_with_state(listener, metrics, readiness, None, shutdown).await;
+}
+
+/// As [`serve`], with `/v1/state` answered from the usage sampler's `state`.
+pub async fn serve_with_state(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    state: Option<UsageWatch>,
     shutdown: CancellationToken,
 ) {
     let limits = guard::ConnectionLimits::for_this_process();
@@ -210,10 +228,11 @@ pub async fn serve(
         }
         let metrics = metrics.clone();
         let readiness = readiness.clone();
+        let state = state.clone();
         let conn_shutdown = shutdown.clone();
         tracker.spawn(async move {
             let service = service_fn(move |req| {
-                let response = route(&req, &metrics, &readiness);
+                let response = route(&req, &metrics, &readiness, state.as_ref());
                 async move { Ok::<_, Infallible>(response) }
             });
             let conn = http1::Builder::new()
@@ -252,9 +271,13 @@ fn route(
     req: &Request<Incoming>,
     metrics: &Metrics,
     readiness: &Readiness,
+    state: Option<&UsageWatch>,
 ) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
-    let known = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
+    let known = matches!(
+        req.uri().path(),
+        "/metrics" | "/healthz" | "/readyz" | STATE_PATH
+    );
     if !known {
         return text(
             StatusCode::NOT_FOUND,
@@ -289,6 +312,22 @@ fn route(
             }
         }
         "/healthz" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        STATE_PATH => match state {
+            Some(rx) => {
+                let json = rx.borrow().json.clone();
+                let mut resp = Response::new(Full::new(json));
+                resp.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                resp
+            }
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                "usage sampling is off (--usage-interval 0)\n".into(),
+            ),
+        },
         _ => match readiness.check() {
             Ok(()) => text(StatusCode::OK, PLAIN, "ready\n".into()),
             Err(why) => text(

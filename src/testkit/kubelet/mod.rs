@@ -5,7 +5,8 @@
 //! ListAndWatch stream open (latest frame observable through a watch channel), and on demand
 //! call GetPreferredAllocation then Allocate, tracking what it handed out. It can simulate
 //! a kubelet restart (stop serving, delete every socket in the directory, create
-//! `kubelet.sock` again) and serves PodResources v1 from its allocations.
+//! `kubelet.sock` again) and serves PodResources v1 from its allocations. Like the kubelet's
+//! device manager it keeps `<dir>/kubelet_internal_checkpoint` (see [`write_checkpoint`]).
 //!
 //! Used by `gpu-slicer demo`, the integration tests and the benchmarks; talks to
 //! `crate::runtime::plugin` only over real unix sockets.
@@ -381,7 +382,31 @@ impl KubeletEmulator {
             response,
         };
         self.inner.state().allocations.push(allocation.clone());
+        self.save_checkpoint()?;
         Ok(allocation)
+    }
+
+    /// Rewrite `<dir>/kubelet_internal_checkpoint` from the allocations and the devices
+    /// last seen.
+    fn save_checkpoint(&self) -> Result<(), EmulatorError> {
+        let text = {
+            let state = self.inner.state();
+            let devices: BTreeMap<String, Vec<DeviceInfo>> = state
+                .devices
+                .iter()
+                .map(|(r, tx)| (r.clone(), tx.borrow().clone()))
+                .collect();
+            checkpoint_json(&state.allocations, &devices)
+        };
+        let path = self.inner.dir.join(CHECKPOINT_FILE);
+        let tmp = self.inner.dir.join(format!(".{CHECKPOINT_FILE}.tmp"));
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|source| EmulatorError::Io {
+                action: "write",
+                path: path.display().to_string(),
+                source,
+            })
     }
 
     /// Every allocation made so far.
@@ -395,6 +420,9 @@ impl KubeletEmulator {
             .state()
             .allocations
             .retain(|a| !(a.pod.namespace == namespace && a.pod.name == name));
+        if let Err(e) = self.save_checkpoint() {
+            tracing::warn!(error = %e, "emulated kubelet checkpoint not written");
+        }
     }
 
     /// Simulate a kubelet restart: stop serving, drop plugin connections, delete every
@@ -453,6 +481,73 @@ impl KubeletEmulator {
         }
         let _ = crate::runtime::plugin::remove_socket(&self.inner.socket);
     }
+}
+
+/// File name of the device manager's checkpoint.
+pub const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
+
+/// The UID the emulator gives a pod: UUID-shaped and stable for a namespace/name, so tests
+/// can lay out `<proc-root>/<pid>/cgroup` files for it before the pod exists.
+pub fn pod_uid(pod: &PodRef) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut next = || {
+        for b in pod.namespace.bytes().chain([b'/']).chain(pod.name.bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    };
+    let (a, b) = (next(), next());
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        b >> 52,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// The device manager's checkpoint for `allocations`, in the kubelet's JSON form
+/// (`pkg/kubelet/cm/devicemanager/checkpoint`): `{"Data":{"PodDeviceEntries":[{"PodUID",
+/// "ContainerName","ResourceName","DeviceIDs":{"<numa>":[ids]},"AllocResp"}],
+/// "RegisteredDevices":{resource:[ids]}},"Checksum":n}`. Device IDs are keyed by the NUMA
+/// node ListAndWatch reported (`-1` without one). Unlike the kubelet's, `AllocResp` is empty
+/// and `Checksum` is 0: the agent reads neither.
+pub fn checkpoint_json(
+    allocations: &[Allocation],
+    devices: &BTreeMap<String, Vec<DeviceInfo>>,
+) -> String {
+    let entries: Vec<serde_json::Value> = allocations
+        .iter()
+        .map(|a| {
+            let mut per_numa: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+            for id in &a.device_ids {
+                let numa = devices
+                    .get(&a.resource)
+                    .and_then(|d| d.iter().find(|d| &d.id == id))
+                    .and_then(|d| d.numa_node)
+                    .unwrap_or(-1);
+                per_numa.entry(numa.to_string()).or_default().push(id);
+            }
+            serde_json::json!({
+                "PodUID": pod_uid(&a.pod),
+                "ContainerName": a.pod.container,
+                "ResourceName": a.resource,
+                "DeviceIDs": per_numa,
+                "AllocResp": "",
+            })
+        })
+        .collect();
+    let registered: BTreeMap<&str, Vec<&str>> = devices
+        .iter()
+        .map(|(r, d)| (r.as_str(), d.iter().map(|d| d.id.as_str()).collect()))
+        .collect();
+    serde_json::json!({
+        "Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered},
+        "Checksum": 0,
+    })
+    .to_string()
 }
 
 fn rpc_error(rpc: &'static str, resource: &str, status: &Status) -> EmulatorError {
@@ -630,5 +725,60 @@ async fn connect_plugin(
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_is_what_the_agent_reads_with_stable_uuid_shaped_pod_uids() {
+        let pod = PodRef {
+            namespace: "ml".into(),
+            name: "a".into(),
+            container: "main".into(),
+        };
+        let uid = pod_uid(&pod);
+        assert_eq!(uid, pod_uid(&pod.clone()));
+        assert_eq!(uid.len(), 36, "{uid}");
+        assert_eq!(uid.matches('-').count(), 4, "{uid}");
+        let other = PodRef {
+            name: "b".into(),
+            ..pod.clone()
+        };
+        assert_ne!(uid, pod_uid(&other));
+        let allocations = vec![Allocation {
+            pod: pod.clone(),
+            resource: "nvidia.com/gpu".into(),
+            device_ids: vec!["GPU-x::1".into(), "GPU-x::0".into()],
+            response: ContainerAllocation::default(),
+        }];
+        let devices = BTreeMap::from([(
+            "nvidia.com/gpu".to_string(),
+            vec![
+                DeviceInfo {
+                    id: "GPU-x::0".into(),
+                    healthy: true,
+                    numa_node: Some(0),
+                },
+                DeviceInfo {
+                    id: "GPU-x::1".into(),
+                    healthy: true,
+                    numa_node: None,
+                },
+            ],
+        )]);
+        let text = checkpoint_json(&allocations, &devices);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(
+            v["Data"]["PodDeviceEntries"][0]["DeviceIDs"],
+            serde_json::json!({"0": ["GPU-x::0"], "-1": ["GPU-x::1"]})
+        );
+        let entries = crate::domain::usage::parse_checkpoint(&text, "emulator").expect("parses");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].pod_uid, uid);
+        assert_eq!(entries[0].container, "main");
+        assert_eq!(entries[0].device_ids, vec!["GPU-x::0", "GPU-x::1"]);
     }
 }
