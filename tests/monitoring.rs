@@ -18,8 +18,8 @@ use gpu_slicer::platform::usage::{CHECKPOINT_FILE, SimUsage};
 use gpu_slicer::runtime::ledger::LedgerSettings;
 use gpu_slicer::runtime::supervisor::RunSettings;
 use gpu_slicer::runtime::usage::UsageSettings;
-use gpu_slicer::testkit::kubelet::PodRef;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::kubelet::PodRef;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Sample-name suffixes of a family (OpenMetrics counters, histograms, summaries).
