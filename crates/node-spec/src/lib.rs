@@ -16,8 +16,12 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod placements;
 mod products;
 
+pub use placements::{
+    GiProfile, PlaceError, Placed, check_place, gi_profile, gi_profiles, search_placements,
+};
 pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
 
 /// Errors reading or validating a node description.
