@@ -8,6 +8,7 @@ pub mod config;
 pub mod devnodes;
 pub mod health;
 pub mod inventory;
+pub mod miglayout;
 pub mod mps;
 pub mod plan;
 pub mod snapshot;
