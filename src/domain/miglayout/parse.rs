@@ -306,7 +306,11 @@ fn show(v: &Value) -> String {
             .unwrap_or_default(),
     };
     if text.len() > 80 {
-        format!("{}…", &text[..text.floor_char_boundary(80)])
+        let cut = (0..=80)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        format!("{}…", &text[..cut])
     } else {
         text
     }
