@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | 0 | success | |
 //! | 1 | the machine failed us | NVML, disk and socket I/O, a failed hook, the daemon at run time, signals, output |
-//! | 2 | bad input | config file / flags / env vars, node files, unknown backend or profile, a plan that does not fit the node, CDI names and specs given by the user, health flags |
+//! | 2 | bad input | config file / flags / env vars, MIG layout files and layouts that do not fit, node files, unknown backend or profile, a plan that does not fit the node, CDI names and specs given by the user, health flags |
 
 use std::process::ExitCode;
 
@@ -43,6 +43,9 @@ pub enum Error {
     /// `gpu-slicer run`.
     #[error(transparent)]
     Run(#[from] RunError),
+    /// `gpu-slicer mig`.
+    #[error(transparent)]
+    Mig(#[from] crate::cli::mig::MigError),
     /// `gpu-slicer demo`.
     #[error(transparent)]
     Demo(#[from] DemoError),
@@ -104,6 +107,15 @@ fn app(e: &AppError) -> Class {
     }
 }
 
+fn mig(e: &crate::cli::mig::MigError) -> Class {
+    use crate::cli::mig::MigError;
+    match e {
+        MigError::Layout(_) | MigError::SimReadOnly(_) => Class::Input,
+        MigError::Backend(e) => inventory(e),
+        MigError::Op(_) | MigError::Failed(_) | MigError::Output(_) => Class::Runtime,
+    }
+}
+
 fn monitor(e: &MonitorError) -> Class {
     match e {
         MonitorError::Backend(e) => inventory(e),
@@ -127,6 +139,7 @@ impl Error {
                 RunError::Signal(_) => Class::Runtime,
             },
             Error::Demo(DemoError::App(e)) => app(e),
+            Error::Mig(e) => mig(e),
             Error::Driver(crate::platform::driver::DriverError::Io { .. }) => Class::Runtime,
             Error::Driver(_) => Class::Input,
             Error::Enforce(_)

@@ -8,6 +8,7 @@ pub mod cdi_hook;
 pub mod demo;
 pub mod inventory;
 pub mod logging;
+pub mod mig;
 pub mod nvidia;
 pub mod run;
 
@@ -50,6 +51,9 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Show the device plugin at work against an in-process kubelet emulator.
     Demo,
+    /// MIG layouts as code: apply a layout of a mig-parted config file to idle GPUs.
+    #[command(subcommand)]
+    Mig(mig::MigCommand),
     /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
     #[command(subcommand)]
     CdiHook(cdi_hook::CdiHookCommand),
@@ -63,6 +67,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Inventory(args) => inventory::run(args, &mut stdout),
         Command::Cdi(cmd) => Ok(cdi::run(cmd, &mut stdout)?),
         Command::CdiHook(cmd) => Ok(cdi_hook::run(cmd)?),
+        Command::Mig(cmd) => Ok(mig::run(cmd, &mut stdout)?),
         Command::Run(args) => block_on(run::run(args)),
         Command::Demo => block_on(demo::demo(&mut stdout)),
     }?;

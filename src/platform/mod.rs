@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod driver;
 pub mod enforce;
 pub mod fswatch;
+pub mod mig;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;

@@ -8,6 +8,7 @@
 //! prints them. Placement rules (profiles, starts, collisions) are the product facts in
 //! `node_spec::placements`, shared with the fake NVML library so both agree.
 
+pub mod current;
 pub mod parse;
 pub mod select;
 pub mod steps;
