@@ -16,9 +16,7 @@ use serde::Serialize;
 
 use crate::cli::args::{BackendArgs, OutputFormat};
 use crate::domain::inventory::{Backend, InventoryError};
-use crate::domain::miglayout::{
-    self, GpuPlan, MigLayoutError, MigPartedFile, PlanStatus, Target, current,
-};
+use crate::domain::miglayout::{GpuPlan, MigLayoutError, MigPartedFile, PlanStatus, current};
 use crate::platform::mig::{self as ops, MigGpu, MigOpError};
 
 /// `gpu-slicer mig …`.
@@ -78,26 +76,10 @@ struct Report<'a> {
     gpus: &'a [GpuPlan],
 }
 
-/// Read a layout file, bounded (a hostile path to a huge file must not fill memory).
-pub fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError> {
-    let origin = path.display().to_string();
-    let read_err = |message: String| MigLayoutError::Read {
-        file: origin.clone(),
-        message,
-    };
-    let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
-    let mut text = String::new();
-    use std::io::Read;
-    file.take(miglayout::parse::MAX_FILE_BYTES as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| read_err(e.to_string()))?;
-    MigPartedFile::parse(&text, &origin)
-}
-
 /// Run `mig`.
 pub fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
     let MigCommand::Apply(args) = cmd;
-    let file = load_file(&args.config_file)?;
+    let file = ops::load_file(&args.config_file)?;
     file.layout(&args.layout)?;
     let (plans, failed) = if let Some(profile) = args.backend.backend.strip_prefix("sim:") {
         if !args.dry_run {
@@ -112,11 +94,11 @@ pub fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
                 instances: current::instances(g),
             })
             .collect();
-        (plan_all(&file, &args.layout, &gpus)?, 0)
+        (ops::plan_all(&file, &args.layout, &gpus)?, 0)
     } else if args.backend.backend == "nvml" {
         let nvml = crate::platform::nvml::open_nvml(args.backend.nvml_lib.as_deref())?;
         let gpus = ops::read(&nvml)?;
-        let mut plans = plan_all(&file, &args.layout, &gpus)?;
+        let mut plans = ops::plan_all(&file, &args.layout, &gpus)?;
         let mut failed = 0;
         if !args.dry_run {
             for (plan, gpu) in plans.iter_mut().zip(&gpus) {
@@ -145,24 +127,6 @@ pub fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
         return Err(MigError::Failed(failed));
     }
     Ok(())
-}
-
-/// Plan every GPU (same order as `gpus`).
-pub fn plan_all(
-    file: &MigPartedFile,
-    layout: &str,
-    gpus: &[MigGpu],
-) -> Result<Vec<GpuPlan>, MigLayoutError> {
-    let facts: Vec<_> = gpus.iter().map(|g| g.facts.clone()).collect();
-    let targets: Vec<Target> = miglayout::select(file, layout, &facts)?;
-    Ok(gpus
-        .iter()
-        .zip(&targets)
-        .map(|(g, t)| {
-            let product = node_spec::lookup_product(&g.facts.product);
-            miglayout::plan_gpu(&g.facts, product, t, &g.instances)
-        })
-        .collect())
 }
 
 fn write_table(

@@ -31,7 +31,9 @@ use nvml_wrapper_sys::bindings::{
 };
 
 use crate::domain::miglayout::steps::CiState;
-use crate::domain::miglayout::{Action, GiState, GpuFacts, Kind, Step};
+use crate::domain::miglayout::{
+    Action, GiState, GpuFacts, GpuPlan, Kind, MigLayoutError, MigPartedFile, Step,
+};
 
 /// Errors reading or changing MIG instances.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,51 @@ pub struct MigGpu {
     pub facts: GpuFacts,
     /// Its GPU instances (empty when MIG is off or unsupported).
     pub instances: Vec<GiState>,
+}
+
+/// Read a mig-parted layout file, bounded (a path to a huge file must not fill memory).
+pub fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError> {
+    use std::io::Read;
+    let origin = path.display().to_string();
+    let read_err = |message: String| MigLayoutError::Read {
+        file: origin.clone(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
+    let mut text = String::new();
+    file.take(crate::domain::miglayout::parse::MAX_FILE_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| read_err(e.to_string()))?;
+    MigPartedFile::parse(&text, &origin)
+}
+
+/// Plan every GPU for `layout` of `file` (same order as `gpus`).
+pub fn plan_all(
+    file: &MigPartedFile,
+    layout: &str,
+    gpus: &[MigGpu],
+) -> Result<Vec<GpuPlan>, MigLayoutError> {
+    let facts: Vec<_> = gpus.iter().map(|g| g.facts.clone()).collect();
+    let targets = crate::domain::miglayout::select(file, layout, &facts)?;
+    Ok(gpus
+        .iter()
+        .zip(&targets)
+        .map(|(g, t)| {
+            let product = node_spec::lookup_product(&g.facts.product);
+            crate::domain::miglayout::plan_gpu(&g.facts, product, t, &g.instances)
+        })
+        .collect())
+}
+
+/// PIDs of the compute processes NVML reports on GPU `index` (MIG instances included).
+pub fn compute_processes(nvml: &Nvml, index: u32) -> Result<Vec<u32>> {
+    let dev = nvml
+        .device_by_index(index)
+        .map_err(err("nvmlDeviceGetHandleByIndex_v2", index))?;
+    let procs = dev
+        .running_compute_processes()
+        .map_err(err("nvmlDeviceGetComputeRunningProcesses_v3", index))?;
+    Ok(procs.iter().map(|p| p.pid).collect())
 }
 
 /// Text of a step for messages: `create gpu-instance 3g.40gb@4`.

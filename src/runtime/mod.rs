@@ -7,6 +7,7 @@ pub mod health;
 pub mod http;
 pub mod ledger;
 pub mod metrics;
+pub mod miglayout;
 pub mod mps;
 pub mod plugin;
 pub mod reloader;

@@ -116,6 +116,8 @@ pub struct RunSettings {
     pub ledger: Option<crate::runtime::ledger::LedgerSettings>,
     /// Metrics registry to record into (injected so embedders can read it).
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
+    /// Apply `flags.migLayouts` to idle GPUs through NVML (None: never repartition).
+    pub mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
 }
 
 impl RunSettings {
@@ -145,6 +147,7 @@ impl RunSettings {
             http_listen: None,
             ledger: None,
             metrics: Arc::default(),
+            mig_layouts: None,
         }
     }
 }
@@ -171,6 +174,7 @@ pub async fn run(
         http_listen,
         ledger,
         metrics,
+        mig_layouts,
     } = settings;
     let hook = match hook {
         Some(h) => h,
@@ -315,6 +319,23 @@ pub async fn run(
         tracker.spawn(apply_health_events(events, store.clone(), token.clone()));
     }
     tracker.spawn(reloader.run(triggers, token.clone()));
+    match mig_layouts {
+        Some(settings) => {
+            tracker.spawn(crate::runtime::miglayout::run(
+                settings,
+                store.clone(),
+                requester.clone(),
+                metrics.clone(),
+                token.clone(),
+            ));
+        }
+        None if first.config.mig_layouts.is_some() => {
+            tracing::warn!(
+                "flags.migLayouts is set but the backend cannot change MIG instances (NVML only): ignored"
+            );
+        }
+        None => {}
+    }
     if let Some(tx) = on_ready {
         // The embedder may have stopped listening; serving goes on regardless.
         let _ = tx.send(Running {

@@ -14,7 +14,8 @@
 //! visible where its capability device nodes exist.
 //!
 //! The state file also drives failures a test needs: `processes` (a compute process on a
-//! GPU or compute instance: destroying it answers `NVML_ERROR_IN_USE`) and `failCreate`
+//! GPU or compute instance: destroying it answers `NVML_ERROR_IN_USE`, and
+//! `nvmlDeviceGetComputeRunningProcesses_v3` lists it) and `failCreate`
 //! (GPU UUID → profiles whose GPU-instance create answers `NVML_ERROR_UNKNOWN`).
 //!
 //! # Handles and rules
@@ -832,6 +833,101 @@ pub extern "C" fn nvmlComputeInstanceDestroy(h: nvmlComputeInstance_t) -> nvmlRe
             .ok_or(code::UNKNOWN)?;
         g.compute_instances.retain(|c| c.id != ci);
         commit(&mut st)
+    })
+}
+
+// ---------------------------------------------------------------- control
+
+/// Replace the MIG state (the `FAKE_NVML_STATE` format) in memory, for in-process tests that
+/// cannot set environment variables: 0 on success, 1 on a parse error, 999 on a panic. With
+/// `FAKE_NVML_STATE` set, the file is rewritten too.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fakeNvmlSetMigStateJson(text: *const std::ffi::c_char) -> std::ffi::c_int {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: NUL-terminated per the control symbol's contract.
+        let Ok(text) = (unsafe { crate::get_str(text) }) else {
+            return 1;
+        };
+        let mut st = state();
+        let Ok(file) = serde_json::from_str::<StateFile>(text) else {
+            eprintln!("fake-nvml: fakeNvmlSetMigStateJson: invalid state");
+            return 1;
+        };
+        // Keep the instances already changed unless the new state names them.
+        let mut merged = st.mig.file.clone();
+        merged.processes = file.processes;
+        merged.fail_create = file.fail_create;
+        merged.gpus.extend(file.gpus);
+        st.mig.file = merged;
+        if persist(&mut st.mig).is_err() {
+            return 1;
+        }
+        if st.init_count > 0 {
+            match crate::load_node(&st) {
+                Ok(node) => st.node = Some(node),
+                Err(_) => return 1,
+            }
+        }
+        0
+    }));
+    r.unwrap_or(999)
+}
+
+// ---------------------------------------------------------------- processes
+
+/// Compute processes of the state file's `processes` (this module's, for instance
+/// idleness; a GPU handle lists all of its GPU's, a MIG handle those on its instances).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    h: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvml_wrapper_sys::bindings::nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        let mut st = state();
+        refresh(&mut st)?;
+        let (dev, gpu) = st.dev(h, "nvmlDeviceGetComputeRunningProcesses_v3")?;
+        let mig = crate::mig_of(gpu, dev).map(|m| (m.gpu_instance_id, m.compute_instance_id));
+        let uuid = gpu.uuid.clone();
+        let procs: Vec<&Process> = st
+            .mig
+            .file
+            .processes
+            .iter()
+            .filter(|p| p.gpu == uuid)
+            .filter(|p| {
+                mig.is_none_or(|(gi, ci)| {
+                    p.gpu_instance_id == Some(gi) && p.compute_instance_id.is_none_or(|c| c == ci)
+                })
+            })
+            .collect();
+        if count.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null, valid per nvml.h.
+        let room = unsafe { count.read() } as usize;
+        // SAFETY: as above.
+        unsafe { count.write(procs.len() as c_uint) };
+        if procs.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || room < procs.len() {
+            return Err(code::INSUFFICIENT_SIZE);
+        }
+        for (i, p) in procs.iter().enumerate() {
+            // SAFETY: the caller's array holds `room >= procs.len()` entries.
+            unsafe {
+                infos
+                    .add(i)
+                    .write(nvml_wrapper_sys::bindings::nvmlProcessInfo_t {
+                        pid: p.pid,
+                        usedGpuMemory: 0,
+                        gpuInstanceId: p.gpu_instance_id.unwrap_or(u32::MAX),
+                        computeInstanceId: p.compute_instance_id.unwrap_or(u32::MAX),
+                    })
+            };
+        }
+        Ok(())
     })
 }
 

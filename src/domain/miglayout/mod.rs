@@ -17,6 +17,32 @@ pub use parse::{Devices, LayoutEntry, MigPartedFile};
 pub use select::{GpuFacts, Target, select};
 pub use steps::{Action, GiState, GpuPlan, Kind, PlanStatus, Step, plan_gpu};
 
+/// UUIDs of the GPUs a device of `snapshot`'s held set lives on (the GPU itself, or the
+/// parent of a MIG device, replicas included). Devices no longer planned are looked up by
+/// the UUID their ID starts with.
+pub fn held_gpus(
+    snapshot: &crate::domain::snapshot::Snapshot,
+) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for (resource, ids) in snapshot.held.ids() {
+        for id in ids {
+            let planned = snapshot
+                .plan
+                .resource(&resource)
+                .and_then(|r| r.devices.iter().find(|d| d.id == id))
+                .map(|d| d.physical.gpu_uuid.clone());
+            let uuid = id.split("::").next().unwrap_or(&id);
+            let found = planned
+                .or_else(|| snapshot.inventory.gpu(uuid).map(|g| g.uuid.clone()))
+                .or_else(|| snapshot.inventory.mig(uuid).map(|(g, _)| g.uuid.clone()));
+            // Unknown to the inventory too: keep the raw id, it may name a GPU a later
+            // discovery brings back; it blocks nothing that is not its own.
+            out.insert(found.unwrap_or_else(|| uuid.to_string()));
+        }
+    }
+    out
+}
+
 /// Errors reading a mig-parted file or fitting a layout to the node's GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MigLayoutError {
