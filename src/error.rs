@@ -45,7 +45,7 @@ pub enum Error {
     Run(#[from] RunError),
     /// `gpu-slicer mig`.
     #[error(transparent)]
-    Mig(#[from] crate::cli::mig::MigError),
+    Mig(#[from] Box<crate::cli::mig::MigError>),
     /// `gpu-slicer demo`.
     #[error(transparent)]
     Demo(#[from] DemoError),

@@ -50,7 +50,7 @@ pub struct MigApplyArgs {
 pub enum MigError {
     /// The layout file or the layout does not fit.
     #[error(transparent)]
-    Layout(#[from] MigLayoutError),
+    Layout(Box<MigLayoutError>),
     /// The backend could not be opened or read.
     #[error(transparent)]
     Backend(#[from] InventoryError),
@@ -68,6 +68,12 @@ pub enum MigError {
     /// Writing output.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
+}
+
+impl From<MigLayoutError> for MigError {
+    fn from(e: MigLayoutError) -> Self {
+        Self::Layout(Box::new(e))
+    }
 }
 
 /// The JSON document.

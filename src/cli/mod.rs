@@ -67,7 +67,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Inventory(args) => inventory::run(args, &mut stdout),
         Command::Cdi(cmd) => Ok(cdi::run(cmd, &mut stdout)?),
         Command::CdiHook(cmd) => Ok(cdi_hook::run(cmd)?),
-        Command::Mig(cmd) => Ok(mig::run(cmd, &mut stdout)?),
+        Command::Mig(cmd) => Ok(mig::run(cmd, &mut stdout).map_err(Box::new)?),
         Command::Run(args) => block_on(run::run(args)),
         Command::Demo => block_on(demo::demo(&mut stdout)),
     }?;

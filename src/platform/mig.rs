@@ -268,17 +268,17 @@ impl std::fmt::Display for ApplyFailure {
 
 /// Run `steps` on `gpu` (as read before planning). When a step fails, plan from where the GPU
 /// stopped back to the profiles it had and run that, as far as NVML allows.
-pub fn apply(nvml: &Nvml, gpu: &MigGpu, steps: &[Step]) -> Result<(), ApplyFailure> {
+pub fn apply(nvml: &Nvml, gpu: &MigGpu, steps: &[Step]) -> Result<(), Box<ApplyFailure>> {
     let index = gpu.facts.index;
     for step in steps {
         if let Err(error) = run_step(nvml, index, step) {
             tracing::warn!(gpu = index, step = %describe(step), error = %error, "MIG step failed; rolling back");
             let rollback = roll_back(nvml, gpu);
-            return Err(ApplyFailure {
+            return Err(Box::new(ApplyFailure {
                 step: describe(step),
                 error,
                 rollback,
-            });
+            }));
         }
         tracing::info!(gpu = index, step = %describe(step), "MIG step done");
     }
