@@ -33,6 +33,9 @@
 //! - Health: [`runtime::health`] (sources) over [`domain::health`] (policy).
 //! - Operations: [`runtime::ledger`] (PodResources), [`runtime::metrics`], [`runtime::http`].
 //! - Held devices across restarts: [`platform::checkpoint`].
+//! - MIG layouts as code: [`domain::miglayout`] (mig-parted files, selection, step planner),
+//!   [`platform::mig`] (GPU/compute instances through NVML, rollback), [`runtime::miglayout`]
+//!   (live repartitioning of idle GPUs), `gpu-slicer mig apply` in [`cli::mig`].
 //! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`].
 

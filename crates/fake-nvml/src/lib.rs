@@ -67,6 +67,11 @@
 //! sees that limit as the GPU's total in `nvmlDeviceGetMemoryInfo(_v2)`, as under the real
 //! driver's memory partitioning (store and matching: `crates/fake-view`).
 //!
+//! # MIG instances
+//!
+//! GPU and compute instance create/list/destroy with the products' placement tables, the
+//! shared `FAKE_NVML_STATE` file and `fakeNvmlSetMigStateJson`: see [`mig`].
+//!
 //! Every export is `extern "C"`, catches panics (→ `UNKNOWN`, 999) and follows the pointer
 //! contract of `nvml.h`; the `# Safety` of each export is that contract.
 #![allow(clippy::missing_safety_doc)]
