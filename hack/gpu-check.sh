@@ -58,6 +58,31 @@ else
   echo "CHECK podman: skipped (no podman or no spec)"
 fi
 
+echo "== gpu-slicer mig apply --dry-run (read-only: plans, applies nothing)"
+# Reads every GPU's GPU/compute instances and checks the driver's placements
+# (nvmlDeviceGetGpuInstancePossiblePlacements_v2) against gpu-slicer's tables; a mismatch is
+# an error naming the profile. The dry run never creates or destroys an instance.
+cat > "$WD/layouts.yaml" <<'YAML'
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  all-enabled:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {}
+YAML
+for layout in all-disabled all-enabled; do
+  if "$BIN" mig apply --backend nvml --config-file "$WD/layouts.yaml" --layout "$layout" --dry-run --format json > "$WD/mig-$layout.json" 2> "$WD/mig-$layout.err"; then
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); [print(g["index"], g["status"], g.get("reason",""), len(g["steps"]), "steps") for g in d["gpus"]]' "$WD/mig-$layout.json"
+    check "mig apply --dry-run $layout reads the instances" ok
+  else
+    cat "$WD/mig-$layout.err"
+    check "mig apply --dry-run $layout reads the instances" FAIL "$(head -1 "$WD/mig-$layout.err")"
+  fi
+done
+
 echo "== NVML memory-limit entry points (symbols only; nothing is called or set)"
 python3 - <<'PY'
 import ctypes

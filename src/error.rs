@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | 0 | success | |
 //! | 1 | the machine failed us | NVML, disk and socket I/O, a failed hook, the daemon at run time, signals, output |
-//! | 2 | bad input | config file / flags / env vars, node files, unknown backend or profile, a plan that does not fit the node, CDI names and specs given by the user, health flags |
+//! | 2 | bad input | config file / flags / env vars, MIG layout files and layouts that do not fit, node files, unknown backend or profile, a plan that does not fit the node, CDI names and specs given by the user, health flags |
 
 use std::process::ExitCode;
 
@@ -46,6 +46,9 @@ pub enum Error {
     /// `gpu-slicer run`.
     #[error(transparent)]
     Run(#[from] RunError),
+    /// `gpu-slicer mig`.
+    #[error(transparent)]
+    Mig(#[from] Box<crate::cli::mig::MigError>),
     /// `gpu-slicer demo`.
     #[error(transparent)]
     Demo(#[from] DemoError),
@@ -110,6 +113,15 @@ fn app(e: &AppError) -> Class {
     }
 }
 
+fn mig(e: &crate::cli::mig::MigError) -> Class {
+    use crate::cli::mig::MigError;
+    match e {
+        MigError::Layout(_) | MigError::SimReadOnly(_) => Class::Input,
+        MigError::Backend(e) => inventory(e),
+        MigError::Op(_) | MigError::Failed(_) | MigError::Output(_) => Class::Runtime,
+    }
+}
+
 fn monitor(e: &MonitorError) -> Class {
     match e {
         MonitorError::Backend(e) => inventory(e),
@@ -135,6 +147,7 @@ impl Error {
             Error::Demo(DemoError::App(e)) => app(e),
             Error::Top(crate::cli::top::TopError::Endpoint { .. }) => Class::Input,
             Error::Top(_) => Class::Runtime,
+            Error::Mig(e) => mig(e),
             Error::Driver(crate::platform::driver::DriverError::Io { .. }) => Class::Runtime,
             Error::Driver(_) => Class::Input,
             Error::Labels(crate::platform::labels_file::LabelsFileError::NotAFilePath {

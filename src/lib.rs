@@ -39,6 +39,9 @@
 //!   figures, cgroup and kubelet checkpoint readers) and [`domain::usage`] (attribution,
 //!   idle window, placeable requests); `gpu-slicer top` in [`cli::top`].
 //! - Held devices across restarts: [`platform::checkpoint`].
+//! - MIG layouts as code: [`domain::miglayout`] (mig-parted files, selection, step planner),
+//!   [`platform::mig`] (GPU/compute instances through NVML, rollback), [`runtime::miglayout`]
+//!   (live repartitioning of idle GPUs), `gpu-slicer mig apply` in [`cli::mig`].
 //! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`].
 

@@ -40,6 +40,13 @@ pub struct ConfigArgs {
     /// `none`, `single` or `mixed`.
     #[arg(long, env = "MIG_STRATEGY")]
     pub mig_strategy: Option<String>,
+    /// mig-parted config file whose `--mig-layout` the daemon applies to idle GPUs
+    /// (`flags.migLayouts.file`).
+    #[arg(long, env = "MIG_LAYOUT_FILE")]
+    pub mig_layout_file: Option<String>,
+    /// The layout of `--mig-layout-file` to apply (`flags.migLayouts.layout`).
+    #[arg(long, env = "MIG_LAYOUT")]
+    pub mig_layout: Option<String>,
     /// Exit if the backend cannot start (false: run with no devices). A bare
     /// `--fail-on-init-error` means true, as in NVIDIA's CLI.
     #[arg(long, env = "FAIL_ON_INIT_ERROR", num_args = 0..=1,
@@ -98,6 +105,8 @@ impl ConfigArgs {
             cdi_annotation_prefix: self.cdi_annotation_prefix.clone(),
             allocation_policy: self.shared_devices_allocation_policy.clone(),
             cdi_kind: self.cdi_kind.clone(),
+            mig_layout_file: self.mig_layout_file.clone(),
+            mig_layout: self.mig_layout.clone(),
             sources: self.sources(),
         }
     }
@@ -108,7 +117,21 @@ impl ConfigArgs {
         let text = |v: &Option<String>| v.clone();
         let list = |v: &Option<Vec<String>>| v.as_ref().map(|l| l.join(","));
         let flag = |v: &Option<bool>| v.map(|b| b.to_string());
-        let entries: [(&str, &str, &str, Option<String>, bool); 10] = [
+        let entries: [(&str, &str, &str, Option<String>, bool); 12] = [
+            (
+                "flags.migLayouts.file",
+                "mig-layout-file",
+                "MIG_LAYOUT_FILE",
+                text(&self.mig_layout_file),
+                false,
+            ),
+            (
+                "flags.migLayouts.layout",
+                "mig-layout",
+                "MIG_LAYOUT",
+                text(&self.mig_layout),
+                false,
+            ),
             (
                 "flags.migStrategy",
                 "mig-strategy",

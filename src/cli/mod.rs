@@ -9,6 +9,7 @@ pub mod demo;
 pub mod inventory;
 pub mod labels;
 pub mod logging;
+pub mod mig;
 pub mod nvidia;
 pub mod run;
 pub mod top;
@@ -54,6 +55,9 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Show the device plugin at work against an in-process kubelet emulator.
     Demo,
+    /// MIG layouts as code: apply a layout of a mig-parted config file to idle GPUs.
+    #[command(subcommand)]
+    Mig(mig::MigCommand),
     /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
     #[command(subcommand)]
     CdiHook(cdi_hook::CdiHookCommand),
@@ -70,6 +74,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Labels(args) => labels::run(args, &mut stdout),
         Command::Cdi(cmd) => Ok(cdi::run(cmd, &mut stdout)?),
         Command::CdiHook(cmd) => Ok(cdi_hook::run(cmd)?),
+        Command::Mig(cmd) => Ok(mig::run(cmd, &mut stdout).map_err(Box::new)?),
         Command::Run(args) => block_on(run::run(args)),
         Command::Demo => block_on(demo::demo(&mut stdout)),
         Command::Top(args) => Ok(top::run(args, &mut stdout)?),

@@ -127,6 +127,12 @@ impl RunArgs {
         settings.state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));
         settings.health_monitor = Some(self.health.settings(&self.backend)?);
         settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
+        settings.mig_layouts = (self.backend.backend == "nvml").then(|| {
+            crate::runtime::miglayout::MigLayoutSettings {
+                nvml_lib: self.backend.nvml_lib.clone(),
+                interval: self.rescan_interval.max(std::time::Duration::from_secs(1)),
+            }
+        });
         settings.ledger = (!self.pod_resources_socket.is_empty()).then(|| {
             crate::runtime::ledger::LedgerSettings {
                 socket: PathBuf::from(&self.pod_resources_socket),

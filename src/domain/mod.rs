@@ -9,6 +9,7 @@ pub mod devnodes;
 pub mod health;
 pub mod inventory;
 pub mod labels;
+pub mod miglayout;
 pub mod mps;
 pub mod plan;
 pub mod snapshot;

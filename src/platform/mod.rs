@@ -9,6 +9,7 @@ pub mod enforce;
 pub mod fswatch;
 pub mod labels_file;
 pub mod mps_shm;
+pub mod mig;
 pub mod nvml;
 pub mod nvml_events;
 pub mod sim;

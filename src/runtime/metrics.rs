@@ -80,6 +80,13 @@ pub struct SkipLabels {
     pub reason: String,
 }
 
+/// Labels of `mig_layout_pending`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct GpuLabels {
+    /// GPU UUID.
+    pub gpu: String,
+}
+
 /// Labels of `build_info`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -161,6 +168,9 @@ pub struct Metrics {
     pub build_info: Family<BuildLabels, Gauge>,
     /// Usage: utilisation, memory, shares, idle shares, placeable requests.
     pub usage: usage::UsageMetrics,
+    /// 1 for a GPU whose `flags.migLayouts` layout is not applied yet (busy, MIG mode, a
+    /// failed step), 0 once it is; only GPUs the layout has been planned for have a series.
+    pub mig_layout_pending: Family<GpuLabels, Gauge>,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
     /// Per-device series published for each resource, so a device whose reason changed,
@@ -200,6 +210,7 @@ impl Metrics {
         let ledger_up = Gauge::default();
         let ledger_drift = Gauge::default();
         let config_entries_skipped = Family::<SkipLabels, Gauge>::default();
+        let mig_layout_pending = Family::<GpuLabels, Gauge>::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "allocatable_devices",
@@ -267,6 +278,11 @@ impl Metrics {
             config_entries_skipped.clone(),
         );
         registry.register(
+            "mig_layout_pending",
+            "1 while a GPU waits for its MIG layout (flags.migLayouts): busy, MIG mode differs, or a step failed",
+            mig_layout_pending.clone(),
+        );
+        registry.register(
             "build_info",
             "Always 1; labels name the running build",
             build_info.clone(),
@@ -298,6 +314,7 @@ impl Metrics {
             }));
         }
         Self {
+            mig_layout_pending,
             registry,
             allocatable,
             allocated,

@@ -8,6 +8,7 @@ pub mod http;
 pub mod labels;
 pub mod ledger;
 pub mod metrics;
+pub mod miglayout;
 pub mod mps;
 pub mod plugin;
 pub mod reloader;

@@ -123,6 +123,8 @@ pub struct RunSettings {
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
     /// Usage sampling; `None`: off (`--usage-interval 0`).
     pub usage: Option<crate::runtime::usage::UsageSettings>,
+    /// Apply `flags.migLayouts` to idle GPUs through NVML (None: never repartition).
+    pub mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
 }
 
 impl RunSettings {
@@ -154,6 +156,7 @@ impl RunSettings {
             labels: None,
             metrics: Arc::default(),
             usage: None,
+            mig_layouts: None,
         }
     }
 }
@@ -182,6 +185,7 @@ pub async fn run(
         labels,
         metrics,
         usage,
+        mig_layouts,
     } = settings;
     let hook = match hook {
         Some(h) => h,
@@ -346,6 +350,23 @@ pub async fn run(
         tracker.spawn(apply_health_events(events, store.clone(), token.clone()));
     }
     tracker.spawn(reloader.run(triggers, token.clone()));
+    match mig_layouts {
+        Some(settings) => {
+            tracker.spawn(crate::runtime::miglayout::run(
+                settings,
+                store.clone(),
+                requester.clone(),
+                metrics.clone(),
+                token.clone(),
+            ));
+        }
+        None if first.config.mig_layouts.is_some() => {
+            tracing::warn!(
+                "flags.migLayouts is set but the backend cannot change MIG instances (NVML only): ignored"
+            );
+        }
+        None => {}
+    }
     if let Some(tx) = on_ready {
         // The embedder may have stopped listening; serving goes on regardless.
         let _ = tx.send(Running {

@@ -124,7 +124,9 @@ pub(crate) async fn launch(
     settings.on_ready = Some(tx);
     let shutdown = CancellationToken::new();
     let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let running = within("daemon ready", rx).await.expect("daemon ready");
+    let Ok(running) = within("daemon ready", rx).await else {
+        panic!("daemon did not start: {:?}", app.await);
+    };
     let h = Harness {
         dir,
         emulator,

@@ -72,6 +72,11 @@
 //! Utilisation, used memory and compute processes come from the node file's `usage` section
 //! (see [`usage`]).
 //!
+//! # MIG instances
+//!
+//! GPU and compute instance create/list/destroy with the products' placement tables, the
+//! shared `FAKE_NVML_STATE` file and `fakeNvmlSetMigStateJson`: see [`mig`].
+//!
 //! Every export is `extern "C"`, catches panics (→ `UNKNOWN`, 999) and follows the pointer
 //! contract of `nvml.h`; the `# Safety` of each export is that contract.
 #![allow(clippy::missing_safety_doc)]
@@ -87,6 +92,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fake_view::{LimitStore, Limits};
+
+pub mod mig;
 use node_spec::{EventKind, EventLine, EventSpec, GpuSpec, MigDeviceSpec, NodeSpec};
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t,
@@ -216,6 +223,8 @@ struct State {
     next_set: usize,
     /// Memory limits when `FAKE_NVML_LIMITS_FILE` is unset.
     limits: LimitStore,
+    /// GPU and compute instances changed since load (`mig`).
+    mig: mig::Mig,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -226,6 +235,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     sets: BTreeMap::new(),
     next_set: 0,
     limits: BTreeMap::new(),
+    mig: mig::Mig::new(),
 });
 
 fn state() -> MutexGuard<'static, State> {
@@ -446,35 +456,51 @@ fn nvml_bus_id(gpu: &GpuSpec) -> String {
     format!("0000{}", gpu.bus_id()).to_ascii_uppercase()
 }
 
-fn load_node(st: &State) -> Result<NodeSpec, nvmlReturn_t> {
+/// The node as configured (control symbol or `FAKE_NVML_NODE`), before the MIG state and the
+/// device view are applied.
+fn raw_node(st: &State) -> Result<NodeSpec, nvmlReturn_t> {
     let node = match &st.control_node {
-        Some(n) => Ok(fake_view::view_from_env(n.clone())),
+        Some(n) => Ok(n.clone()),
         None => match std::env::var_os(fake_view::NODE_ENV) {
-            None => Err(
-                "no node description (set FAKE_NVML_NODE or call fakeNvmlSetNodeJson)".to_string(),
-            ),
-            Some(_) => Ok(fake_view::node_from_env()),
+            None => {
+                eprintln!(
+                    "fake-nvml: no node description (set FAKE_NVML_NODE or call fakeNvmlSetNodeJson)"
+                );
+                return Err(code::DRIVER_NOT_LOADED);
+            }
+            Some(path) => NodeSpec::load(std::path::Path::new(&path)),
         },
     };
-    match node {
-        Ok(Ok(node)) => Ok(node),
-        Ok(Err(e)) => {
-            eprintln!("fake-nvml: {e}");
-            Err(code::DRIVER_NOT_LOADED)
-        }
-        Err(hint) => {
-            eprintln!("fake-nvml: {hint}");
-            Err(code::DRIVER_NOT_LOADED)
-        }
-    }
+    node.map_err(|e| {
+        eprintln!("fake-nvml: {e}");
+        code::DRIVER_NOT_LOADED
+    })
+}
+
+/// The node this process sees: the configured node, its GPUs' instances as the MIG state
+/// says (`mig`), cut down by `FAKE_GPU_DEV_ROOT`.
+fn load_node(st: &State) -> Result<NodeSpec, nvmlReturn_t> {
+    let mut node = raw_node(st)?;
+    mig::overlay(&mut node, &st.mig.file);
+    fake_view::view_from_env(node).map_err(|e| {
+        eprintln!("fake-nvml: {e}");
+        code::DRIVER_NOT_LOADED
+    })
 }
 
 fn init() -> Ret {
     let mut st = state();
     if st.init_count == 0 {
+        if let Err(e) = mig::sync(&mut st.mig) {
+            eprintln!("fake-nvml: {e}");
+            return Err(code::DRIVER_NOT_LOADED);
+        }
         let node = load_node(&st)?;
         st.node = Some(node);
         st.lost.clear();
+    } else {
+        // Another process may have repartitioned a GPU since (FAKE_NVML_STATE).
+        mig::refresh(&mut st)?;
     }
     st.init_count += 1;
     Ok(())
@@ -497,6 +523,7 @@ pub unsafe extern "C" fn fakeNvmlSetNodeJson(text: *const c_char) -> c_int {
         };
         match NodeSpec::parse(text, "fakeNvmlSetNodeJson") {
             Ok(node) => {
+                st.mig.reset();
                 if st.init_count > 0 {
                     st.node = Some(node.clone());
                 }

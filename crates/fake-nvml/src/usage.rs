@@ -111,9 +111,12 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         if count.is_null() {
             return Err(code::INVALID_ARGUMENT);
         }
-        let st = state();
+        let mut st = state();
+        // The MIG state file's processes (instance idleness) come after the node file's.
+        let extra = crate::mig::state_processes(&mut st, h)?;
         let (dev, gpu) = st.dev(h, "nvmlDeviceGetComputeRunningProcesses_v3")?;
-        let list = processes(&st, dev, gpu);
+        let mut list = processes(&st, dev, gpu);
+        list.extend(extra);
         // SAFETY: `count` is non-null and points to the caller's capacity (nvml.h).
         let capacity = unsafe { count.read() } as usize;
         let n = c_uint::try_from(list.len()).map_err(|_| code::UNKNOWN)?;

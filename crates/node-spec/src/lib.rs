@@ -16,9 +16,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod placements;
 mod products;
 mod usage;
 
+pub use placements::{
+    GiProfile, PlaceError, Placed, check_place, gi_profile, gi_profiles, search_placements,
+};
 pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
 pub use usage::{DeviceUsageSpec, ProcessSpec, UsageSpec};
 

@@ -51,9 +51,22 @@ pub struct FileFlags {
     pub use_node_feature_api: Option<bool>,
     #[serde(default)]
     pub plugin: FilePluginFlags,
+    /// `flags.migLayouts: {file, layout}`: the mig-parted layout the daemon applies to idle GPUs.
+    #[serde(default)]
+    pub mig_layouts: Option<FileMigLayouts>,
     /// GPU feature discovery flags: not used by a device plugin (the incumbent drops them too).
     #[serde(default)]
     pub gfd: Option<serde_yaml_ng::Value>,
+}
+
+/// `flags.migLayouts:`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileMigLayouts {
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub layout: Option<String>,
 }
 
 /// `flags.plugin:`.

@@ -300,6 +300,18 @@ pub struct Config {
     pub cdi_kind: String,
     /// Sharing entries in file order (time-slicing first, then MPS).
     pub sharing: Vec<SharedResource>,
+    /// The MIG layout the daemon takes idle GPUs to (`flags.migLayouts`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_layouts: Option<MigLayouts>,
+}
+
+/// `flags.migLayouts`: a mig-parted config file and the layout of it to apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MigLayouts {
+    /// The mig-parted file.
+    pub file: PathBuf,
+    /// A key of its `mig-configs`.
+    pub layout: String,
 }
 
 impl Default for Config {
@@ -319,6 +331,7 @@ impl Default for Config {
             allocation_policy: AllocationPolicy::Distributed,
             cdi_kind: DEFAULT_CDI_KIND.to_string(),
             sharing: Vec::new(),
+            mig_layouts: None,
         }
     }
 }
@@ -338,6 +351,10 @@ pub struct Overrides {
     pub cdi_annotation_prefix: Option<String>,
     pub allocation_policy: Option<String>,
     pub cdi_kind: Option<String>,
+    /// `--mig-layout-file` / `MIG_LAYOUT_FILE`.
+    pub mig_layout_file: Option<String>,
+    /// `--mig-layout` / `MIG_LAYOUT`.
+    pub mig_layout: Option<String>,
     /// Where each set override came from, by config field path (`flags.migStrategy` →
     /// ``flag `--mig-strategy` ``), so a bad value is blamed on the flag or environment
     /// variable the user set rather than on the file. A set override with no entry is
@@ -361,6 +378,8 @@ impl Overrides {
             "flags.plugin.cdiAnnotationPrefix" => self.cdi_annotation_prefix.is_some(),
             "flags.plugin.sharedDevicesAllocationPolicy" => self.allocation_policy.is_some(),
             "flags.plugin.cdiKind" => self.cdi_kind.is_some(),
+            "flags.migLayouts.file" => self.mig_layout_file.is_some(),
+            "flags.migLayouts.layout" => self.mig_layout.is_some(),
             _ => false,
         }
     }
@@ -483,6 +502,38 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
     if let Some(b) = ov.fail_on_init_error.or(flags.fail_on_init_error) {
         cfg.fail_on_init_error = b;
     }
+    let file_layouts = flags.mig_layouts.clone().unwrap_or_default();
+    let layout_file = ov
+        .mig_layout_file
+        .clone()
+        .or(file_layouts.file)
+        .filter(|s| !s.is_empty());
+    let layout = ov
+        .mig_layout
+        .clone()
+        .or(file_layouts.layout)
+        .filter(|s| !s.is_empty());
+    cfg.mig_layouts = match (layout_file, layout) {
+        (None, None) => None,
+        (Some(file), Some(layout)) => Some(MigLayouts {
+            file: PathBuf::from(file),
+            layout,
+        }),
+        (Some(file), None) => {
+            return Err(invalid(
+                "flags.migLayouts.layout",
+                &"(unset)",
+                &format!("required with the layout file {file}"),
+            ));
+        }
+        (None, Some(layout)) => {
+            return Err(invalid(
+                "flags.migLayouts.file",
+                &"(unset)",
+                &format!("required with the layout `{layout}`"),
+            ));
+        }
+    };
     if let Some(s) = ov.mps_root.as_ref().or(flags.mps_root.as_ref())
         && !s.is_empty()
     {

@@ -273,3 +273,52 @@ fn device_and_memory_values_are_printed_as_written() {
     .to_string();
     assert!(err.contains("= `5Zi`"), "{err}");
 }
+
+#[test]
+fn mig_layouts_from_file_flags_and_env() {
+    let cfg =
+        parse_ok("version: v1\nflags:\n  migLayouts: {file: /etc/l.yaml, layout: all-balanced}\n");
+    assert_eq!(
+        cfg.mig_layouts,
+        Some(MigLayouts {
+            file: PathBuf::from("/etc/l.yaml"),
+            layout: "all-balanced".into()
+        })
+    );
+    assert_eq!(parse_ok("version: v1\n").mig_layouts, None);
+    // A flag wins over the file, field by field.
+    let ov = Overrides {
+        mig_layout: Some("all-1g.5gb".into()),
+        ..Overrides::default()
+    };
+    let cfg = parse(
+        "version: v1\nflags:\n  migLayouts: {file: /etc/l.yaml, layout: all-balanced}\n",
+        "t.yaml",
+        &ov,
+    )
+    .unwrap();
+    assert_eq!(cfg.mig_layouts.unwrap().layout, "all-1g.5gb");
+    // Both or neither, and unknown keys are errors naming the field.
+    let e = parse_err("version: v1\nflags:\n  migLayouts: {file: /etc/l.yaml}\n");
+    assert!(
+        e.contains("flags.migLayouts.layout") && e.contains("/etc/l.yaml"),
+        "{e}"
+    );
+    let mut ov = Overrides {
+        mig_layout: Some("x".into()),
+        ..Overrides::default()
+    };
+    ov.sources.insert(
+        "flags.migLayouts.layout".into(),
+        "flag `--mig-layout`".into(),
+    );
+    let e = parse("version: v1\n", "t.yaml", &ov)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("flags.migLayouts.file") || e.contains("--mig-layout"),
+        "{e}"
+    );
+    let e = parse_err("version: v1\nflags:\n  migLayouts: {file: /l, layout: a, colour: red}\n");
+    assert!(e.contains("colour"), "{e}");
+}

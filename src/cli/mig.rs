@@ -1,0 +1,171 @@
+//! `gpu-slicer mig apply`: take every GPU to a named layout of a mig-parted config file.
+//!
+//! Reads the file ([`crate::domain::miglayout::parse`]), the GPUs and their instances (NVML
+//! through [`crate::platform::mig`], or a sim inventory with assumed placements), plans each
+//! GPU ([`crate::domain::miglayout::plan_gpu`]), prints the plan and, unless `--dry-run`,
+//! runs it. `--format json` is a contract:
+//! `{"gpus": [{"index", "uuid", "status", "reason"?, "steps": [{"action", "kind", "profile",
+//! "placement"?}]}]}` with `status` one of `unchanged`, `changed`, `pending`. A GPU whose step
+//! failed is rolled back and reported `pending` with the reason; the command then exits 1.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use crate::cli::args::{BackendArgs, OutputFormat};
+use crate::domain::inventory::{Backend, InventoryError};
+use crate::domain::miglayout::{GpuPlan, MigLayoutError, MigPartedFile, PlanStatus, current};
+use crate::platform::mig::{self as ops, MigGpu, MigOpError};
+
+/// `gpu-slicer mig …`.
+#[derive(Debug, Subcommand)]
+pub enum MigCommand {
+    /// Compute, print and apply the steps that take each GPU to a layout of a mig-parted file.
+    Apply(MigApplyArgs),
+}
+
+/// Arguments of `mig apply`.
+#[derive(Debug, Args)]
+pub struct MigApplyArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// mig-parted config file (`version: v1`, `mig-configs`).
+    #[arg(long, env = "MIG_PARTED_CONFIG_FILE")]
+    pub config_file: PathBuf,
+    /// The layout (a key of `mig-configs`) to apply.
+    #[arg(long, env = "MIG_PARTED_SELECTED_CONFIG")]
+    pub layout: String,
+    /// Print the steps without running them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    pub format: OutputFormat,
+}
+
+/// Errors of `mig`.
+#[derive(Debug, thiserror::Error)]
+pub enum MigError {
+    /// The layout file or the layout does not fit.
+    #[error(transparent)]
+    Layout(Box<MigLayoutError>),
+    /// The backend could not be opened or read.
+    #[error(transparent)]
+    Backend(#[from] InventoryError),
+    /// NVML failed reading the instances.
+    #[error(transparent)]
+    Op(#[from] MigOpError),
+    /// `--backend sim:…` without `--dry-run`.
+    #[error(
+        "the sim backend `{0}` cannot change MIG instances: add --dry-run, or use --backend nvml"
+    )]
+    SimReadOnly(String),
+    /// Some GPUs failed (the output says which and why).
+    #[error("{0} GPU(s) could not be repartitioned (see the output)")]
+    Failed(usize),
+    /// Writing output.
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl From<MigLayoutError> for MigError {
+    fn from(e: MigLayoutError) -> Self {
+        Self::Layout(Box::new(e))
+    }
+}
+
+/// The JSON document.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    gpus: &'a [GpuPlan],
+}
+
+/// Run `mig`.
+pub fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
+    let MigCommand::Apply(args) = cmd;
+    let file = ops::load_file(&args.config_file)?;
+    file.layout(&args.layout)?;
+    let (plans, failed) = if let Some(profile) = args.backend.backend.strip_prefix("sim:") {
+        if !args.dry_run {
+            return Err(MigError::SimReadOnly(profile.to_string()));
+        }
+        let inventory = crate::platform::sim::SimBackend::open(profile)?.discover()?;
+        let gpus: Vec<MigGpu> = inventory
+            .gpus
+            .iter()
+            .map(|g| MigGpu {
+                facts: current::facts(g),
+                instances: current::instances(g),
+            })
+            .collect();
+        (ops::plan_all(&file, &args.layout, &gpus)?, 0)
+    } else if args.backend.backend == "nvml" {
+        let nvml = crate::platform::nvml::open_nvml(args.backend.nvml_lib.as_deref())?;
+        let gpus = ops::read(&nvml)?;
+        let mut plans = ops::plan_all(&file, &args.layout, &gpus)?;
+        let mut failed = 0;
+        if !args.dry_run {
+            for (plan, gpu) in plans.iter_mut().zip(&gpus) {
+                if plan.status != PlanStatus::Changed {
+                    continue;
+                }
+                if let Err(f) = ops::apply(&nvml, gpu, &plan.steps) {
+                    failed += 1;
+                    *plan = plan.clone().pending(f.to_string());
+                }
+            }
+        }
+        (plans, failed)
+    } else {
+        return Err(InventoryError::UnknownBackend(args.backend.backend.clone()).into());
+    };
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &Report { gpus: &plans })
+                .map_err(std::io::Error::other)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Table => write_table(out, &file, &args.layout, &plans, args.dry_run)?,
+    }
+    if failed > 0 {
+        return Err(MigError::Failed(failed));
+    }
+    Ok(())
+}
+
+fn write_table(
+    out: &mut dyn Write,
+    file: &MigPartedFile,
+    layout: &str,
+    plans: &[GpuPlan],
+    dry_run: bool,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "layout {layout} from {}{}",
+        file.origin,
+        if dry_run {
+            " (dry run: nothing applied)"
+        } else {
+            ""
+        }
+    )?;
+    for p in plans {
+        let status = match p.status {
+            PlanStatus::Unchanged => "unchanged",
+            PlanStatus::Changed => "changed",
+            PlanStatus::Pending => "pending",
+        };
+        write!(out, "GPU {} {}: {status}", p.index, p.uuid)?;
+        match &p.reason {
+            Some(r) => writeln!(out, " ({r})")?,
+            None => writeln!(out)?,
+        }
+        for (i, s) in p.steps.iter().enumerate() {
+            writeln!(out, "  {}. {}", i + 1, ops::describe(s))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,539 @@
+//! MIG instances through NVML: read each GPU's GPU and compute instances, and run the
+//! destroy/create steps of [`crate::domain::miglayout`], rolling a GPU back when a step fails.
+//!
+//! nvml-wrapper 0.13 wraps only `nvmlDeviceGetGpuInstanceProfileInfo` (and
+//! `possible_placements`, which always returns an empty list: its Vec's length is never set).
+//! Every other call here (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`,
+//! `nvmlDeviceCreateGpuInstanceWithPlacement`, `nvmlDeviceGetGpuInstances`,
+//! `nvmlGpuInstanceGetInfo`, `nvmlGpuInstanceDestroy`,
+//! `nvmlGpuInstanceGetComputeInstanceProfileInfo`, `nvmlGpuInstanceCreateComputeInstance`,
+//! `nvmlGpuInstanceGetComputeInstances`, `nvmlComputeInstanceGetInfo_v2`,
+//! `nvmlComputeInstanceDestroy`) goes through the wrapper's own loaded symbol table
+//! (`Nvml::lib()`), typed by nvml-wrapper-sys, so one library handle serves both. Each raw
+//! call is in one small function with its safety argument.
+//!
+//! The planner's placements come from the product tables in `node_spec`; [`read`] checks them
+//! against what the driver reports (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`) and
+//! refuses a GPU where they differ, so a driver with other placements is never driven from a
+//! stale table.
+//!
+//! Every call blocks: callers run this on a blocking thread.
+
+use std::ffi::c_uint;
+
+use node_spec::{GiProfile, Product};
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings::{
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t,
+    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t,
+};
+
+use crate::domain::miglayout::steps::CiState;
+use crate::domain::miglayout::{
+    Action, GiState, GpuFacts, GpuPlan, Kind, MigLayoutError, MigPartedFile, Step,
+};
+
+/// Errors reading or changing MIG instances.
+#[derive(Debug, thiserror::Error)]
+pub enum MigOpError {
+    /// An NVML call failed.
+    #[error("NVML: {call} on GPU {gpu}: {source}")]
+    Nvml {
+        call: &'static str,
+        gpu: u32,
+        #[source]
+        source: NvmlError,
+    },
+    /// The driver's placements for a profile are not the ones gpu-slicer's table has.
+    #[error(
+        "GPU {gpu} ({product}): the driver reports placements {driver:?} for `{profile}`, gpu-slicer's table has {table:?}; refusing to plan from a table that does not match"
+    )]
+    Placements {
+        gpu: u32,
+        product: String,
+        profile: &'static str,
+        driver: Vec<(u32, u32)>,
+        table: Vec<(u32, u32)>,
+    },
+    /// A step names an instance that is not there (the GPU changed under us).
+    #[error("GPU {gpu}: no {what} for step {step}")]
+    Missing {
+        gpu: u32,
+        what: &'static str,
+        step: String,
+    },
+}
+
+type Result<T, E = MigOpError> = std::result::Result<T, E>;
+
+/// One GPU as the planner needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigGpu {
+    /// Index, UUID, product, MIG mode.
+    pub facts: GpuFacts,
+    /// Its GPU instances (empty when MIG is off or unsupported).
+    pub instances: Vec<GiState>,
+}
+
+/// Read a mig-parted layout file, bounded (a path to a huge file must not fill memory).
+pub fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError> {
+    use std::io::Read;
+    let origin = path.display().to_string();
+    let read_err = |message: String| MigLayoutError::Read {
+        file: origin.clone(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
+    let mut text = String::new();
+    file.take(crate::domain::miglayout::parse::MAX_FILE_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| read_err(e.to_string()))?;
+    MigPartedFile::parse(&text, &origin)
+}
+
+/// Plan every GPU for `layout` of `file` (same order as `gpus`).
+pub fn plan_all(
+    file: &MigPartedFile,
+    layout: &str,
+    gpus: &[MigGpu],
+) -> Result<Vec<GpuPlan>, MigLayoutError> {
+    let facts: Vec<_> = gpus.iter().map(|g| g.facts.clone()).collect();
+    let targets = crate::domain::miglayout::select(file, layout, &facts)?;
+    Ok(gpus
+        .iter()
+        .zip(&targets)
+        .map(|(g, t)| {
+            let product = node_spec::lookup_product(&g.facts.product);
+            crate::domain::miglayout::plan_gpu(&g.facts, product, t, &g.instances)
+        })
+        .collect())
+}
+
+/// PIDs of the compute processes NVML reports on GPU `index` (MIG instances included).
+pub fn compute_processes(nvml: &Nvml, index: u32) -> Result<Vec<u32>> {
+    let dev = nvml
+        .device_by_index(index)
+        .map_err(err("nvmlDeviceGetHandleByIndex_v2", index))?;
+    let procs = dev
+        .running_compute_processes()
+        .map_err(err("nvmlDeviceGetComputeRunningProcesses_v3", index))?;
+    Ok(procs.iter().map(|p| p.pid).collect())
+}
+
+/// Text of a step for messages: `create gpu-instance 3g.40gb@4`.
+pub fn describe(step: &Step) -> String {
+    let action = match step.action {
+        Action::Create => "create",
+        Action::Destroy => "destroy",
+    };
+    let kind = match step.kind {
+        Kind::GpuInstance => "gpu-instance",
+        Kind::ComputeInstance => "compute-instance",
+    };
+    match step.placement {
+        Some(p) => format!("{action} {kind} {}@{p}", step.profile),
+        None => format!("{action} {kind} {}", step.profile),
+    }
+}
+
+fn err(call: &'static str, gpu: u32) -> impl FnOnce(NvmlError) -> MigOpError {
+    move |source| MigOpError::Nvml { call, gpu, source }
+}
+
+/// Read every GPU's MIG facts and instances.
+pub fn read(nvml: &Nvml) -> Result<Vec<MigGpu>> {
+    let count = nvml
+        .device_count()
+        .map_err(err("nvmlDeviceGetCount_v2", 0))?;
+    (0..count).map(|i| read_gpu(nvml, i)).collect()
+}
+
+/// Read one GPU by index.
+pub fn read_gpu(nvml: &Nvml, index: u32) -> Result<MigGpu> {
+    let dev = nvml
+        .device_by_index(index)
+        .map_err(err("nvmlDeviceGetHandleByIndex_v2", index))?;
+    let uuid = dev.uuid().map_err(err("nvmlDeviceGetUUID", index))?;
+    let product_name = dev.name().map_err(err("nvmlDeviceGetName", index))?;
+    let mig_enabled = match dev.mig_mode() {
+        Ok(m) => m.current == 1,
+        Err(NvmlError::NotSupported) => false,
+        Err(e) => return Err(err("nvmlDeviceGetMigMode", index)(e)),
+    };
+    let facts = GpuFacts {
+        index,
+        uuid,
+        product: product_name.clone(),
+        mig_enabled,
+    };
+    let Some(product) = node_spec::lookup_product(&product_name).filter(|_| mig_enabled) else {
+        return Ok(MigGpu {
+            facts,
+            instances: Vec::new(),
+        });
+    };
+    let mut instances: Vec<GiState> = list_gis(nvml, &dev, index, product)?
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
+    instances.sort_by_key(|g| (g.start, g.id));
+    Ok(MigGpu { facts, instances })
+}
+
+/// The profile's NVML id as the driver reports it, checked against the table.
+fn profile_id(dev: &Device<'_>, index: u32, p: &GiProfile) -> Result<u32> {
+    let info: nvmlGpuInstanceProfileInfo_t =
+        gi_profile_info(dev, p.index).map_err(err("nvmlDeviceGetGpuInstanceProfileInfo", index))?;
+    Ok(info.id)
+}
+
+/// Every GPU instance of `dev` with its handle, the placement tables checked on the way.
+fn list_gis(
+    nvml: &Nvml,
+    dev: &Device<'_>,
+    index: u32,
+    product: &'static Product,
+) -> Result<Vec<(nvmlGpuInstance_t, GiState)>> {
+    let mut out = Vec::new();
+    for p in node_spec::gi_profiles(product) {
+        let id = match profile_id(dev, index, p) {
+            Ok(id) => id,
+            // A driver without this profile (older branches lack 1g.20gb): nothing of it exists.
+            Err(MigOpError::Nvml {
+                source: NvmlError::NotSupported | NvmlError::InvalidArg,
+                ..
+            }) => continue,
+            Err(e) => return Err(e),
+        };
+        let driver = placements(nvml, dev, id)
+            .map_err(err("nvmlDeviceGetGpuInstancePossiblePlacements_v2", index))?;
+        let table: Vec<(u32, u32)> = p.starts.iter().map(|&s| (s, p.memory_slices)).collect();
+        if driver != table {
+            return Err(MigOpError::Placements {
+                gpu: index,
+                product: product.name.to_string(),
+                profile: p.name,
+                driver,
+                table,
+            });
+        }
+        for gi in gpu_instances(nvml, dev, id, p.instance_count)
+            .map_err(err("nvmlDeviceGetGpuInstances", index))?
+        {
+            let info = gi_info(nvml, gi).map_err(err("nvmlGpuInstanceGetInfo", index))?;
+            let cis = compute_instances(nvml, gi, p.compute_slices)
+                .map_err(err("nvmlGpuInstanceGetComputeInstances", index))?;
+            out.push((
+                gi,
+                GiState {
+                    id: info.id,
+                    profile: p.name.to_string(),
+                    start: info.placement.start,
+                    compute_instances: cis
+                        .iter()
+                        .map(|(id, full, _)| CiState {
+                            id: *id,
+                            full: *full,
+                        })
+                        .collect(),
+                },
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Why applying a plan to a GPU failed, and where the rollback left it.
+#[derive(Debug)]
+pub struct ApplyFailure {
+    /// The step that failed (`create gpu-instance 2g.20gb@0`).
+    pub step: String,
+    /// What NVML said.
+    pub error: MigOpError,
+    /// `Ok`: the GPU holds its previous layout again; `Err`: why it could not be restored.
+    pub rollback: Result<(), String>,
+}
+
+impl std::fmt::Display for ApplyFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "step `{}` failed: {}; ", self.step, self.error)?;
+        match &self.rollback {
+            Ok(()) => write!(f, "rolled back to the previous layout"),
+            Err(e) => write!(f, "rollback failed: {e}"),
+        }
+    }
+}
+
+/// Run `steps` on `gpu` (as read before planning). When a step fails, plan from where the GPU
+/// stopped back to the profiles it had and run that, as far as NVML allows.
+pub fn apply(nvml: &Nvml, gpu: &MigGpu, steps: &[Step]) -> Result<(), Box<ApplyFailure>> {
+    let index = gpu.facts.index;
+    for step in steps {
+        if let Err(error) = run_step(nvml, index, step) {
+            tracing::warn!(gpu = index, step = %describe(step), error = %error, "MIG step failed; rolling back");
+            let rollback = roll_back(nvml, gpu);
+            return Err(Box::new(ApplyFailure {
+                step: describe(step),
+                error,
+                rollback,
+            }));
+        }
+        tracing::info!(gpu = index, step = %describe(step), "MIG step done");
+    }
+    Ok(())
+}
+
+fn roll_back(nvml: &Nvml, before: &MigGpu) -> Result<(), String> {
+    let product = node_spec::lookup_product(&before.facts.product).ok_or("not a MIG product")?;
+    let table = node_spec::gi_profiles(product);
+    let previous: Vec<&'static GiProfile> = before
+        .instances
+        .iter()
+        .filter_map(|g| table.iter().find(|t| t.name == g.profile))
+        .collect();
+    let now = read_gpu(nvml, before.facts.index).map_err(|e| e.to_string())?;
+    let plan = crate::domain::miglayout::plan_gpu(
+        &now.facts,
+        Some(product),
+        &crate::domain::miglayout::Target::Enabled(previous),
+        &now.instances,
+    );
+    for step in &plan.steps {
+        run_step(nvml, before.facts.index, step)
+            .map_err(|e| format!("`{}`: {e}", describe(step)))?;
+    }
+    Ok(())
+}
+
+fn run_step(nvml: &Nvml, index: u32, step: &Step) -> Result<()> {
+    let dev = nvml
+        .device_by_index(index)
+        .map_err(err("nvmlDeviceGetHandleByIndex_v2", index))?;
+    let name = dev.name().map_err(err("nvmlDeviceGetName", index))?;
+    let missing = |what| MigOpError::Missing {
+        gpu: index,
+        what,
+        step: describe(step),
+    };
+    let product = node_spec::lookup_product(&name).ok_or_else(|| missing("MIG product"))?;
+    let profile = node_spec::gi_profiles(product)
+        .iter()
+        .find(|p| p.name == step.profile)
+        .ok_or_else(|| missing("profile"))?;
+    let gis = list_gis(nvml, &dev, index, product)?;
+    let by_id = |id: Option<u32>| gis.iter().find(|(_, g)| Some(g.id) == id);
+    let at_placement = || {
+        gis.iter()
+            .find(|(_, g)| Some(g.start) == step.placement && g.profile == step.profile)
+    };
+    match (step.action, step.kind) {
+        (Action::Destroy, Kind::ComputeInstance) => {
+            let (gi, _) = by_id(step.gpu_instance_id).ok_or_else(|| missing("GPU instance"))?;
+            let cis = compute_instances(nvml, *gi, profile.compute_slices)
+                .map_err(err("nvmlGpuInstanceGetComputeInstances", index))?;
+            let (_, _, ci) = cis
+                .iter()
+                .find(|(id, _, _)| Some(*id) == step.compute_instance_id)
+                .ok_or_else(|| missing("compute instance"))?;
+            ci_destroy(nvml, *ci).map_err(err("nvmlComputeInstanceDestroy", index))
+        }
+        (Action::Destroy, Kind::GpuInstance) => {
+            let (gi, _) = by_id(step.gpu_instance_id).ok_or_else(|| missing("GPU instance"))?;
+            gi_destroy(nvml, *gi).map_err(err("nvmlGpuInstanceDestroy", index))
+        }
+        (Action::Create, Kind::GpuInstance) => {
+            let id = profile_id(&dev, index, profile)?;
+            let start = step.placement.ok_or_else(|| missing("placement"))?;
+            gi_create(nvml, &dev, id, start, profile.memory_slices)
+                .map_err(err("nvmlDeviceCreateGpuInstanceWithPlacement", index))
+        }
+        (Action::Create, Kind::ComputeInstance) => {
+            let (gi, _) = at_placement().ok_or_else(|| missing("GPU instance"))?;
+            let ci_profile = full_ci_profile(nvml, *gi, profile.compute_slices)
+                .map_err(err("nvmlGpuInstanceGetComputeInstanceProfileInfo", index))?
+                .ok_or_else(|| missing("full-size compute-instance profile"))?;
+            ci_create(nvml, *gi, ci_profile.id)
+                .map_err(err("nvmlGpuInstanceCreateComputeInstance", index))
+        }
+    }
+}
+
+// ---------------------------------------------------------------- raw calls
+//
+// Each takes handles from the same `Nvml` and uses the `Result` symbol fields (the generated
+// methods panic on a missing symbol), so an old driver gives `FailedToLoadSymbol`.
+
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` indices of the compute-slice counts MIG GPUs offer.
+const CI_PROFILE_INDICES: [u32; 5] = [0, 1, 2, 3, 4];
+
+fn gi_profile_info(
+    dev: &Device<'_>,
+    index: u32,
+) -> Result<nvmlGpuInstanceProfileInfo_t, NvmlError> {
+    // The wrapper's `profile_info` is this call; it returns its own struct, the raw one is kept
+    // for its `id`.
+    let info = dev.profile_info(index)?;
+    Ok(nvmlGpuInstanceProfileInfo_t {
+        id: info.id,
+        isP2pSupported: u32::from(info.is_p2p_supported),
+        sliceCount: info.slice_count,
+        instanceCount: info.instance_count,
+        multiprocessorCount: info.multiprocessor_count,
+        copyEngineCount: info.copy_engine_count,
+        decoderCount: info.decoder_count,
+        encoderCount: info.encoder_count,
+        jpegCount: info.jpeg_count,
+        ofaCount: info.ofa_count,
+        memorySizeMB: info.memory_size_mb,
+    })
+}
+
+fn raw(dev: &Device<'_>) -> nvmlDevice_t {
+    // SAFETY: the handle stays owned by `dev` (borrowed from a live `Nvml`) and is only passed
+    // back into the same library while `dev` is alive.
+    unsafe { dev.handle() }
+}
+
+fn placements(
+    nvml: &Nvml,
+    dev: &Device<'_>,
+    profile_id: u32,
+) -> Result<Vec<(u32, u32)>, NvmlError> {
+    let sym = nvml_sym(
+        nvml.lib()
+            .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+            .as_ref(),
+    )?;
+    let mut count: c_uint = 0;
+    // SAFETY: nvml.h signature; a null array with a count pointer asks for the count.
+    nvml_try(unsafe { sym(raw(dev), profile_id, std::ptr::null_mut(), &mut count) })?;
+    let mut buf = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count.min(64) as usize];
+    let mut n = buf.len() as c_uint;
+    // SAFETY: `buf` holds `n` entries and outlives the call; the driver writes at most `n`.
+    nvml_try(unsafe { sym(raw(dev), profile_id, buf.as_mut_ptr(), &mut n) })?;
+    buf.truncate(n as usize);
+    Ok(buf.iter().map(|p| (p.start, p.size)).collect())
+}
+
+fn gpu_instances(
+    nvml: &Nvml,
+    dev: &Device<'_>,
+    profile_id: u32,
+    capacity: u32,
+) -> Result<Vec<nvmlGpuInstance_t>, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstances.as_ref())?;
+    // nvml.h: the buffer must hold the profile's `instanceCount`; one spare for safety.
+    let mut buf: Vec<nvmlGpuInstance_t> = vec![std::ptr::null_mut(); capacity as usize + 1];
+    let mut n: c_uint = 0;
+    // SAFETY: `buf` holds more than `instanceCount` handles and outlives the call.
+    nvml_try(unsafe { sym(raw(dev), profile_id, buf.as_mut_ptr(), &mut n) })?;
+    buf.truncate((n as usize).min(capacity as usize + 1));
+    Ok(buf)
+}
+
+fn gi_info(nvml: &Nvml, gi: nvmlGpuInstance_t) -> Result<nvmlGpuInstanceInfo_t, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceGetInfo.as_ref())?;
+    // SAFETY: plain-data struct; all-zero is a valid bit pattern (null pointers, zero ints).
+    let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `gi` came from this library; `info` is a valid out-pointer for the call.
+    nvml_try(unsafe { sym(gi, &mut info) })?;
+    Ok(info)
+}
+
+/// The compute-instance profile spanning a GPU instance of `slices` compute slices.
+fn full_ci_profile(
+    nvml: &Nvml,
+    gi: nvmlGpuInstance_t,
+    slices: u32,
+) -> Result<Option<nvmlComputeInstanceProfileInfo_t>, NvmlError> {
+    Ok(ci_profiles(nvml, gi)?
+        .into_iter()
+        .find(|p| p.sliceCount == slices))
+}
+
+fn ci_profiles(
+    nvml: &Nvml,
+    gi: nvmlGpuInstance_t,
+) -> Result<Vec<nvmlComputeInstanceProfileInfo_t>, NvmlError> {
+    let sym = nvml_sym(
+        nvml.lib()
+            .nvmlGpuInstanceGetComputeInstanceProfileInfo
+            .as_ref(),
+    )?;
+    let mut out = Vec::new();
+    for idx in CI_PROFILE_INDICES {
+        // SAFETY: plain-data struct; zero is valid.
+        let mut info: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `gi` came from this library; engine profile 0 is SHARED; `info` is valid.
+        match nvml_try(unsafe { sym(gi, idx, 0, &mut info) }) {
+            Ok(()) => out.push(info),
+            // Profiles larger than the GPU instance do not exist for it.
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Compute instances of a GPU instance: (id, spans the GPU instance, handle).
+fn compute_instances(
+    nvml: &Nvml,
+    gi: nvmlGpuInstance_t,
+    gi_slices: u32,
+) -> Result<Vec<(u32, bool, nvmlComputeInstance_t)>, NvmlError> {
+    let list = nvml_sym(nvml.lib().nvmlGpuInstanceGetComputeInstances.as_ref())?;
+    let info_sym = nvml_sym(nvml.lib().nvmlComputeInstanceGetInfo_v2.as_ref())?;
+    let mut out = Vec::new();
+    for p in ci_profiles(nvml, gi)? {
+        let mut buf: Vec<nvmlComputeInstance_t> =
+            vec![std::ptr::null_mut(); p.instanceCount as usize + 1];
+        let mut n: c_uint = 0;
+        // SAFETY: `buf` holds more than the profile's `instanceCount` handles.
+        nvml_try(unsafe { list(gi, p.id, buf.as_mut_ptr(), &mut n) })?;
+        buf.truncate((n as usize).min(buf.len()));
+        for ci in buf {
+            // SAFETY: plain-data struct; zero is valid.
+            let mut info: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `ci` came from this library; `info` is a valid out-pointer.
+            nvml_try(unsafe { info_sym(ci, &mut info) })?;
+            out.push((info.id, p.sliceCount == gi_slices, ci));
+        }
+    }
+    out.sort_by_key(|(id, _, _)| *id);
+    Ok(out)
+}
+
+fn gi_create(
+    nvml: &Nvml,
+    dev: &Device<'_>,
+    profile_id: u32,
+    start: u32,
+    size: u32,
+) -> Result<(), NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceCreateGpuInstanceWithPlacement.as_ref())?;
+    let placement = nvmlGpuInstancePlacement_t { start, size };
+    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+    // SAFETY: nvml.h signature; `placement` and `gi` outlive the call.
+    nvml_try(unsafe { sym(raw(dev), profile_id, &placement, &mut gi) })
+}
+
+fn gi_destroy(nvml: &Nvml, gi: nvmlGpuInstance_t) -> Result<(), NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceDestroy.as_ref())?;
+    // SAFETY: `gi` came from this library and is not used after a successful destroy.
+    nvml_try(unsafe { sym(gi) })
+}
+
+fn ci_create(nvml: &Nvml, gi: nvmlGpuInstance_t, profile_id: u32) -> Result<(), NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceCreateComputeInstance.as_ref())?;
+    let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
+    // SAFETY: `gi` came from this library; `ci` is a valid out-pointer.
+    nvml_try(unsafe { sym(gi, profile_id, &mut ci) })
+}
+
+fn ci_destroy(nvml: &Nvml, ci: nvmlComputeInstance_t) -> Result<(), NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlComputeInstanceDestroy.as_ref())?;
+    // SAFETY: `ci` came from this library and is not used after a successful destroy.
+    nvml_try(unsafe { sym(ci) })
+}

@@ -1,0 +1,244 @@
+//! The MIG layout actor: takes idle GPUs to the layout `flags.migLayouts` names, live.
+//!
+//! It follows the store (a config change, a release of held devices) and a timer. Each
+//! round reads the layout file and every GPU's instances through NVML
+//! ([`crate::platform::mig`]) and plans each GPU ([`crate::domain::miglayout`]). A GPU that
+//! needs steps is repartitioned only when idle: none of its devices held (the store's held
+//! set: Allocate answers, pruned by the PodResources ledger) and no compute process on it
+//! (NVML). Then:
+//!
+//! 1. its devices are marked unhealthy in the store (`Store::set_health` on the GPU UUID), so
+//!    they leave the allocatable count of ListAndWatch and nothing new lands;
+//! 2. idleness is checked again (an Allocate may have raced step 1);
+//! 3. the steps run (a failed step rolls the GPU back, [`crate::platform::mig::apply`]);
+//! 4. a re-scan is requested from the reloader and awaited, so the transition plans the new
+//!    MIG devices and the spec names them; only then is the GPU marked healthy again, so no
+//!    device that no longer exists is ever advertised as allocatable.
+//!
+//! Other GPUs are never touched. A GPU that is busy, whose MIG mode differs from the
+//! layout's (changing it needs a reset, which is never done) or whose steps failed is
+//! pending: logged when its reason changes, `gpu_slicer_mig_layout_pending{gpu}` = 1, and
+//! retried next round. `/readyz` is not affected.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::config::MigLayouts;
+use crate::domain::inventory::Health;
+use crate::domain::miglayout::{GpuPlan, PlanStatus};
+use crate::platform::mig::{self as ops, MigGpu};
+use crate::runtime::error::blocking;
+use crate::runtime::metrics::{GpuLabels, Metrics};
+use crate::runtime::triggers::Cause;
+use crate::state::Store;
+
+/// How the actor reaches NVML and how often it retries pending GPUs.
+#[derive(Debug, Clone)]
+pub struct MigLayoutSettings {
+    /// The NVML library (`--nvml-lib`), `None` for the system's.
+    pub nvml_lib: Option<PathBuf>,
+    /// Retry interval for pending GPUs (a release also wakes it).
+    pub interval: Duration,
+}
+
+/// Reason a drained GPU's devices carry while it is repartitioned.
+const DRAIN_REASON: &str = "MIG layout being applied";
+/// How long to wait for the re-scan that advertises a new layout.
+const RESCAN_WAIT: Duration = Duration::from_secs(30);
+
+/// Run until `token` is cancelled.
+pub(crate) async fn run(
+    settings: MigLayoutSettings,
+    store: Store,
+    rescan: mpsc::Sender<Cause>,
+    metrics: Arc<Metrics>,
+    token: CancellationToken,
+) {
+    let mut changes = store.subscribe();
+    let mut tick = tokio::time::interval(settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reasons: BTreeMap<String, String> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+        }
+        let Some(layouts) = store.current().config.mig_layouts.clone() else {
+            metrics.mig_layout_pending.clear();
+            reasons.clear();
+            continue;
+        };
+        let round = tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            r = round(&settings, &layouts, &store, &rescan) => r,
+        };
+        let pending = match round {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, file = %layouts.file.display(), layout = %layouts.layout, "MIG layout not applied");
+                continue;
+            }
+        };
+        for (uuid, reason) in &pending {
+            let value = i64::from(reason.is_some());
+            metrics
+                .mig_layout_pending
+                .get_or_create(&GpuLabels { gpu: uuid.clone() })
+                .set(value);
+            match reason {
+                Some(r) if reasons.get(uuid) != Some(r) => {
+                    tracing::warn!(gpu = %uuid, reason = %r, layout = %layouts.layout, "MIG layout pending");
+                    reasons.insert(uuid.clone(), r.clone());
+                }
+                Some(_) => {}
+                None => {
+                    reasons.remove(uuid);
+                }
+            }
+        }
+        // Changes this round made (health, held) must not wake the next one at once.
+        changes.borrow_and_update();
+    }
+}
+
+/// One pass over every GPU: GPU UUID → pending reason (None: in its layout now).
+async fn round(
+    settings: &MigLayoutSettings,
+    layouts: &MigLayouts,
+    store: &Store,
+    rescan: &mpsc::Sender<Cause>,
+) -> Result<Vec<(String, Option<String>)>, String> {
+    let (lib, file, layout) = (
+        settings.nvml_lib.clone(),
+        layouts.file.clone(),
+        layouts.layout.clone(),
+    );
+    let (gpus, plans) = blocking("MIG layout planning", move || {
+        let parsed = ops::load_file(&file).map_err(|e| e.to_string())?;
+        let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
+        let gpus = ops::read(&nvml).map_err(|e| e.to_string())?;
+        let plans = ops::plan_all(&parsed, &layout, &gpus).map_err(|e| e.to_string())?;
+        Ok::<_, String>((gpus, plans))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let mut out = Vec::new();
+    for (gpu, plan) in gpus.into_iter().zip(plans) {
+        let uuid = gpu.facts.uuid.clone();
+        let reason = match plan.status {
+            PlanStatus::Unchanged => None,
+            PlanStatus::Pending => plan.reason.clone(),
+            PlanStatus::Changed => repartition(settings, store, rescan, gpu, plan).await.err(),
+        };
+        out.push((uuid, reason));
+    }
+    Ok(out)
+}
+
+/// Why `gpu` is busy, if it is.
+async fn busy(
+    settings: &MigLayoutSettings,
+    store: &Store,
+    gpu: &MigGpu,
+) -> Result<Option<String>, String> {
+    if crate::domain::miglayout::held_gpus(&store.current()).contains(&gpu.facts.uuid) {
+        return Ok(Some("devices of this GPU are allocated".into()));
+    }
+    let (lib, index) = (settings.nvml_lib.clone(), gpu.facts.index);
+    let pids = blocking("compute process check", move || {
+        let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
+        ops::compute_processes(&nvml, index).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    Ok((!pids.is_empty()).then(|| format!("compute processes run on it (pids {pids:?})")))
+}
+
+/// Whether the inventory GPU `g` lists the MIG devices `now` has (by GPU and compute instance).
+fn devices_match(g: &crate::domain::inventory::Gpu, now: &MigGpu) -> bool {
+    now.instances
+        .iter()
+        .filter(|i| !i.compute_instances.is_empty())
+        .all(|i| {
+            g.mig_devices
+                .iter()
+                .any(|m| m.gpu_instance_id == i.id && m.profile == i.profile)
+        })
+}
+
+/// Drain, re-check, apply, re-scan, undrain. `Err`: why the GPU is still pending.
+async fn repartition(
+    settings: &MigLayoutSettings,
+    store: &Store,
+    rescan: &mpsc::Sender<Cause>,
+    gpu: MigGpu,
+    plan: GpuPlan,
+) -> Result<(), String> {
+    if let Some(why) = busy(settings, store, &gpu).await? {
+        return Err(why);
+    }
+    let uuid = gpu.facts.uuid.clone();
+    let drain = |health| {
+        if let Err(e) = store.set_health(&uuid, health, DRAIN_REASON) {
+            tracing::debug!(gpu = %uuid, error = %e, "GPU has no planned devices to mark");
+        }
+    };
+    drain(Health::Unhealthy);
+    if let Some(why) = busy(settings, store, &gpu).await? {
+        drain(Health::Healthy);
+        return Err(why);
+    }
+    tracing::info!(gpu = %uuid, steps = plan.steps.len(), "applying MIG layout");
+    let lib = settings.nvml_lib.clone();
+    let steps = plan.steps.clone();
+    let index = gpu.facts.index;
+    let (result, now) = blocking("MIG layout steps", move || {
+        let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
+        let result = ops::apply(&nvml, &gpu, &steps).map_err(|f| f.to_string());
+        // What the GPU holds now, success or not: the re-scan must show exactly this.
+        let now = ops::read_gpu(&nvml, index).map_err(|e| e.to_string())?;
+        Ok::<_, String>((result, now))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let want = now
+        .instances
+        .iter()
+        .filter(|g| !g.compute_instances.is_empty())
+        .count();
+    // Re-scan and wait until the store serves the GPU's new MIG devices before undraining.
+    let mut changes = store.subscribe();
+    let _ = rescan.send(Cause::Rescan).await;
+    let shown = |s: &crate::domain::snapshot::Snapshot| {
+        s.inventory
+            .gpu(&uuid)
+            .is_some_and(|g| g.mig_devices.len() == want && devices_match(g, &now))
+    };
+    // Map to a bool at once: the `Ref` `wait_for` returns holds the store's read lock, and
+    // `set_health` below takes its write lock.
+    let rescanned = tokio::time::timeout(RESCAN_WAIT, changes.wait_for(|s| shown(s)))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    if !rescanned {
+        tracing::warn!(gpu = %uuid, "the re-scan did not show the GPU's MIG devices in time");
+    }
+    drain(Health::Healthy);
+    match result {
+        Ok(()) => {
+            tracing::info!(gpu = %uuid, "MIG layout applied");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(gpu = %uuid, error = %e, "MIG layout failed");
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The daemon applies `flags.migLayouts` live, through the real NVML path against the fake
+//! driver (crates/fake-nvml) and the kubelet emulator: an idle GPU is repartitioned and its
+//! new MIG resources advertised without a restart while another GPU keeps serving; a GPU with
+//! an allocated slice stays pending until the emulator releases it; a failing create rolls
+//! the GPU back.
+
+mod common;
+
+use std::ffi::{CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Harness, fake_lib, short_tempdir, within};
+use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::platform::nvml::NvmlBackend;
+use gpu_slicer::runtime::ledger::LedgerSettings;
+use gpu_slicer::runtime::miglayout::MigLayoutSettings;
+use gpu_slicer::runtime::supervisor::{ReloadSettings, RunSettings};
+use gpu_slicer::runtime::triggers::TriggerSettings;
+use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
+
+const GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
+const GPU1: &str = "GPU-40400000-0000-4000-8000-0000000000a1";
+
+/// GPU 0: two 3g.20gb; GPU 1: three 2g.10gb. Both A100-40GB with MIG on.
+fn node() -> String {
+    format!(
+        r#"
+gpus:
+  - index: 0
+    uuid: {GPU0}
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:10:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0001, profile: 3g.20gb, gpuInstanceId: 1}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0002, profile: 3g.20gb, gpuInstanceId: 2}}
+  - index: 1
+    uuid: {GPU1}
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:11:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1001, profile: 2g.10gb, gpuInstanceId: 3}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1002, profile: 2g.10gb, gpuInstanceId: 4}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1003, profile: 2g.10gb, gpuInstanceId: 5}}
+"#
+    )
+}
+
+const LAYOUTS: &str = "version: v1\nmig-configs:\n  gpu0-small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n  all-small:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n  gpu0-balanced:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 2, \"2g.10gb\": 1, \"3g.20gb\": 1}\n";
+
+struct Daemon {
+    h: Harness,
+    config: PathBuf,
+    _lib: libloading::Library,
+    lib_path: PathBuf,
+}
+
+fn control(lib: &libloading::Library, symbol: &[u8], text: &str) {
+    let text = CString::new(text).unwrap();
+    // SAFETY: the fake's control symbols take one NUL-terminated string; `text` outlives the call.
+    let rc = unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> =
+            lib.get(symbol).expect("control symbol");
+        f(text.as_ptr())
+    };
+    assert_eq!(rc, 0, "{}", String::from_utf8_lossy(symbol));
+}
+
+fn write(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
+    let dir = short_tempdir();
+    let lib_path = dir.path().join("libnvidia-ml.so.1");
+    std::fs::copy(fake_lib(), &lib_path).unwrap();
+    // SAFETY: loading our own fake library; it runs no initialisers with side effects.
+    let lib = unsafe { libloading::Library::new(&lib_path) }.unwrap();
+    control(&lib, b"fakeNvmlSetNodeJson", &node());
+    if let Some(state) = mig_state {
+        control(&lib, b"fakeNvmlSetMigStateJson", state);
+    }
+    let proc_root = dir.path().join("proc");
+    std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
+    std::fs::write(
+        proc_root.join("driver/nvidia-caps/mig-minors"),
+        node_spec::mig_minors_file(&[0, 1]),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("layouts.yaml"), LAYOUTS).unwrap();
+    let config_file = dir.path().join("config.yaml");
+    let driver = common::fake_driver_root(dir.path(), "570.124.06");
+    std::fs::write(
+        &config_file,
+        config_text.replace("DRIVER", &driver.display().to_string()),
+    )
+    .unwrap();
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let pod_resources = dir.path().join("pod-resources.sock");
+    emulator
+        .serve_pod_resources(&pod_resources)
+        .expect("pod-resources");
+    let path = config_file.clone();
+    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let mut settings =
+        RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
+    settings.reload = ReloadSettings {
+        load: Some(load),
+        triggers: TriggerSettings {
+            config_file: Some(config_file.clone()),
+            ..TriggerSettings::default()
+        },
+    };
+    settings.ledger = Some(LedgerSettings {
+        socket: pod_resources,
+        interval: Duration::from_millis(50),
+    });
+    settings.mig_layouts = Some(MigLayoutSettings {
+        nvml_lib: Some(lib_path.clone()),
+        interval: Duration::from_millis(100),
+    });
+    let backend = Arc::new(
+        NvmlBackend::new(Some(lib_path.clone()), proc_root).with_sys_root(dir.path().join("sys")),
+    );
+    let h = common::launch(dir, emulator, settings, backend).await;
+    Daemon {
+        h,
+        config: config_file,
+        _lib: lib,
+        lib_path,
+    }
+}
+
+impl Daemon {
+    /// Wait until the served plan has `count` devices of `resource` (0: no such resource).
+    async fn wait_devices(&self, resource: &str, count: usize) {
+        let mut rx = self.h.running.store.subscribe();
+        within(
+            &format!("{count} x {resource}"),
+            rx.wait_for(|s| s.plan.resource(resource).map_or(0, |r| r.devices.len()) == count),
+        )
+        .await
+        .expect("store alive");
+    }
+
+    /// Wait until the emulator's ListAndWatch list of `resource` has `count` healthy devices.
+    async fn wait_listed(&self, resource: &str, count: usize) {
+        within(&format!("{count} x {resource} listed"), async {
+            loop {
+                if let Some(mut rx) = self.h.emulator.devices(resource) {
+                    let _ = rx
+                        .wait_for(|d| d.iter().filter(|d| d.healthy).count() == count)
+                        .await;
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+
+    /// The config with `flags.migLayouts` naming `layout` of the test's layout file.
+    fn with_layout(&self, layout: &str) -> String {
+        let dir = self.config.parent().unwrap();
+        format!(
+            "{MIXED}  migLayouts: {{file: {}, layout: {layout}}}\n",
+            dir.join("layouts.yaml").display()
+        )
+        .replace("DRIVER", &dir.join("driver-root").display().to_string())
+    }
+
+    fn pending(&self, gpu: &str) -> Option<String> {
+        let text = self.h.running.metrics.encode_prometheus();
+        let prefix = format!("gpu_slicer_mig_layout_pending{{gpu=\"{gpu}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+    }
+}
+
+const MIXED: &str =
+    "version: v1\nflags:\n  migStrategy: mixed\n  plugin: {containerDriverRoot: DRIVER}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_layout_on_idle_gpu_is_advertised_live_while_the_other_gpu_keeps_serving() {
+    let d = start(MIXED, None).await;
+    d.wait_listed("nvidia.com/mig-3g.20gb", 2).await;
+    // A pod on GPU 1 (the only 2g.10gb devices).
+    let pod = PodRef {
+        namespace: "default".into(),
+        name: "keep".into(),
+        container: "c".into(),
+    };
+    let held =
+        d.h.emulator
+            .allocate_for(pod, "nvidia.com/mig-2g.10gb", 1)
+            .await
+            .expect("allocate");
+    let registrations = d.h.emulator.registrations().borrow().clone();
+    write(&d.config, &d.with_layout("gpu0-small"));
+    d.wait_devices("nvidia.com/mig-1g.5gb", 7).await;
+    d.wait_devices("nvidia.com/mig-3g.20gb", 0).await;
+    d.wait_listed("nvidia.com/mig-1g.5gb", 7).await;
+    // GPU 1 untouched: its slices still served, the held one among them, healthy.
+    d.wait_listed("nvidia.com/mig-2g.10gb", 3).await;
+    let listed =
+        d.h.emulator
+            .devices("nvidia.com/mig-2g.10gb")
+            .unwrap()
+            .borrow()
+            .clone();
+    assert!(
+        listed
+            .iter()
+            .any(|x| x.id == held.device_ids[0] && x.healthy),
+        "{listed:?}"
+    );
+    // The 2g.10gb plugin did not re-register (no restart of what was not changed).
+    let now = d.h.emulator.registrations().borrow().clone();
+    assert_eq!(
+        now.get("nvidia.com/mig-2g.10gb").map(|r| r.count),
+        registrations.get("nvidia.com/mig-2g.10gb").map(|r| r.count)
+    );
+    within("gpu 0 not pending", async {
+        while d.pending(GPU0).as_deref() != Some("0") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The CDI spec names the new devices.
+    let spec = d.h.cdi_spec();
+    let inv = d.h.running.store.current().inventory.clone();
+    let gpu0 = inv.gpu(GPU0).unwrap();
+    assert_eq!(gpu0.mig_devices.len(), 7);
+    assert!(
+        gpu0.mig_devices.iter().all(|m| spec.contains(&m.uuid)),
+        "{spec}"
+    );
+    let _ = &d.lib_path;
+    d.h.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_gpu_stays_pending_until_released_then_converges() {
+    let d = start(MIXED, None).await;
+    let pod = PodRef {
+        namespace: "default".into(),
+        name: "busy".into(),
+        container: "c".into(),
+    };
+    d.h.emulator
+        .allocate_for(pod, "nvidia.com/mig-2g.10gb", 1)
+        .await
+        .expect("allocate");
+    write(&d.config, &d.with_layout("all-small"));
+    d.wait_devices("nvidia.com/mig-1g.5gb", 7).await;
+    within("gpu 1 pending", async {
+        while d.pending(GPU1).as_deref() != Some("1") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Still pending a while later: the held slice keeps GPU 1 as it is.
+    assert_eq!(
+        d.h.running
+            .store
+            .current()
+            .plan
+            .resource("nvidia.com/mig-2g.10gb")
+            .map(|r| r.devices.len()),
+        Some(3)
+    );
+    assert_eq!(d.pending(GPU1).as_deref(), Some("1"));
+    d.h.emulator.release("default", "busy");
+    d.wait_devices("nvidia.com/mig-1g.5gb", 14).await;
+    d.wait_devices("nvidia.com/mig-2g.10gb", 0).await;
+    within("gpu 1 converged", async {
+        while d.pending(GPU1).as_deref() != Some("0") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    d.h.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_create_rolls_the_gpu_back_and_keeps_it_pending() {
+    let state = format!(r#"{{"failCreate": {{"{GPU0}": ["1g.5gb"]}}}}"#);
+    let d = start(MIXED, Some(&state)).await;
+    write(&d.config, &d.with_layout("gpu0-balanced"));
+    within("gpu 0 pending", async {
+        while d.pending(GPU0).as_deref() != Some("1") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Back to two 3g.20gb, both advertised healthy; no 1g.5gb device was ever planned.
+    d.wait_devices("nvidia.com/mig-3g.20gb", 2).await;
+    d.wait_listed("nvidia.com/mig-3g.20gb", 2).await;
+    assert!(
+        d.h.running
+            .store
+            .current()
+            .plan
+            .resource("nvidia.com/mig-1g.5gb")
+            .is_none()
+    );
+    d.h.stop().await.expect("clean stop");
+}
