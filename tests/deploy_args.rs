@@ -226,6 +226,78 @@ fn mps_overlay_mounts_what_the_config_names() {
     );
 }
 
+/// `deploy/mig-layouts`: the config names a mig-parted file in the same ConfigMap, at the path
+/// the config volume mounts it; the layout exists and fits an 80 GB A100 node (a dry run of
+/// `mig apply` plans it); the container asks the NVIDIA runtime for the MIG config capability.
+#[test]
+fn mig_layouts_overlay_names_a_mounted_layout_that_fits() {
+    let objs = kustomize("deploy/mig-layouts");
+    let cm = object(&objs, "ConfigMap", "gpu-slicer-config");
+    let cfg = gpu_slicer::domain::config::parse(
+        cm["data"]["config.yaml"].as_str().unwrap(),
+        "configmap",
+        &gpu_slicer::domain::config::Overrides::default(),
+    )
+    .expect("config");
+    let layouts = cfg.mig_layouts.expect("flags.migLayouts");
+    let ds = object(&objs, "DaemonSet", "gpu-slicer");
+    let container = &ds["spec"]["template"]["spec"]["containers"][0];
+    let config_mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"].as_str() == Some("config"))
+        .expect("config mount");
+    let dir = std::path::Path::new(config_mount["mountPath"].as_str().unwrap());
+    let key = layouts
+        .file
+        .strip_prefix(dir)
+        .unwrap_or_else(|_| panic!("{} is not under {}", layouts.file.display(), dir.display()));
+    let text = cm["data"][key.to_str().unwrap()]
+        .as_str()
+        .unwrap_or_else(|| panic!("the ConfigMap has no key {}", key.display()));
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("mig-parted.yaml");
+    std::fs::write(&file, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args([
+            "mig",
+            "apply",
+            "--backend",
+            "sim:hack/nodes/mixed-a100.yaml",
+        ])
+        .arg("--config-file")
+        .arg(&file)
+        .args(["--layout", &layouts.layout, "--dry-run", "--format", "json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let statuses: Vec<&str> = report["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["status"].as_str().unwrap())
+        .collect();
+    assert!(statuses.contains(&"changed"), "{report}");
+    let env: Vec<(String, String)> = container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        env.contains(&("NVIDIA_MIG_CONFIG_DEVICES".into(), "all".into())),
+        "{env:?}"
+    );
+}
+
 // ------------------------------------------------- the built manifests on a host-like layout
 
 /// `kubectl` as hack/install-deps.sh provides it: the repository's venv first, else PATH.
