@@ -27,6 +27,13 @@ fn daemonset_args_are_real_run_flags() {
     let Command::Run(run) = cli.command else {
         panic!("{path}: the container does not run `run`");
     };
+    // NVML names GPU processes by pids of the caller's PID namespace: usage attribution
+    // (and MPS) need the host's.
+    assert_eq!(
+        doc["spec"]["template"]["spec"]["hostPID"].as_bool(),
+        Some(true),
+        "{path}: hostPID"
+    );
     // The hook path in specs is where the init container installs the binary, on the host.
     let init = &doc["spec"]["template"]["spec"]["initContainers"][0];
     let init_args: Vec<String> = init["args"]
