@@ -92,10 +92,29 @@ impl Store {
             health,
             reason: reason.to_string(),
         };
+        self.change_overlay(|overlay, plan| overlay.apply(plan, &update))
+    }
+
+    /// Take a GPU out of service (`Some(code)`: its devices are Unhealthy with that reason
+    /// code) or back (`None`), apart from its health events: a drain never clears an XID.
+    /// Returns the names of the resources whose view changed.
+    pub fn drain(
+        &self,
+        gpu_uuid: &str,
+        code: Option<&str>,
+    ) -> Result<BTreeSet<String>, StateError> {
+        self.change_overlay(|overlay, plan| overlay.drain(plan, gpu_uuid, code))
+    }
+
+    /// Change the overlay and publish the views it changed (none changed: nobody wakes).
+    fn change_overlay(
+        &self,
+        change: impl FnOnce(&mut Overlay, &crate::domain::plan::Plan) -> Result<(), StateError>,
+    ) -> Result<BTreeSet<String>, StateError> {
         let mut result = Ok(BTreeSet::new());
         self.tx.send_if_modified(|current| {
             let mut overlay = Overlay::clone(&current.overlay);
-            if let Err(e) = overlay.apply(&current.plan, &update) {
+            if let Err(e) = change(&mut overlay, &current.plan) {
                 result = Err(e);
                 return false;
             }
@@ -170,5 +189,47 @@ impl Store {
             true
         });
         pruned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
+
+    fn gpu2(store: &Store) -> (Health, Option<String>) {
+        let view = store.view("nvidia.com/gpu").expect("whole GPUs");
+        let (_, h) = view.get(GPU2).expect("GPU 2 is served whole");
+        (h.health, h.reason.as_deref().map(str::to_string))
+    }
+
+    #[test]
+    fn a_drain_takes_a_gpu_out_and_back_without_clearing_its_health_events() {
+        let store = crate::testkit::fixtures::store(
+            "mixed-a100",
+            "version: v1\nflags: {migStrategy: mixed}\n",
+        );
+        assert_eq!(gpu2(&store), (Health::Healthy, None));
+
+        let changed = store.drain(GPU2, Some("mig-layout-applying")).unwrap();
+        assert!(changed.contains("nvidia.com/gpu"), "{changed:?}");
+        assert_eq!(
+            gpu2(&store),
+            (Health::Unhealthy, Some("mig-layout-applying".into()))
+        );
+        // An XID while drained: its reason wins, and ending the drain keeps it.
+        store.set_health(GPU2, Health::Unhealthy, "xid-79").unwrap();
+        store.drain(GPU2, None).unwrap();
+        assert_eq!(gpu2(&store), (Health::Unhealthy, Some("xid-79".into())));
+        // Recovery of the event alone brings it back; an undrained GPU stays up.
+        store.set_health(GPU2, Health::Healthy, "").unwrap();
+        assert_eq!(gpu2(&store), (Health::Healthy, None));
+        // A drain of a GPU nothing serves is refused, as health events are.
+        assert!(
+            store
+                .drain("GPU-nope", Some("mig-layout-applying"))
+                .is_err()
+        );
     }
 }

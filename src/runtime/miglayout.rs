@@ -7,8 +7,9 @@
 //! set: Allocate answers, pruned by the PodResources ledger) and no compute process on it
 //! (NVML). Then:
 //!
-//! 1. its devices are marked unhealthy in the store (`Store::set_health` on the GPU UUID), so
-//!    they leave the allocatable count of ListAndWatch and nothing new lands;
+//! 1. the GPU is drained in the store (`Store::drain`: its devices are Unhealthy with reason
+//!    `mig-layout-applying`, apart from health events), so they leave the allocatable count
+//!    of ListAndWatch and nothing new lands;
 //! 2. idleness is checked again (an Allocate may have raced step 1);
 //! 3. the steps run (a failed step rolls the GPU back, [`crate::platform::mig::apply`]);
 //! 4. a re-scan is requested from the reloader and awaited, so the transition plans the new
@@ -29,7 +30,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::config::MigLayouts;
-use crate::domain::inventory::Health;
 use crate::domain::miglayout::{GpuPlan, PlanStatus};
 use crate::platform::mig::{self as ops, MigGpu};
 use crate::runtime::error::blocking;
@@ -46,8 +46,9 @@ pub struct MigLayoutSettings {
     pub interval: Duration,
 }
 
-/// Reason a drained GPU's devices carry while it is repartitioned.
-const DRAIN_REASON: &str = "MIG layout being applied";
+/// Reason code a drained GPU's devices carry while it is repartitioned (a short code: it is
+/// also the `reason` label of `gpu_slicer_device_healthy`).
+const DRAIN_REASON: &str = "mig-layout-applying";
 /// How long to wait for the re-scan that advertises a new layout.
 const RESCAN_WAIT: Duration = Duration::from_secs(30);
 
@@ -186,14 +187,15 @@ async fn repartition(
         return Err(why);
     }
     let uuid = gpu.facts.uuid.clone();
-    let drain = |health| {
-        if let Err(e) = store.set_health(&uuid, health, DRAIN_REASON) {
+    // A drain of its own, not a health event: ending it leaves any XID recorded meanwhile.
+    let drain = |on: bool| {
+        if let Err(e) = store.drain(&uuid, on.then_some(DRAIN_REASON)) {
             tracing::debug!(gpu = %uuid, error = %e, "GPU has no planned devices to mark");
         }
     };
-    drain(Health::Unhealthy);
+    drain(true);
     if let Some(why) = busy(settings, store, &gpu).await? {
-        drain(Health::Healthy);
+        drain(false);
         return Err(why);
     }
     tracing::info!(gpu = %uuid, steps = plan.steps.len(), "applying MIG layout");
@@ -230,7 +232,7 @@ async fn repartition(
     if !rescanned {
         tracing::warn!(gpu = %uuid, "the re-scan did not show the GPU's MIG devices in time");
     }
-    drain(Health::Healthy);
+    drain(false);
     match result {
         Ok(()) => {
             tracing::info!(gpu = %uuid, "MIG layout applied");

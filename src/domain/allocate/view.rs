@@ -173,6 +173,9 @@ pub struct HealthUpdate {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overlay {
     overrides: BTreeMap<String, (Health, Arc<str>)>,
+    /// GPUs taken out of service by the agent itself (a MIG layout being applied), apart
+    /// from health events: ending a drain must not clear an XID recorded meanwhile.
+    drains: BTreeMap<String, Arc<str>>,
 }
 
 impl Overlay {
@@ -210,8 +213,33 @@ impl Overlay {
         Ok(())
     }
 
-    /// Current health of one device: unhealthy if the plan says so or any override on its
-    /// ID, its physical device or its GPU says so.
+    /// Take the GPU `gpu_uuid` out of service (`Some(code)`) or back (`None`), apart from
+    /// its health events. Unknown GPUs are refused as in [`Overlay::apply`].
+    pub fn drain(
+        &mut self,
+        plan: &Plan,
+        gpu_uuid: &str,
+        code: Option<&str>,
+    ) -> Result<(), StateError> {
+        match code {
+            Some(code) => {
+                if !Self::knows(plan, gpu_uuid) {
+                    return Err(StateError::UnknownKey {
+                        key: gpu_uuid.to_string(),
+                    });
+                }
+                self.drains.insert(gpu_uuid.to_string(), Arc::from(code));
+            }
+            None => {
+                self.drains.remove(gpu_uuid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Current health of one device: unhealthy if the plan says so, any override on its
+    /// ID, its physical device or its GPU says so (health events first: their reason is
+    /// the one to show), or its GPU is drained.
     pub fn health_of(&self, d: &Device) -> DeviceHealth {
         let keys = [
             d.id.as_str(),
@@ -229,6 +257,16 @@ impl Overlay {
                     }),
                 };
             }
+        }
+        if let Some(code) = self.drains.get(d.physical.gpu_uuid.as_str()) {
+            return DeviceHealth {
+                health: Health::Unhealthy,
+                reason: Some(if d.id == d.physical.gpu_uuid {
+                    code.clone()
+                } else {
+                    Arc::from(format!("{}: {code}", d.physical.gpu_uuid))
+                }),
+            };
         }
         DeviceHealth {
             health: d.health,
