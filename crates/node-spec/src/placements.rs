@@ -7,6 +7,14 @@
 //! (`nvidia-smi mig -lgip` / `-lgipp`): a placement is `{start}:size` in memory slices, an
 //! instance occupies memory slices `start..start + size`, and two instances collide when those
 //! ranges overlap (`NVML_ERROR_INSUFFICIENT_RESOURCES`).
+//!
+//! Sources, checked 2026-12 (facts only; each table below names its own):
+//! - NVIDIA MIG User Guide (v580), "Supported MIG Profiles": names, memory/SM fractions and
+//!   "Number of Instances Available" per product; "Getting Started": the A100-40GB
+//!   `nvidia-smi mig -lgipp` example.
+//! - `nvidia-smi mig -lgip` / `-lgipp` listings quoted in public issues and notes, named per table.
+//! - Profile indices: `nvml.h` as mirrored by nvidia-ml-py and nvml-wrapper-sys
+//!   (`NVML_GPU_INSTANCE_PROFILE_1_SLICE` = 0 … `_1_SLICE_REV2` = 9).
 
 use crate::products::{Product, lookup_product};
 
@@ -36,7 +44,9 @@ impl GiProfile {
     }
 }
 
-// NVML_GPU_INSTANCE_PROFILE_* indices.
+// NVML_GPU_INSTANCE_PROFILE_* indices (nvml.h; confirmed in nvidia-ml-py and nvml-wrapper-sys).
+// Which index a profile has: `+me` is 1_SLICE_REV1, the two-memory-slice 1g is 1_SLICE_REV2,
+// `2g…+me` (A30) is 2_SLICE_REV1 (go-nvml's A100/A30/H200 mocks key their tables the same way).
 const I_1: u32 = 0;
 const I_2: u32 = 1;
 const I_3: u32 = 2;
@@ -74,6 +84,11 @@ const THREE_G: &[u32] = &[0, 4];
 const ZERO: &[u32] = &[0];
 
 /// The 8-memory-slice layout shared by A100 and H100/H200 (profile names differ only in GB).
+///
+/// Profile ids (19, 20, 15, 14, 9, 5, 0), instance counts (7, 1, 4, 3, 2, 1, 1) and starts are
+/// the same on every such product; `nvidia-smi mig -lgipp` prints exactly these placements
+/// (`{0..6}:1`, `{0..6}:1`, `{0,2,4,6}:2`, `{0,2,4}:2`, `{0,4}:4`, `{0}:4`, `{0}:8`) on
+/// A100-40GB (MIG User Guide, Getting Started), H100 80GB HBM3 and H100 NVL (public listings).
 macro_rules! eight_slice {
     ($one:literal, $one_me:literal, $one_two:literal, $two:literal, $three:literal, $four:literal, $seven:literal) => {
         &[
@@ -88,6 +103,10 @@ macro_rules! eight_slice {
     };
 }
 
+// A100-SXM4-40GB / A100-PCIE-40GB. Confirmed: names and counts (MIG User Guide, A100 table);
+// ids, counts and memory (`-lgip`: 19 7/7, 20 1/1, 15 4/4, 14 3/3, 9 2/2, 5 1/1, 0 1/1, quoted in
+// several public MIG notes); placements (MIG User Guide `-lgipp` example; 14/9/5/0 also in
+// older-driver listings without 15/20).
 const A100_40: &[GiProfile] = eight_slice!(
     "1g.5gb",
     "1g.5gb+me",
@@ -97,6 +116,12 @@ const A100_40: &[GiProfile] = eight_slice!(
     "4g.20gb",
     "7g.40gb"
 );
+// A100-80GB and H100-80GB. Confirmed: names (MIG User Guide: A100-80GB names "change
+// according to the memory proportion" to these; H100 table lists the same names) and counts
+// (H100 table); H100 80GB HBM3 `-lgip` (19 7/7, 20 1/1, 15 4/4, 14 3/3, 9 2/2, 5 1/1, 0 1/1)
+// and `-lgipp` (the eight-slice placements) from a public nvidia-smi note. For A100-80GB a
+// public `-lgipp` with these names (19/20/14/9/5/0, an older driver without 15) matches; its id 15
+// placement is the A100-40GB one (same GA100, same guide figure), not seen listed for 80GB.
 const A100_80: &[GiProfile] = eight_slice!(
     "1g.10gb",
     "1g.10gb+me",
@@ -106,6 +131,11 @@ const A100_80: &[GiProfile] = eight_slice!(
     "4g.40gb",
     "7g.80gb"
 );
+// H200 141GB (SXM and NVL). Confirmed: names, memory fractions (1/8, 1/4, 2/8, 4/8, full) and
+// counts (MIG User Guide, H200 table); ids and counts (`-lgip` in NVIDIA/mig-parted#120: 19 7/7,
+// 20 1/1, 15 4/4, 14 3/3, 9 2/2, 5 1/1; 7g.141gb id 0 in a second, partial listing).
+// UNCONFIRMED: the starts. No H200 `-lgipp` listing was found; they are taken from the same
+// GH100 geometry as H100 80GB / H100 NVL, which the guide's fractions and counts agree with.
 const H200: &[GiProfile] = eight_slice!(
     "1g.18gb",
     "1g.18gb+me",
@@ -115,6 +145,10 @@ const H200: &[GiProfile] = eight_slice!(
     "4g.71gb",
     "7g.141gb"
 );
+// A30 24GB. Confirmed: names and counts (MIG User Guide, A30 table); ids and counts (`-lgip`:
+// 1g.6gb 14 4/4, 1g.6gb+me 21 1/1, 2g.12gb 5 2/2, 2g.12gb+me 6 1/1, 4g.24gb 0 1/1) and
+// placements (`-lgipp`: 14 {0,1,2,3}:1, 21 {0,1,2,3}:1, 5 {0,2}:2, 6 {0,2}:2, 0 {0}:4) from two
+// independent public A30 notes (one on a driver without the R525 2g.12gb+me profile).
 const A30: &[GiProfile] = &[
     g("1g.6gb", 14, I_1, 1, 1, 4, &[0, 1, 2, 3]),
     g("1g.6gb+me", 21, I_1_REV1, 1, 1, 1, &[0, 1, 2, 3]),
@@ -357,6 +391,91 @@ mod tests {
                 }
             ),
             Err(PlaceError::Exhausted)
+        );
+    }
+
+    /// The tables, printed the way `nvidia-smi mig -lgip` / `-lgipp` print them, against the
+    /// listings named at each table: `name id count {starts}:size index`. A change to a table
+    /// must come with a source that changes this.
+    #[test]
+    fn tables_match_the_driver_listings() {
+        fn render(product: &str) -> Vec<String> {
+            let p = lookup_product(product).unwrap();
+            gi_profiles(p)
+                .iter()
+                .map(|g| {
+                    let starts: Vec<String> = g.starts.iter().map(u32::to_string).collect();
+                    format!(
+                        "{} {} {} {{{}}}:{} {}",
+                        g.name,
+                        g.id,
+                        g.instance_count,
+                        starts.join(","),
+                        g.memory_slices,
+                        g.index
+                    )
+                })
+                .collect()
+        }
+        let eight = |names: [&str; 7]| -> Vec<String> {
+            let rest = [
+                "19 7 {0,1,2,3,4,5,6}:1 0",
+                "20 1 {0,1,2,3,4,5,6}:1 7",
+                "15 4 {0,2,4,6}:2 9",
+                "14 3 {0,2,4}:2 1",
+                "9 2 {0,4}:4 2",
+                "5 1 {0}:4 3",
+                "0 1 {0}:8 4",
+            ];
+            names
+                .iter()
+                .zip(rest)
+                .map(|(n, r)| format!("{n} {r}"))
+                .collect()
+        };
+        let a100_40 = [
+            "1g.5gb",
+            "1g.5gb+me",
+            "1g.10gb",
+            "2g.10gb",
+            "3g.20gb",
+            "4g.20gb",
+            "7g.40gb",
+        ];
+        let gb80 = [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ];
+        let h200 = [
+            "1g.18gb",
+            "1g.18gb+me",
+            "1g.35gb",
+            "2g.35gb",
+            "3g.71gb",
+            "4g.71gb",
+            "7g.141gb",
+        ];
+        assert_eq!(render("NVIDIA A100-SXM4-40GB"), eight(a100_40));
+        assert_eq!(render("NVIDIA A100-PCIE-40GB"), eight(a100_40));
+        assert_eq!(render("NVIDIA A100-SXM4-80GB"), eight(gb80));
+        assert_eq!(render("NVIDIA A100 80GB PCIe"), eight(gb80));
+        assert_eq!(render("NVIDIA H100 80GB HBM3"), eight(gb80));
+        assert_eq!(render("NVIDIA H200"), eight(h200));
+        assert_eq!(render("NVIDIA H200 NVL"), eight(h200));
+        assert_eq!(
+            render("NVIDIA A30"),
+            [
+                "1g.6gb 14 4 {0,1,2,3}:1 0",
+                "1g.6gb+me 21 1 {0,1,2,3}:1 7",
+                "2g.12gb 5 2 {0,2}:2 1",
+                "2g.12gb+me 6 1 {0,2}:2 8",
+                "4g.24gb 0 1 {0}:4 3",
+            ]
         );
     }
 

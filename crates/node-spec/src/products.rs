@@ -3,6 +3,12 @@
 //! Used to check that a node file describes a layout the hardware can hold and to derive
 //! the default memory of each MIG device. Profile names follow NVIDIA's
 //! `<G>g.<GB>gb[+me]` form; GB comes from [`profile_name_from_memory`].
+//!
+//! Sources, checked 2026-12 (facts only): the MIG User Guide (v580) "Supported GPUs" table
+//! (compute capability, max instances: 7, A30 4) and "Supported MIG Profiles" tables (names,
+//! fractions); `memory_mib` is what `nvidia-smi` prints as total memory, seen in several public
+//! listings per product (A100-40GB 40960 on current drivers, 40536/40537 on R450; A100-80GB
+//! 81920; A30 24576, also go-nvml's A30 mock; H100 80GB HBM3 81559; H200 and H200 NVL 143771).
 
 /// One MIG profile of a product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +28,9 @@ pub struct Product {
     pub name: &'static str,
     /// Substrings of the NVML product name that identify it (all must match).
     matches: &'static [&'static str],
+    /// Substrings that rule it out: a sibling board whose name contains `matches` but whose
+    /// MIG profiles differ (none may match).
+    rejects: &'static [&'static str],
     /// Total memory in MiB.
     pub memory_mib: u64,
     /// Compute slices available to MIG.
@@ -83,7 +92,9 @@ const H200: &[MigProfileInfo] = &[
 pub const PRODUCTS: &[Product] = &[
     Product {
         name: "A100-80GB",
+        // `NVIDIA A100-SXM4-80GB`, `NVIDIA A100 80GB PCIe`.
         matches: &["A100", "80GB"],
+        rejects: &[],
         memory_mib: 81920,
         compute_slices: 7,
         memory_slices: 8,
@@ -93,7 +104,9 @@ pub const PRODUCTS: &[Product] = &[
     },
     Product {
         name: "A100-40GB",
+        // `NVIDIA A100-SXM4-40GB`, `NVIDIA A100-PCIE-40GB`.
         matches: &["A100"],
+        rejects: &[],
         memory_mib: 40960,
         compute_slices: 7,
         memory_slices: 8,
@@ -103,7 +116,9 @@ pub const PRODUCTS: &[Product] = &[
     },
     Product {
         name: "A30",
+        // `NVIDIA A30`.
         matches: &["A30"],
+        rejects: &[],
         memory_mib: 24576,
         compute_slices: 4,
         memory_slices: 4,
@@ -113,7 +128,10 @@ pub const PRODUCTS: &[Product] = &[
     },
     Product {
         name: "H100-80GB",
+        // `NVIDIA H100 80GB HBM3`, `NVIDIA H100 PCIe`. Not `NVIDIA H100 NVL` (95830 MiB) nor the
+        // 94/96 GB boards: their profiles are 1g.12gb… (MIG User Guide; NVIDIA/gpu-operator#903).
         matches: &["H100"],
+        rejects: &["NVL", "94GB", "96GB"],
         memory_mib: 81559,
         compute_slices: 7,
         memory_slices: 8,
@@ -123,7 +141,10 @@ pub const PRODUCTS: &[Product] = &[
     },
     Product {
         name: "H200-141GB",
+        // `NVIDIA H200`, `NVIDIA H200 NVL`. Not `NVIDIA GH200 480GB` / `NVIDIA GH200 144G HBM3e`:
+        // other memory, other names (1g.12gb…, 1g.18gb/1g.36gb…; NVIDIA/mig-parted#139).
         matches: &["H200"],
+        rejects: &["GH200"],
         memory_mib: 143771,
         compute_slices: 7,
         memory_slices: 8,
@@ -136,9 +157,9 @@ pub const PRODUCTS: &[Product] = &[
 /// Find the product for an NVML product name such as `NVIDIA A100-SXM4-80GB`.
 pub fn lookup_product(product_name: &str) -> Option<&'static Product> {
     let upper = product_name.to_ascii_uppercase();
-    PRODUCTS
-        .iter()
-        .find(|p| p.matches.iter().all(|m| upper.contains(m)))
+    PRODUCTS.iter().find(|p| {
+        p.matches.iter().all(|m| upper.contains(m)) && !p.rejects.iter().any(|r| upper.contains(r))
+    })
 }
 
 impl Product {
@@ -196,6 +217,29 @@ mod tests {
                 );
                 assert_eq!(name, prof.name, "{}", product.name);
             }
+        }
+    }
+
+    #[test]
+    fn nvml_names_find_their_product() {
+        let name = |n: &str| lookup_product(n).map(|p| p.name);
+        for (nvml, want) in [
+            ("NVIDIA A100-SXM4-40GB", Some("A100-40GB")),
+            ("NVIDIA A100-PCIE-40GB", Some("A100-40GB")),
+            ("NVIDIA A100-SXM4-80GB", Some("A100-80GB")),
+            ("NVIDIA A100 80GB PCIe", Some("A100-80GB")),
+            ("NVIDIA A30", Some("A30")),
+            ("NVIDIA H100 80GB HBM3", Some("H100-80GB")),
+            ("NVIDIA H100 PCIe", Some("H100-80GB")),
+            ("NVIDIA H200", Some("H200-141GB")),
+            ("NVIDIA H200 NVL", Some("H200-141GB")),
+            // Same silicon, other profile tables: unknown rather than wrong.
+            ("NVIDIA H100 NVL", None),
+            ("NVIDIA GH200 480GB", None),
+            ("NVIDIA GH200 144G HBM3e", None),
+            ("NVIDIA L40S", None),
+        ] {
+            assert_eq!(name(nvml), want, "{nvml}");
         }
     }
 
