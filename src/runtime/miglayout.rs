@@ -7,9 +7,9 @@
 //! set: Allocate answers, pruned by the PodResources ledger) and no compute process on it
 //! (NVML). Then:
 //!
-//! 1. the GPU is drained in the store (`Store::drain`: its devices are Unhealthy with reason
-//!    `mig-layout-applying`, apart from health events), so they leave the allocatable count
-//!    of ListAndWatch and nothing new lands;
+//! 1. the GPU is drained in the store (`Store::drain`, apart from health events): its devices
+//!    leave ListAndWatch and are refused by Allocate with reason `mig-layout-applying`, so
+//!    nothing new lands;
 //! 2. idleness is checked again (an Allocate may have raced step 1);
 //! 3. the steps run (a failed step rolls the GPU back, [`crate::platform::mig::apply`]);
 //! 4. a re-scan is requested from the reloader and awaited, so the transition plans the new

@@ -30,6 +30,10 @@ pub struct DeviceHealth {
     pub health: Health,
     /// Why it is unhealthy (event text), if it is.
     pub reason: Option<Arc<str>>,
+    /// Its GPU is drained ([`Overlay::drain`]): left out of ListAndWatch altogether, so the
+    /// kubelet drops it from the node's capacity while its GPU is repartitioned (it is also
+    /// Unhealthy, so Allocate refuses it with the drain's reason).
+    pub drained: bool,
 }
 
 /// One resource's devices with their current health: what ListAndWatch sends and what
@@ -255,6 +259,7 @@ impl Overlay {
                     } else {
                         Arc::from(format!("{key}: {reason}"))
                     }),
+                    drained: self.drains.contains_key(d.physical.gpu_uuid.as_str()),
                 };
             }
         }
@@ -266,11 +271,13 @@ impl Overlay {
                 } else {
                     Arc::from(format!("{}: {code}", d.physical.gpu_uuid))
                 }),
+                drained: true,
             };
         }
         DeviceHealth {
             health: d.health,
             reason: (d.health == Health::Unhealthy).then(|| Arc::from("unhealthy at discovery")),
+            drained: false,
         }
     }
 }

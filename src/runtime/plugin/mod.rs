@@ -327,6 +327,41 @@ mod tests {
         );
     }
 
+    /// A drained GPU's devices leave the ListAndWatch frame (the kubelet drops them from the
+    /// node's capacity) and come back when the drain ends; other GPUs' devices stay listed.
+    #[test]
+    fn a_drained_gpu_leaves_the_list_and_watch_frame() {
+        const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
+        const GPU3: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03";
+        let store = crate::testkit::fixtures::store(
+            "mixed-a100",
+            "version: v1\nflags: {migStrategy: mixed}\n",
+        );
+        let ids = |store: &crate::state::Store| -> Vec<String> {
+            service::frame(&store.view("nvidia.com/gpu").expect("whole GPUs"))
+                .devices
+                .into_iter()
+                .map(|d| d.id)
+                .collect()
+        };
+        assert_eq!(ids(&store), [GPU2, GPU3]);
+        store.drain(GPU2, Some("mig-layout-applying")).unwrap();
+        assert_eq!(ids(&store), [GPU3]);
+        // An XID during the drain does not bring it back into the list.
+        store
+            .set_health(GPU2, crate::domain::inventory::Health::Unhealthy, "xid-79")
+            .unwrap();
+        assert_eq!(ids(&store), [GPU3]);
+        store.drain(GPU2, None).unwrap();
+        let frame = service::frame(&store.view("nvidia.com/gpu").unwrap());
+        let gpu2 = frame
+            .devices
+            .iter()
+            .find(|d| d.id == GPU2)
+            .expect("listed again");
+        assert_eq!(gpu2.health, crate::proto::UNHEALTHY, "the XID stays");
+    }
+
     #[tokio::test]
     async fn bind_refuses_paths_longer_than_sun_path() {
         let long = PathBuf::from(format!("/tmp/{}/x.sock", "d".repeat(110)));

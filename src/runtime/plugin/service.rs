@@ -138,11 +138,12 @@ impl Stream for ViewStream {
     }
 }
 
-/// The ListAndWatch frame of a view.
+/// The ListAndWatch frame of a view: every device but those of a drained GPU.
 pub(crate) fn frame(view: &ResourceView) -> pb::ListAndWatchResponse {
     pb::ListAndWatchResponse {
         devices: view
             .devices()
+            .filter(|(_, h)| !h.drained)
             .map(|(d, h)| pb::Device {
                 id: d.id.clone(),
                 health: match h.health {
