@@ -243,7 +243,8 @@ pub async fn run(
     }
     let tracker = TaskTracker::new();
     let token = shutdown.child_token();
-    // One inotify thread for the kubelet socket's directory and the config file's.
+    // One inotify fd (read on the reactor) for the kubelet socket's directory and the
+    // config file's.
     let fs = crate::platform::fswatch::DirWatch::new().map_err(|source| {
         AppError::Watch(WatchError::Watch {
             path: kubelet_socket.display().to_string(),

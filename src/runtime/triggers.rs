@@ -18,12 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::EventKind;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::platform::fswatch::{DirWatch, Handler};
+use crate::platform::fswatch::{DirWatch, FsEvent, FsKind, Handler};
 
 /// How long to wait after the first trigger for more to arrive before reloading.
 pub const SETTLE: Duration = Duration::from_millis(150);
@@ -39,7 +38,7 @@ pub enum ReloadError {
     Watch {
         path: String,
         #[source]
-        source: notify::Error,
+        source: std::io::Error,
     },
     /// The SIGHUP handler could not be installed.
     #[error("cannot install SIGHUP handler: {0}")]
@@ -205,14 +204,11 @@ const CONFIGMAP_DATA: &str = "..data";
 
 /// Whether `event` (in the directory watched for `file_name`) may have changed the config:
 /// it names the file or the `..data` link, or it says events were lost.
-fn concerns_config(event: &notify::Event, file_name: &OsStr) -> bool {
-    if matches!(event.kind, EventKind::Access(_)) {
-        return false;
-    }
-    if event.need_rescan() {
+fn concerns_config(event: &FsEvent, file_name: &OsStr) -> bool {
+    if event.kind == FsKind::Lost {
         return true;
     }
-    event.paths.iter().any(|p| {
+    event.path.as_ref().is_some_and(|p| {
         p.file_name()
             .is_some_and(|n| n == file_name || n == CONFIGMAP_DATA)
     })
@@ -230,13 +226,9 @@ fn watch_dir(file: &Path, fs: &DirWatch, tx: mpsc::Sender<Cause>) -> Result<(), 
     };
     let file_name: OsString = file.file_name().ok_or_else(no_parent)?.to_os_string();
     let shown = dir.display().to_string();
-    let handler: Handler = Box::new(move |event: &notify::Result<notify::Event>| match event {
-        Ok(e) if concerns_config(e, &file_name) => {
-            let _ = tx.try_send(Cause::ConfigFile);
-        }
-        Ok(_) => {}
-        // A queue overflow loses events: reload to be sure.
-        Err(_) => {
+    // Lost events (a queue overflow) concern the config too: reload to be sure.
+    let handler: Handler = Box::new(move |event| {
+        if concerns_config(event, &file_name) {
             let _ = tx.try_send(Cause::ConfigFile);
         }
     });
@@ -264,44 +256,45 @@ mod tests {
 
     #[test]
     fn only_the_config_file_and_data_link_concern_the_config() {
-        use notify::event::{CreateKind, DataChange, ModifyKind, RenameMode};
-        let ev = |kind: EventKind, paths: &[&str]| {
-            let mut e = notify::Event::new(kind);
-            for p in paths {
-                e = e.add_path(PathBuf::from(p));
-            }
-            e
+        let ev = |kind: FsKind, path: &str| FsEvent {
+            kind,
+            path: Some(PathBuf::from(path)),
         };
         let name = OsStr::new("config.yaml");
-        let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
-        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
-        assert!(concerns_config(&ev(write, &["/etc/gs/config.yaml"]), name));
         assert!(concerns_config(
-            &ev(rename, &["/etc/gs/..data_tmp", "/etc/gs/..data"]),
+            &ev(FsKind::Modified, "/etc/gs/config.yaml"),
+            name
+        ));
+        // The ConfigMap swap renames `..data_tmp` over `..data`; an editor renames its
+        // swap file over the config.
+        assert!(concerns_config(
+            &ev(FsKind::Renamed, "/etc/gs/..data"),
             name
         ));
         assert!(concerns_config(
-            &ev(rename, &["/etc/gs/.config.yaml.swp", "/etc/gs/config.yaml"]),
-            name
-        ));
-        assert!(!concerns_config(&ev(write, &["/etc/gs/agent.log"]), name));
-        assert!(!concerns_config(
-            &ev(
-                EventKind::Create(CreateKind::File),
-                &["/etc/gs/config.yaml.bak"]
-            ),
+            &ev(FsKind::Renamed, "/etc/gs/config.yaml"),
             name
         ));
         assert!(!concerns_config(
-            &ev(
-                EventKind::Create(CreateKind::Folder),
-                &["/etc/gs/..2026_v2"]
-            ),
+            &ev(FsKind::Renamed, "/etc/gs/..data_tmp"),
             name
         ));
-        let read = EventKind::Access(notify::event::AccessKind::Any);
-        assert!(!concerns_config(&ev(read, &["/etc/gs/config.yaml"]), name));
-        let lost = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        assert!(!concerns_config(
+            &ev(FsKind::Modified, "/etc/gs/agent.log"),
+            name
+        ));
+        assert!(!concerns_config(
+            &ev(FsKind::Created, "/etc/gs/config.yaml.bak"),
+            name
+        ));
+        assert!(!concerns_config(
+            &ev(FsKind::Created, "/etc/gs/..2026_v2"),
+            name
+        ));
+        let lost = FsEvent {
+            kind: FsKind::Lost,
+            path: None,
+        };
         assert!(concerns_config(&lost, name));
     }
 

@@ -7,10 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use notify::EventKind;
 use tokio::sync::watch;
 
-use crate::platform::fswatch::{DirWatch, Handler};
+use crate::platform::fswatch::{DirWatch, FsKind, Handler};
 
 /// Errors setting up the watch.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +26,7 @@ pub enum WatchError {
     Watch {
         path: String,
         #[source]
-        source: notify::Error,
+        source: std::io::Error,
     },
 }
 
@@ -53,16 +52,15 @@ impl KubeletWatch {
         })?;
         let name = kubelet_socket.file_name().map(|n| n.to_os_string());
         let (tx, rx) = watch::channel(0u64);
-        let handler: Handler = Box::new(move |res: &notify::Result<notify::Event>| {
-            // Runs on the watcher's thread: a non-async send is right here.
-            let Ok(event) = res else { return };
-            if !matches!(event.kind, EventKind::Create(_)) {
+        let handler: Handler = Box::new(move |event| {
+            // Runs on the watcher's reader task: a non-async send is right here.
+            if event.kind != FsKind::Created {
                 return;
             }
             if event
-                .paths
-                .iter()
-                .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+                .path
+                .as_ref()
+                .is_some_and(|p| p.file_name().map(|n| n.to_os_string()) == name)
             {
                 tx.send_modify(|g| *g += 1);
             }
