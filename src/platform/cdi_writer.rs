@@ -1,12 +1,11 @@
 //! Puts a spec file into a CDI directory the way runtimes need it.
 //!
 //! Runtimes (Podman, containerd, CRI-O) may rescan the directory at any moment, so the file
-//! appears in one step: written to a hidden temp file in the same directory (a name that
-//! does not end in `.yaml`/`.json`, so no runtime loads it half-written), fsync'ed, given mode
-//! 0644 and renamed over the target; the directory is fsync'ed so the rename survives a
-//! crash. The temp file comes from the `tempfile` crate: a random name created with
-//! `O_CREAT|O_EXCL`, so a symlink planted in the (possibly shared) spec directory is never
-//! followed. Unchanged content is not rewritten (no spurious reloads, no mtime churn).
+//! appears in one step ([`super::atomic_file`]): a hidden temp file in the same directory (a
+//! name that does not end in `.yaml`/`.json`, so no runtime loads it half-written, and never
+//! a planted symlink), mode 0644, renamed over the target; the directory is fsync'ed so the
+//! rename survives a crash. Unchanged content is not rewritten (no spurious reloads, no
+//! mtime churn).
 //!
 //! Files touched: the named file, and its other-format twin (`x.json` for `x.yaml` and the
 //! reverse), which is removed: runtimes load both, and two files offering the same devices
@@ -14,9 +13,9 @@
 //! agent.
 
 use std::fs;
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+
+use super::atomic_file::{self, IoAt};
 
 use crate::domain::cdi::validate::check_file_name;
 use crate::domain::cdi::{CdiError, Result};
@@ -25,18 +24,19 @@ use crate::domain::cdi::{CdiError, Result};
 pub const SPEC_FILE_MODE: u32 = 0o644;
 
 /// What [`write_spec`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOutcome {
-    /// The file was created or replaced.
-    Written,
-    /// The file already held exactly these bytes; nothing was touched.
-    Unchanged,
-}
+pub use super::atomic_file::WriteOutcome;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CdiError + '_ {
     move |source| CdiError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+fn from_io(e: IoAt) -> CdiError {
+    CdiError::Io {
+        path: e.path,
+        source: e.source,
     }
 }
 
@@ -52,55 +52,19 @@ pub fn write_spec(dir: &Path, file_name: &str, contents: &[u8]) -> Result<WriteO
     }
     check_file_name(&target)?;
     crate::domain::cdi::foreign::check_file_name(&target)?;
-    let outcome = if same_content(&target, contents)? {
+    let outcome = if atomic_file::same_content(&target, contents).map_err(from_io)? {
         WriteOutcome::Unchanged
     } else {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        // On any error the temp file is deleted when dropped and the old file (if any) is
-        // untouched, because the rename never ran.
-        write_and_rename(dir, file_name, &target, contents)?;
+        atomic_file::replace(dir, &target, contents, SPEC_FILE_MODE).map_err(from_io)?;
         WriteOutcome::Written
     };
-    let removed_twin = remove_if_present(&twin_path(&target))?;
+    let removed_twin = atomic_file::remove_if_present(&twin_path(&target)).map_err(from_io)?;
     if outcome == WriteOutcome::Written || removed_twin {
         // Renames and unlinks are durable only once the directory entry is on disk.
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))?;
+        atomic_file::sync_dir(dir).map_err(from_io)?;
     }
     Ok(outcome)
-}
-
-/// Whether `target` is a regular file holding exactly `contents`. Anything else there (a
-/// symlink, a FIFO, a directory) is never opened: the rename replaces a link or fails.
-fn same_content(target: &Path, contents: &[u8]) -> Result<bool> {
-    match fs::symlink_metadata(target) {
-        Ok(m) if m.is_file() && m.len() == contents.len() as u64 => {
-            Ok(fs::read(target).map_err(io_err(target))? == contents)
-        }
-        Ok(_) => Ok(false),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(target)(e)),
-    }
-}
-
-fn write_and_rename(dir: &Path, file_name: &str, target: &Path, contents: &[u8]) -> Result<()> {
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{file_name}."))
-        .suffix(".tmp")
-        .permissions(fs::Permissions::from_mode(SPEC_FILE_MODE))
-        .tempfile_in(dir)
-        .map_err(io_err(dir))?;
-    let tmp_path = tmp.path().to_path_buf();
-    let f = tmp.as_file_mut();
-    f.write_all(contents).map_err(io_err(&tmp_path))?;
-    // The umask may have narrowed the mode at creation.
-    f.set_permissions(fs::Permissions::from_mode(SPEC_FILE_MODE))
-        .map_err(io_err(&tmp_path))?;
-    f.sync_all().map_err(io_err(&tmp_path))?;
-    tmp.persist(target)
-        .map(drop)
-        .map_err(|e| io_err(target)(e.error))
 }
 
 /// The same spec in the other encoding: `a-b.json` for `a-b.yaml` and the reverse.
@@ -112,14 +76,6 @@ fn twin_path(target: &Path) -> PathBuf {
     target.with_extension(other)
 }
 
-fn remove_if_present(path: &Path) -> Result<bool> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
-    }
-}
-
 /// Remove `dir/file_name` and its other-format twin; returns the paths that were there.
 pub fn remove_spec(dir: &Path, file_name: &str) -> Result<Vec<PathBuf>> {
     let target = dir.join(file_name);
@@ -127,7 +83,7 @@ pub fn remove_spec(dir: &Path, file_name: &str) -> Result<Vec<PathBuf>> {
     crate::domain::cdi::foreign::check_file_name(&target)?;
     let mut removed = Vec::new();
     for path in [target.clone(), twin_path(&target)] {
-        if remove_if_present(&path)? {
+        if atomic_file::remove_if_present(&path).map_err(from_io)? {
             removed.push(path);
         }
     }

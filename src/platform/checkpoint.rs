@@ -8,7 +8,7 @@
 //! and only read back at start. Writes are serialised, and each one writes the store's
 //! held set as it is when the write starts, so a later write never loses a newer record.
 
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -98,20 +98,13 @@ impl Checkpoint {
             path: path.clone(),
             source,
         })?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".held.")
-            .suffix(".tmp")
-            .tempfile_in(&self.dir)
-            .map_err(io(&self.dir))?;
-        tmp.write_all(&bytes).map_err(io(tmp.path()))?;
-        tmp.as_file().sync_all().map_err(io(&path))?;
-        tmp.persist(&path).map_err(|e| CheckpointError::Io {
-            path: path.clone(),
-            source: e.error,
-        })?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.dir))
+        let from_io = |e: super::atomic_file::IoAt| CheckpointError::Io {
+            path: e.path,
+            source: e.source,
+        };
+        // Mode 0600: what is held is the agent's own record, no one else reads it.
+        super::atomic_file::replace(&self.dir, &path, &bytes, 0o600).map_err(from_io)?;
+        super::atomic_file::sync_dir(&self.dir).map_err(from_io)
     }
 }
 

@@ -1,18 +1,17 @@
 //! The Node Feature Discovery feature file: written atomically, removed on request.
 //!
 //! NFD's worker reads every non-hidden file in its `features.d` directory at any moment, so
-//! the file appears in one step: a hidden temp file in the same directory (NFD skips names
-//! starting with `.`), created by the `tempfile` crate with `O_CREAT|O_EXCL` (a symlink
-//! planted in the directory is never followed), given mode 0644, fsync'ed and renamed over
-//! the target; the directory is fsync'ed after. A symlink at the target is replaced, not
-//! followed. A missing directory is created (the DaemonSet's `DirectoryOrCreate` mount does
+//! the file appears in one step ([`super::atomic_file`]): a hidden temp file in the same
+//! directory (NFD skips names starting with `.`; never a planted symlink), mode 0644,
+//! renamed over the target; the directory is fsync'ed after. A symlink at the target is
+//! replaced, not followed. A missing directory is created (the DaemonSet's `DirectoryOrCreate` mount does
 //! the same on the host), so a node where NFD is installed later finds the file waiting.
 //! Called by the labels writer (`crate::runtime::labels`).
 
 use std::fs;
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+
+use super::atomic_file::{self, IoAt};
 
 /// Mode of the feature file: NFD may run as another user.
 pub const FILE_MODE: u32 = 0o644;
@@ -36,13 +35,7 @@ pub enum LabelsFileError {
 pub type Result<T, E = LabelsFileError> = std::result::Result<T, E>;
 
 /// What [`write`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOutcome {
-    /// The file was created or replaced.
-    Written,
-    /// It already held exactly these bytes.
-    Unchanged,
-}
+pub use super::atomic_file::WriteOutcome;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LabelsFileError + '_ {
     move |source| LabelsFileError::Io {
@@ -51,48 +44,38 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LabelsFileError + '_ {
     }
 }
 
-fn split(path: &Path) -> Result<(&Path, &str)> {
+fn from_io(e: IoAt) -> LabelsFileError {
+    LabelsFileError::Io {
+        path: e.path,
+        source: e.source,
+    }
+}
+
+/// The directory of the file path `path` (which must name a file).
+fn split(path: &Path) -> Result<&Path> {
     let not_a_file = || LabelsFileError::NotAFilePath {
         path: path.to_path_buf(),
     };
-    let name = path
-        .file_name()
+    path.file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(not_a_file)?;
-    let dir = match path.parent() {
-        Some(d) if d.as_os_str().is_empty() => Path::new("."),
-        Some(d) => d,
-        None => return Err(not_a_file()),
-    };
-    Ok((dir, name))
+    match path.parent() {
+        Some(d) if d.as_os_str().is_empty() => Ok(Path::new(".")),
+        Some(d) => Ok(d),
+        None => Err(not_a_file()),
+    }
 }
 
 /// Write `contents` to `path` atomically (see the module header). Unchanged content is not
 /// rewritten, so NFD sees no churn.
 pub fn write(path: &Path, contents: &[u8]) -> Result<WriteOutcome> {
-    let (dir, name) = split(path)?;
-    if same_content(path, contents)? {
+    let dir = split(path)?;
+    if atomic_file::same_content(path, contents).map_err(from_io)? {
         return Ok(WriteOutcome::Unchanged);
     }
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .permissions(fs::Permissions::from_mode(FILE_MODE))
-        .tempfile_in(dir)
-        .map_err(io_err(dir))?;
-    let tmp_path = tmp.path().to_path_buf();
-    let f = tmp.as_file_mut();
-    f.write_all(contents).map_err(io_err(&tmp_path))?;
-    // The umask may have narrowed the mode at creation.
-    f.set_permissions(fs::Permissions::from_mode(FILE_MODE))
-        .map_err(io_err(&tmp_path))?;
-    f.sync_all().map_err(io_err(&tmp_path))?;
-    // On error the temp file is deleted when dropped and the old file stays.
-    tmp.persist(path).map_err(|e| io_err(path)(e.error))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))?;
+    atomic_file::replace(dir, path, contents, FILE_MODE).map_err(from_io)?;
+    atomic_file::sync_dir(dir).map_err(from_io)?;
     Ok(WriteOutcome::Written)
 }
 
@@ -100,24 +83,7 @@ pub fn write(path: &Path, contents: &[u8]) -> Result<WriteOutcome> {
 /// there was nothing to remove.
 pub fn remove(path: &Path) -> Result<bool> {
     split(path)?;
-    match fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
-    }
-}
-
-/// Whether `path` is a regular file holding exactly `contents`; anything else there (a
-/// symlink, a FIFO) is never opened.
-fn same_content(path: &Path, contents: &[u8]) -> Result<bool> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_file() && m.len() == contents.len() as u64 => {
-            Ok(fs::read(path).map_err(io_err(path))? == contents)
-        }
-        Ok(_) => Ok(false),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
-    }
+    atomic_file::remove_if_present(path).map_err(from_io)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! the sim backend's node files, files on disk (atomic CDI spec and NFD feature-file writes),
 //! and the MPS daemons' size-bounded `/dev/shm` mounts.
 
+pub mod atomic_file;
 pub mod cdi_writer;
 pub mod checkpoint;
 pub mod driver;
