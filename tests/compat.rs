@@ -17,7 +17,6 @@ use gpu_slicer::cli::{Cli, Command as Sub};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -355,15 +354,7 @@ fn duration_flags_take_go_style_values() {
 // --- item 21: metrics of a fresh daemon -----------------------------------------------
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.expect("read");
-    buf.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    common::http(addr, "GET", path).await.1
 }
 
 #[tokio::test]

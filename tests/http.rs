@@ -1,31 +1,15 @@
 //! The HTTP endpoint over a real TCP socket: routes, readiness, and a `promtool check
 //! metrics` of a real scrape.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpu_slicer::runtime::http::{self, Readiness};
 use gpu_slicer::runtime::metrics::{Metrics, ResourceLabels, RuleLabels};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-
-async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    let status = buf[9..12].parse().unwrap();
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
 
 #[tokio::test]
 async fn routes_readiness_and_promtool() {
@@ -45,21 +29,21 @@ async fn routes_readiness_and_promtool() {
             .get_or_create(&RuleLabels { resource: "nvidia.com/gpu".into(), rule: "unknown-device".into() })
             .inc();
 
-        assert_eq!(request(addr, "GET", "/healthz").await.0, 200);
-        let (code, body) = request(addr, "GET", "/readyz").await;
+        assert_eq!(common::http(addr, "GET", "/healthz").await.0, 200);
+        let (code, body) = common::http(addr, "GET", "/readyz").await;
         assert_eq!(code, 503);
         assert!(body.contains("CDI spec not written"), "{body}");
         readiness.spec_written.store(true, Ordering::Release);
         readiness.registered.store(true, Ordering::Release);
-        assert_eq!(request(addr, "GET", "/readyz").await.0, 200);
-        assert_eq!(request(addr, "GET", "/nope").await.0, 404);
+        assert_eq!(common::http(addr, "GET", "/readyz").await.0, 200);
+        assert_eq!(common::http(addr, "GET", "/nope").await.0, 404);
         // No usage sampler behind this endpoint.
-        let (code, body) = request(addr, "GET", "/v1/state").await;
+        let (code, body) = common::http(addr, "GET", "/v1/state").await;
         assert_eq!(code, 503);
         assert!(body.contains("--usage-interval"), "{body}");
-        assert_eq!(request(addr, "POST", "/metrics").await.0, 405);
+        assert_eq!(common::http(addr, "POST", "/metrics").await.0, 405);
 
-        let (code, body) = request(addr, "GET", "/metrics").await;
+        let (code, body) = common::http(addr, "GET", "/metrics").await;
         assert_eq!(code, 200);
         assert!(body.contains("gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 8"));
         let dir = tempfile::tempdir().unwrap();

@@ -20,7 +20,6 @@ use gpu_slicer::runtime::supervisor::RunSettings;
 use gpu_slicer::runtime::usage::UsageSettings;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use gpu_slicer::testkit::kubelet::PodRef;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Sample-name suffixes of a family (OpenMetrics counters, histograms, summaries).
 const SUFFIXES: &[&str] = &["_total", "_bucket", "_sum", "_count", "_created", "_info"];
@@ -138,14 +137,9 @@ fn used() -> Used {
 }
 
 async fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    assert!(buf.starts_with("HTTP/1.1 200"), "{buf}");
-    buf
+    let (status, body) = common::http(addr, "GET", "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 /// Family names (`# TYPE <name> <type>`) of the daemon's `/metrics` on the sim backend, as

@@ -17,7 +17,6 @@ use gpu_slicer::runtime::plugin::Backoff;
 use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
 use gpu_slicer::state::Store;
 use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,22 +25,11 @@ const CONFIG: &str =
     "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
 const GPU: &str = "nvidia.com/gpu";
 
+/// Scrape until `pred` holds on the body (metrics follow events asynchronously).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.expect("read");
-    let status = buf[9..12].parse().expect("status");
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    common::http(addr, "GET", path).await
 }
 
-/// Scrape until `pred` holds on the body (metrics follow events asynchronously).
 async fn scrape_until(addr: SocketAddr, what: &str, pred: impl Fn(&str) -> bool) -> String {
     within(what, async {
         loop {

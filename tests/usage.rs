@@ -21,7 +21,6 @@ use gpu_slicer::runtime::ledger::LedgerSettings;
 use gpu_slicer::runtime::supervisor::RunSettings;
 use gpu_slicer::runtime::usage::UsageSettings;
 use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef, pod_uid};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GPU0: &str = "GPU-00000000-0000-4000-8000-0000000000a0";
 const GPU1: &str = "GPU-00000000-0000-4000-8000-0000000000a1";
@@ -38,16 +37,9 @@ fn node(usage: &str) -> String {
     )
 }
 
+/// Poll `/metrics` until every line in `want` is in it.
 async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.expect("read");
-    buf.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    common::http(addr, "GET", path).await.1
 }
 
 /// Poll `/metrics` until every line in `want` is in it.

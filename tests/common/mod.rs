@@ -29,6 +29,28 @@ pub(crate) async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     }
 }
 
+/// One HTTP/1.1 request on a fresh connection to the daemon's listener: status and body.
+pub(crate) async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.expect("read");
+    let status = buf
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {buf:?}"));
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// Short temp dir under /tmp (unix socket paths are limited to 108 bytes).
 pub(crate) fn short_tempdir() -> TempDir {
     tempfile::Builder::new()
