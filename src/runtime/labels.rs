@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -62,18 +63,27 @@ async fn follow(settings: LabelsSettings, store: Store, token: CancellationToken
     let mut rx = store.subscribe();
     // What the file holds now, as far as this writer knows; `None` until a write succeeds.
     let mut written: Option<BTreeMap<String, String>> = None;
+    // What the labels last matched were built from: most commits (health events, every
+    // Allocate's held set) change none of these, and then nothing is rebuilt.
+    let mut built_from: Option<LabelInputs> = None;
     loop {
         let snapshot = rx.borrow_and_update().clone();
-        let next = labels::build(&snapshot.inventory, &snapshot.config, &snapshot.plan);
+        let inputs = LabelInputs::of(&snapshot);
         let mut retry = None;
-        if written.as_ref() != Some(&next.labels) {
-            for warning in &next.warnings {
-                tracing::warn!(file = %settings.path.display(), warning = %warning, "node labels");
-            }
-            if apply(&settings.path, &next).await {
-                written = Some(next.labels);
+        if built_from.as_ref().is_none_or(|b| !b.same(&inputs)) {
+            let next = labels::build(&snapshot.inventory, &snapshot.config, &snapshot.plan);
+            if written.as_ref() == Some(&next.labels) {
+                built_from = Some(inputs);
             } else {
-                retry = Some(tokio::time::sleep(settings.retry));
+                for warning in &next.warnings {
+                    tracing::warn!(file = %settings.path.display(), warning = %warning, "node labels");
+                }
+                if apply(&settings.path, &next).await {
+                    written = Some(next.labels);
+                    built_from = Some(inputs);
+                } else {
+                    retry = Some(tokio::time::sleep(settings.retry));
+                }
             }
         }
         let retry = async {
@@ -95,6 +105,30 @@ async fn follow(settings: LabelsSettings, store: Store, token: CancellationToken
             Ok(Err(e)) => tracing::warn!(error = %e, "node labels not removed"),
             Err(e) => tracing::warn!(error = %e, "node labels not removed"),
         }
+    }
+}
+
+/// The parts of a snapshot the labels are built from (only these: holding the whole
+/// snapshot would keep its views and held set alive).
+struct LabelInputs {
+    inventory: Arc<crate::domain::inventory::Inventory>,
+    config: Arc<crate::domain::config::Config>,
+    plan: Arc<crate::domain::plan::Plan>,
+}
+
+impl LabelInputs {
+    fn of(s: &crate::domain::snapshot::Snapshot) -> Self {
+        Self {
+            inventory: s.inventory.clone(),
+            config: s.config.clone(),
+            plan: s.plan.clone(),
+        }
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inventory, &other.inventory)
+            && Arc::ptr_eq(&self.config, &other.config)
+            && Arc::ptr_eq(&self.plan, &other.plan)
     }
 }
 
