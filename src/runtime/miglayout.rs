@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nvml_wrapper::Nvml;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -122,12 +123,14 @@ async fn round(
         layouts.file.clone(),
         layouts.layout.clone(),
     );
-    let (gpus, plans) = blocking("MIG layout planning", move || {
+    // One NVML session per round, shared by its checks and steps (opened and shut down on
+    // blocking threads: both are driver calls).
+    let (nvml, gpus, plans) = blocking("MIG layout planning", move || {
         let parsed = ops::load_file(&file).map_err(|e| e.to_string())?;
         let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
         let gpus = ops::read(&nvml).map_err(|e| e.to_string())?;
         let plans = ops::plan_all(&parsed, &layout, &gpus).map_err(|e| e.to_string())?;
-        Ok::<_, String>((gpus, plans))
+        Ok::<_, String>((Arc::new(nvml), gpus, plans))
     })
     .await
     .map_err(|e| e.to_string())??;
@@ -137,25 +140,21 @@ async fn round(
         let reason = match plan.status {
             PlanStatus::Unchanged => None,
             PlanStatus::Pending => plan.reason.clone(),
-            PlanStatus::Changed => repartition(settings, store, rescan, gpu, plan).await.err(),
+            PlanStatus::Changed => repartition(&nvml, store, rescan, gpu, plan).await.err(),
         };
         out.push((uuid, reason));
     }
+    let _ = blocking("NVML shutdown", move || drop(nvml)).await;
     Ok(out)
 }
 
 /// Why `gpu` is busy, if it is.
-async fn busy(
-    settings: &MigLayoutSettings,
-    store: &Store,
-    gpu: &MigGpu,
-) -> Result<Option<String>, String> {
+async fn busy(nvml: &Arc<Nvml>, store: &Store, gpu: &MigGpu) -> Result<Option<String>, String> {
     if crate::domain::miglayout::held_gpus(&store.current()).contains(&gpu.facts.uuid) {
         return Ok(Some("devices of this GPU are allocated".into()));
     }
-    let (lib, index) = (settings.nvml_lib.clone(), gpu.facts.index);
+    let (nvml, index) = (nvml.clone(), gpu.facts.index);
     let pids = blocking("compute process check", move || {
-        let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
         ops::compute_processes(&nvml, index).map_err(|e| e.to_string())
     })
     .await
@@ -177,13 +176,13 @@ fn devices_match(g: &crate::domain::inventory::Gpu, now: &MigGpu) -> bool {
 
 /// Drain, re-check, apply, re-scan, undrain. `Err`: why the GPU is still pending.
 async fn repartition(
-    settings: &MigLayoutSettings,
+    nvml: &Arc<Nvml>,
     store: &Store,
     rescan: &mpsc::Sender<Cause>,
     gpu: MigGpu,
     plan: GpuPlan,
 ) -> Result<(), String> {
-    if let Some(why) = busy(settings, store, &gpu).await? {
+    if let Some(why) = busy(nvml, store, &gpu).await? {
         return Err(why);
     }
     let uuid = gpu.facts.uuid.clone();
@@ -194,16 +193,15 @@ async fn repartition(
         }
     };
     drain(true);
-    if let Some(why) = busy(settings, store, &gpu).await? {
+    if let Some(why) = busy(nvml, store, &gpu).await? {
         drain(false);
         return Err(why);
     }
     tracing::info!(gpu = %uuid, steps = plan.steps.len(), "applying MIG layout");
-    let lib = settings.nvml_lib.clone();
+    let nvml = nvml.clone();
     let steps = plan.steps.clone();
     let index = gpu.facts.index;
     let (result, now) = blocking("MIG layout steps", move || {
-        let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
         let result = ops::apply(&nvml, &gpu, &steps).map_err(|f| f.to_string());
         // What the GPU holds now, success or not: the re-scan must show exactly this.
         let now = ops::read_gpu(&nvml, index).map_err(|e| e.to_string())?;
