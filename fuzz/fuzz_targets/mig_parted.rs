@@ -4,8 +4,8 @@
 #![no_main]
 
 use gpu_slicer::domain::inventory::Backend;
-use gpu_slicer::domain::miglayout::{MigPartedFile, current};
-use gpu_slicer::platform::mig::{MigGpu, plan_all};
+use gpu_slicer::domain::miglayout::MigPartedFile;
+use gpu_slicer::platform::mig::{from_inventory, plan_all};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,14 +19,7 @@ fuzz_target!(|data: &[u8]| {
         .expect("built-in")
         .discover()
         .expect("built-in node");
-    let gpus: Vec<MigGpu> = inventory
-        .gpus
-        .iter()
-        .map(|g| MigGpu {
-            facts: current::facts(g),
-            instances: current::instances(g),
-        })
-        .collect();
+    let gpus = from_inventory(&inventory);
     for layout in file.layouts.keys() {
         let _ = plan_all(&file, layout, &gpus);
     }

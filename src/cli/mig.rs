@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::cli::args::{BackendArgs, OutputFormat};
 use crate::domain::inventory::{Backend, InventoryError};
-use crate::domain::miglayout::{GpuPlan, MigLayoutError, MigPartedFile, PlanStatus, current};
-use crate::platform::mig::{self as ops, MigGpu, MigOpError};
+use crate::domain::miglayout::{GpuPlan, MigLayoutError, MigPartedFile, PlanStatus};
+use crate::platform::mig::{self as ops, MigOpError};
 
 /// `gpu-slicer mig …`.
 #[derive(Debug, Subcommand)]
@@ -92,14 +92,7 @@ pub fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
             return Err(MigError::SimReadOnly(profile.to_string()));
         }
         let inventory = crate::platform::sim::SimBackend::open(profile)?.discover()?;
-        let gpus: Vec<MigGpu> = inventory
-            .gpus
-            .iter()
-            .map(|g| MigGpu {
-                facts: current::facts(g),
-                instances: current::instances(g),
-            })
-            .collect();
+        let gpus = ops::from_inventory(&inventory);
         (ops::plan_all(&file, &args.layout, &gpus)?, 0)
     } else if args.backend.backend == "nvml" {
         let nvml = crate::platform::nvml::open_nvml(args.backend.nvml_lib.as_deref())?;

@@ -93,6 +93,19 @@ pub fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError
     MigPartedFile::parse(&text, &origin)
 }
 
+/// The GPUs of a discovered inventory with the instances its MIG devices imply (the sim
+/// backend's view: placements assumed as the fake driver assigns them).
+pub fn from_inventory(inventory: &crate::domain::inventory::Inventory) -> Vec<MigGpu> {
+    inventory
+        .gpus
+        .iter()
+        .map(|g| MigGpu {
+            facts: crate::domain::miglayout::current::facts(g),
+            instances: crate::domain::miglayout::current::instances(g),
+        })
+        .collect()
+}
+
 /// Plan every GPU for `layout` of `file` (same order as `gpus`).
 pub fn plan_all(
     file: &MigPartedFile,
