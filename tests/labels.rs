@@ -251,3 +251,36 @@ fn readme_shows_the_golden_file_and_selects_pools_by_real_labels() {
         );
     }
 }
+
+/// Bad input: an output path that names no file, and a bad sampling interval for `run`, are
+/// refused with exit code 2 and a message naming the path or the flag and the value.
+#[test]
+fn bad_labels_path_and_bad_usage_durations_are_input_errors() {
+    let bin = env!("CARGO_BIN_EXE_gpu-slicer");
+    let out = std::process::Command::new(bin)
+        .args([
+            "labels",
+            "--backend",
+            "sim:mixed-a100",
+            "--output-file",
+            "/",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("labels file /: not a file path"), "{err}");
+
+    for flag in ["--usage-interval", "--idle-window"] {
+        let out = std::process::Command::new(bin)
+            .args(["run", "--backend=sim:mixed-a100", flag, "10 fortnights"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("`10 fortnights` is not a duration"),
+            "{flag}: {err}"
+        );
+    }
+}
