@@ -56,6 +56,7 @@ pub fn synthetic_inventory(gpus: u32, migs: u32) -> Inventory {
         driver_version: None,
         cuda_driver_version: None,
         gpus,
+        topology: None,
     }
 }
 

@@ -154,6 +154,10 @@ pub struct Inventory {
     pub cuda_driver_version: Option<u32>,
     /// GPUs sorted by index.
     pub gpus: Vec<Gpu>,
+    /// GPU-pair links (PCIe, NVLink, NUMA), read once at discovery; absent when the backend
+    /// read none (left out of JSON then, so older outputs stay byte-identical).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology: Option<crate::domain::topology::Topology>,
 }
 
 impl Inventory {

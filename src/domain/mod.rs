@@ -13,5 +13,6 @@ pub mod miglayout;
 pub mod mps;
 pub mod plan;
 pub mod snapshot;
+pub mod topology;
 pub mod transition;
 pub mod usage;

@@ -189,6 +189,7 @@ impl Backend for NvmlBackend {
             driver_version,
             cuda_driver_version,
             gpus,
+            topology: None,
         })
     }
 }

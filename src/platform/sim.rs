@@ -6,7 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use node_spec::NodeSpec;
+use node_spec::{NodeSpec, TopoCell};
+
+use crate::domain::topology::{PcieLevel, RawGpu, RawPair, Topology};
 
 use crate::domain::inventory::{
     Backend, Gpu, Inventory, InventoryError, MigDevice, MigMode, Result,
@@ -156,7 +158,49 @@ pub fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
         cuda_driver_version: u32::try_from(spec.cuda_driver_version)
             .ok()
             .filter(|v| *v > 0),
+        topology: spec.topology.as_ref().map(|t| topology_from_spec(spec, t)),
         gpus,
+    }
+}
+
+/// The node file's matrix as a domain topology; the warnings were checked for by the node
+/// file's validation (shape) or are what an asymmetric matrix means to model.
+fn topology_from_spec(spec: &NodeSpec, t: &node_spec::TopologySpec) -> Topology {
+    let raw: Vec<RawGpu> = spec
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| RawGpu {
+            pci_bus_id: g.bus_id(),
+            index: g.index,
+            numa_node: g.numa_node,
+            switch_links: if t.nvswitch && !t.is_unsupported("nvlink") {
+                t.switch_links(i)
+            } else {
+                0
+            },
+        })
+        .collect();
+    let (topology, warnings) = Topology::from_raw(&raw, |a, b| raw_pair(t, a, b));
+    for w in warnings {
+        tracing::warn!(warning = ?w, "node file topology");
+    }
+    topology
+}
+
+/// What the fake NVML would answer for (a, b), from the matrix.
+fn raw_pair(t: &node_spec::TopologySpec, a: usize, b: usize) -> RawPair {
+    let ancestor = (!t.is_unsupported("commonAncestor")).then(|| match t.cell(a, b) {
+        Some(TopoCell::Pcie(level)) => level,
+        _ => PcieLevel::Sys.to_nvml(),
+    });
+    let direct_nvlinks = match t.cell(a, b) {
+        Some(TopoCell::NvLink(k)) if !t.nvswitch && !t.is_unsupported("nvlink") => k,
+        _ => 0,
+    };
+    RawPair {
+        ancestor,
+        direct_nvlinks,
     }
 }
 

@@ -18,12 +18,14 @@ use serde::{Deserialize, Serialize};
 
 mod placements;
 mod products;
+mod topology;
 mod usage;
 
 pub use placements::{
     GiProfile, PlaceError, Placed, check_place, gi_profile, gi_profiles, search_placements,
 };
 pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
+pub use topology::{TopoCell, TopologySpec, parse_cell as parse_topology_cell};
 pub use usage::{DeviceUsageSpec, ProcessSpec, UsageSpec};
 
 /// Errors reading or validating a node description.
@@ -70,6 +72,9 @@ pub struct NodeSpec {
     /// [`UsageSpec`].
     #[serde(default, skip_serializing_if = "UsageSpec::is_empty")]
     pub usage: UsageSpec,
+    /// GPU-pair topology (NVLink, PCIe): see [`TopologySpec`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologySpec>,
 }
 
 fn default_driver_version() -> String {
@@ -302,6 +307,10 @@ impl NodeSpec {
             field,
             message,
         };
+        if let Some(t) = &self.topology {
+            t.check(self.gpus.len())
+                .map_err(|(field, message)| invalid(field, message))?;
+        }
         let mut uuids = BTreeSet::new();
         let mut indices = BTreeSet::new();
         let mut minors = BTreeSet::new();

@@ -8,6 +8,11 @@
 //!   Replicas of a resource without `allowMultiGpu` are kept on one physical device when one
 //!   has room, so the hint never leads to an Allocate that the rules refuse.
 //!
+//! - With a topology (whole GPUs, and replicas of whole GPUs spread over several GPUs by
+//!   `allowMultiGpu`): the set of GPUs with the best links (NVLink count, then PCIe
+//!   distance, then NUMA), found by [`best_subset`]; a one-GPU request takes the GPU with
+//!   the weakest links to the other free ones, keeping well-connected sets whole.
+//!
 //! The answer is a hint and an error fails pod admission, so [`preferred`] never fails: it
 //! always returns the must-include IDs, then the best picks, then any other available ID.
 //! Work is index-based (one binary search per ID, no per-call string hashing) because the
@@ -17,6 +22,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::domain::config::AllocationPolicy;
 use crate::domain::plan::ResourceKind;
+
+use crate::domain::topology::ResourceLinks;
+use crate::domain::topology::search::best_subset;
 
 use super::view::ResourceView;
 
@@ -96,7 +104,16 @@ pub fn preferred<S: AsRef<str>>(
     let need = size - out.len();
     let resource = &view.resource;
     let picks: Vec<usize> = match (&resource.sharing, resource.kind) {
-        (None, ResourceKind::Gpu) => numa_pick(view, &known, &must, need),
+        (None, ResourceKind::Gpu) => match &resource.links {
+            Some(links) => linked_pick(links, &known, &must, need)
+                .unwrap_or_else(|| numa_pick(view, &known, &must, need)),
+            None => numa_pick(view, &known, &must, need),
+        },
+        (Some(sharing), ResourceKind::Gpu)
+            if sharing.allow_multi_gpu && size > 1 && resource.links.is_some() =>
+        {
+            linked_replica_pick(view, policy, &known, &must, &mut load, need)
+        }
         (Some(sharing), _) if !sharing.allow_multi_gpu && size > 1 => {
             one_group_pick(view, policy, &known, &must, &load, need)
                 .unwrap_or_else(|| greedy_pick(view, policy, &known, &mut load, need))
@@ -210,4 +227,112 @@ fn greedy_pick(
         load[g] += 1;
     }
     out
+}
+
+/// Whole GPUs on a node with a topology: the best-linked set containing the must-include
+/// GPUs. `None` when some device has no place in the topology (then NUMA placement).
+fn linked_pick(
+    links: &ResourceLinks,
+    known: &[usize],
+    must: &[usize],
+    need: usize,
+) -> Option<Vec<usize>> {
+    // Local candidates in topology (bus ID) order, so the answer ignores the kubelet's order.
+    let mut cands: Vec<(usize, usize, bool)> = Vec::with_capacity(known.len() + must.len());
+    for (&i, forced) in must
+        .iter()
+        .map(|i| (i, true))
+        .chain(known.iter().map(|i| (i, false)))
+    {
+        cands.push((links.slot.get(i).copied().flatten()?, i, forced));
+    }
+    cands.sort_unstable();
+    cands.dedup_by_key(|c| c.0);
+    let t = &links.topology;
+    let m = cands.len();
+    let mut s = vec![0u64; m * m];
+    for a in 0..m {
+        for b in 0..m {
+            if a != b {
+                s[a * m + b] = t.pair_score(cands[a].0, cands[b].0);
+            }
+        }
+    }
+    let forced: Vec<usize> = (0..m).filter(|&a| cands[a].2).collect();
+    let k = (forced.len() + need).min(m);
+    if forced.is_empty() && need == 1 {
+        // The GPU whose loss costs the others least: lowest total link score to them.
+        let lone = (0..m).min_by_key(|&a| ((0..m).map(|b| s[a * m + b]).sum::<u64>(), a))?;
+        return Some(vec![cands[lone].1]);
+    }
+    let best = best_subset(&s, m, &forced, k)?;
+    Some(
+        best.set
+            .into_iter()
+            .filter(|&a| !cands[a].2)
+            .map(|a| cands[a].1)
+            .collect(),
+    )
+}
+
+/// Replicas of whole GPUs that may span GPUs: as many GPUs as the policy's greedy pick
+/// would use, chosen by link quality, then the greedy pick within them.
+fn linked_replica_pick(
+    view: &ResourceView,
+    policy: AllocationPolicy,
+    known: &[usize],
+    must: &[usize],
+    load: &mut [usize],
+    need: usize,
+) -> Vec<usize> {
+    let mut trial = load.to_vec();
+    let plain = greedy_pick(view, policy, known, &mut trial, need);
+    let of = &view.grouping.of_device;
+    let mut used: Vec<usize> = plain.iter().chain(must).map(|&i| of[i]).collect();
+    used.sort_unstable();
+    used.dedup();
+    let Some(links) = view.resource.links.as_deref() else {
+        load.copy_from_slice(&trial);
+        return plain;
+    };
+    // One representative device per group, as whole-GPU placement sees it.
+    let mut rep: BTreeMap<usize, usize> = BTreeMap::new();
+    for &i in known.iter().chain(must) {
+        rep.entry(of[i]).or_insert(i);
+    }
+    let mut must_reps: Vec<usize> = must
+        .iter()
+        .filter_map(|&i| rep.get(&of[i]).copied())
+        .collect();
+    must_reps.sort_unstable();
+    must_reps.dedup();
+    let free_reps: Vec<usize> = rep
+        .values()
+        .copied()
+        .filter(|r| !must_reps.contains(r))
+        .collect();
+    let groups_needed = used.len().saturating_sub(must_reps.len());
+    if used.len() < 2 || groups_needed == 0 {
+        load.copy_from_slice(&trial);
+        return plain;
+    }
+    let Some(chosen) = linked_pick(links, &free_reps, &must_reps, groups_needed) else {
+        load.copy_from_slice(&trial);
+        return plain;
+    };
+    let keep: Vec<usize> = chosen.iter().chain(&must_reps).map(|&r| of[r]).collect();
+    let within: Vec<usize> = known
+        .iter()
+        .copied()
+        .filter(|&i| keep.contains(&of[i]))
+        .collect();
+    let mut again = load.to_vec();
+    let picks = greedy_pick(view, policy, &within, &mut again, need);
+    if picks.len() == need {
+        load.copy_from_slice(&again);
+        picks
+    } else {
+        load.copy_from_slice(&trial);
+        plain
+    }
 }

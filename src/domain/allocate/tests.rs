@@ -211,6 +211,7 @@ fn rule_whole_gpu_with_its_mig_slice() {
             kind: ResourceKind::Gpu,
             sharing: None,
             devices,
+            links: None,
         }],
     };
     let v = view(&plan, "example.com/mixed");

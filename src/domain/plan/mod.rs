@@ -7,6 +7,7 @@
 //! plugin serves a plan, the CDI generator describes it, the allocator enforces it. No IO.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -193,6 +194,10 @@ pub struct Resource {
     pub sharing: Option<Sharing>,
     /// Devices sorted by ID.
     pub devices: Vec<Device>,
+    /// Whole-GPU resources on a node with a topology: each device's GPU in it, for
+    /// link-aware preferred allocation.
+    #[serde(skip)]
+    pub links: Option<Arc<crate::domain::topology::ResourceLinks>>,
 }
 
 impl Resource {
@@ -527,6 +532,7 @@ pub fn build_reporting(inv: &Inventory, cfg: &Config) -> Result<Planned> {
             kind: c.kind,
             sharing: sharing.clone(),
             devices: Vec::new(),
+            links: None,
         });
         if entry.kind != c.kind || entry.sharing.is_some() != sharing.is_some() {
             return Err(PlanError::NameClash {
@@ -553,6 +559,7 @@ pub fn build_reporting(inv: &Inventory, cfg: &Config) -> Result<Planned> {
     let mut resources: Vec<Resource> = resources.into_values().collect();
     for r in &mut resources {
         r.devices.sort_by(|a, b| a.id.cmp(&b.id));
+        r.links = links_for(inv, r);
     }
     Ok(Planned {
         plan: Plan { resources },
@@ -732,4 +739,25 @@ pub fn diff(old: &Plan, new: &Plan) -> PlanDiff {
         .map(|r| r.name.clone())
         .collect();
     out
+}
+
+/// Each whole-GPU device's position in the node's topology (MIG resources keep their
+/// topology-free placement).
+fn links_for(inv: &Inventory, r: &Resource) -> Option<Arc<crate::domain::topology::ResourceLinks>> {
+    let topology = inv.topology.as_ref()?;
+    if r.kind != ResourceKind::Gpu || topology.len() < 2 {
+        return None;
+    }
+    let slot = r
+        .devices
+        .iter()
+        .map(|d| {
+            inv.gpu(&d.physical.gpu_uuid)
+                .and_then(|g| topology.position(&g.pci_bus_id))
+        })
+        .collect();
+    Some(Arc::new(crate::domain::topology::ResourceLinks {
+        topology: Arc::new(topology.clone()),
+        slot,
+    }))
 }
