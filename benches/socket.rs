@@ -46,11 +46,7 @@ const NODE: &str = include_str!("../hack/nodes/dgx-h100.yaml");
 /// The node file's `driverVersion`.
 const DRIVER: &str = "570.124.06";
 
-fn pct(v: &[Duration], q: f64) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
+use gpu_slicer::testkit::stats::percentile as pct;
 
 fn report(name: &str, v: &[Duration], target: &str) {
     println!(

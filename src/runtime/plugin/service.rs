@@ -20,8 +20,8 @@ use tonic::{Request, Response, Status};
 
 use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
 use crate::domain::inventory::Health;
-use crate::platform::checkpoint::Checkpoint;
 use crate::proto::deviceplugin as pb;
+use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::metrics::Metrics;
 use crate::state::{Snapshot, Store};
 
@@ -46,8 +46,8 @@ pub fn plugin_options() -> pb::DevicePluginOptions {
 pub(crate) struct DevicePluginService {
     resource: Arc<str>,
     store: Store,
-    /// Persists what Allocate hands out; `None`: not persisted (tests, embedders).
-    checkpoint: Option<Arc<Checkpoint>>,
+    /// Persists what Allocate hands out (a no-op without `--state-dir`).
+    held: HeldCheckpoint,
     /// RPC latencies and refusals are recorded here.
     metrics: Arc<Metrics>,
     /// Open ListAndWatch streams of this resource.
@@ -61,7 +61,7 @@ impl DevicePluginService {
     pub(crate) fn new(
         resource: &str,
         store: Store,
-        checkpoint: Option<Arc<Checkpoint>>,
+        held: HeldCheckpoint,
         metrics: Arc<Metrics>,
         streams: Arc<AtomicUsize>,
         token: CancellationToken,
@@ -69,36 +69,11 @@ impl DevicePluginService {
         Self {
             resource: Arc::from(resource),
             store,
-            checkpoint,
+            held,
             metrics,
             streams,
             token,
         }
-    }
-
-    /// Persist the held set before an answer that grew it goes out: a restart must find
-    /// what the answer hands out. Off the async workers.
-    async fn persist(
-        &self,
-        checkpoint: Arc<Checkpoint>,
-        started: std::time::Instant,
-    ) -> Result<(), Status> {
-        let store = self.store.clone();
-        let saved = tokio::task::spawn_blocking(move || {
-            checkpoint.save_with(|| store.current().held.as_ref().clone())
-        })
-        .await;
-        let error = match saved {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
-        };
-        tracing::error!(resource = %self.resource, error = %error, "allocate refused: held devices not persisted");
-        self.metrics
-            .record_allocate(&self.resource, started.elapsed(), Some("checkpoint"));
-        Err(Status::unavailable(format!(
-            "cannot persist held devices: {error}"
-        )))
     }
 
     fn snapshot_view(&self) -> Result<(Arc<Snapshot>, Arc<ResourceView>), Status> {
@@ -314,8 +289,16 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             answer.held.ids.iter().map(String::as_str),
             &answer.held.cdi,
         );
-        if let (Some(_), Some(checkpoint)) = (grew, &self.checkpoint) {
-            self.persist(checkpoint.clone(), started).await?;
+        if grew.is_some() {
+            // Persisted before answering: a restart must find what this answer hands out.
+            if let Err(error) = self.held.save().await {
+                tracing::error!(resource = %self.resource, error = %error, "allocate refused: held devices not persisted");
+                self.metrics
+                    .record_allocate(&self.resource, started.elapsed(), Some("checkpoint"));
+                return Err(Status::unavailable(format!(
+                    "cannot persist held devices: {error}"
+                )));
+            }
         }
         self.metrics
             .record_allocate(&self.resource, started.elapsed(), None);
