@@ -4,8 +4,8 @@
 //!   (`fakeNvmlInjectEvent`), the daemon (in process: `app::run` with the NVML backend and the
 //!   health monitor) turns it into an Unhealthy frame that the kubelet emulator receives over
 //!   a real unix socket; timed from injection to the frame. The device recovers after a 10 ms
-//!   quiet period before the next event. The fake's wait polls in 5 ms steps, so up to 5 ms of
-//!   each figure is the fake, not the daemon.
+//!   quiet period before the next event. The fake's wait wakes as soon as an event is
+//!   injected (as a driver's does), so the figure is the daemon's path.
 //! - NVML discovery time of the 8 × 7 node through nvml-wrapper and the fake.
 //! - idle CPU of the built `gpu-slicer run` (utime+stime from /proc/<pid>/stat over 10 s),
 //!   with the NVML watcher waiting on the fake, and with the sim backend for comparison.
