@@ -20,21 +20,33 @@ struct Policy {
 }
 
 fn compile(expr: &str) -> cel::Program {
-    cel::Program::compile(expr).unwrap_or_else(|e| panic!("policy CEL {expr:?} does not compile: {e:?}"))
+    cel::Program::compile(expr)
+        .unwrap_or_else(|e| panic!("policy CEL {expr:?} does not compile: {e:?}"))
 }
 
 fn load() -> Policy {
     let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(POLICY)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
-    let vap = docs.iter().find(|d| d["kind"] == "ValidatingAdmissionPolicy").expect("the policy");
-    let binding = docs.iter().find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding").expect("its binding");
+    let vap = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .expect("the policy");
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .expect("its binding");
     assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     let spec = &vap["spec"];
     let strs = |v: &Value, f: &str| v[f].as_str().unwrap_or("").to_owned();
     Policy {
-        conditions: spec["matchConditions"].as_array().unwrap().iter().map(|c| compile(&strs(c, "expression"))).collect(),
+        conditions: spec["matchConditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| compile(&strs(c, "expression")))
+            .collect(),
         variables: spec["variables"]
             .as_array()
             .unwrap()
@@ -45,25 +57,44 @@ fn load() -> Policy {
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| (compile(&strs(v, "expression")), strs(v, "message"), strs(v, "reason")))
+            .map(|v| {
+                (
+                    compile(&strs(v, "expression")),
+                    strs(v, "message"),
+                    strs(v, "reason"),
+                )
+            })
             .collect(),
     }
 }
 
-fn context(a: &Admission<'_>, variables: &serde_json::Map<String, Value>) -> cel::Context<'static, 'static> {
+fn context(
+    a: &Admission<'_>,
+    variables: &serde_json::Map<String, Value>,
+) -> cel::Context<'static, 'static> {
     let user = json!({"username": a.user.username, "groups": a.user.groups, "extra": a.user.extra});
     let mut ctx = cel::Context::default();
-    ctx.add_variable("object", a.object.cloned().unwrap_or(Value::Null)).unwrap();
-    ctx.add_variable("oldObject", a.old_object.cloned().unwrap_or(Value::Null)).unwrap();
-    ctx.add_variable("request", json!({"userInfo": user, "operation": "UPDATE", "name": a.name})).unwrap();
-    ctx.add_variable("variables", Value::Object(variables.clone())).unwrap();
+    ctx.add_variable("object", a.object.cloned().unwrap_or(Value::Null))
+        .unwrap();
+    ctx.add_variable("oldObject", a.old_object.cloned().unwrap_or(Value::Null))
+        .unwrap();
+    ctx.add_variable(
+        "request",
+        json!({"userInfo": user, "operation": "UPDATE", "name": a.name}),
+    )
+    .unwrap();
+    ctx.add_variable("variables", Value::Object(variables.clone()))
+        .unwrap();
     ctx
 }
 
 impl Policy {
     /// What the API server does with the policy for one Node update.
     fn admit(&self, a: &Admission<'_>) -> Result<(), Denial> {
-        if a.resource != "nodes" || !a.subresource.is_empty() || !matches!(a.verb, Verb::Update | Verb::Patch) {
+        if a.resource != "nodes"
+            || !a.subresource.is_empty()
+            || !matches!(a.verb, Verb::Update | Verb::Patch)
+        {
             return Ok(());
         }
         let mut vars = serde_json::Map::new();
@@ -74,13 +105,18 @@ impl Policy {
             return Ok(());
         }
         for (name, program) in &self.variables {
-            let value = program.execute(&context(a, &vars)).expect("variable evaluates");
+            let value = program
+                .execute(&context(a, &vars))
+                .expect("variable evaluates");
             vars.insert(name.clone(), value.json().expect("variable as JSON"));
         }
         for (program, message, reason) in &self.validations {
             if !truth(program, &vars) {
                 let code = if reason == "Forbidden" { 403 } else { 422 };
-                return Err(Denial { code, message: message.clone() });
+                return Err(Denial {
+                    code,
+                    message: message.clone(),
+                });
             }
         }
         Ok(())
@@ -100,7 +136,10 @@ async fn setup() -> (ApiServer, Api<Node>, Api<Node>) {
     api.insert(&node("n1")).unwrap();
     api.insert(&node("n2")).unwrap();
     api.require_tokens(HashMap::from([
-        ("agent-n1".to_owned(), User::service_account("gpu-slicer", "gpu-slicer", Some("n1"))),
+        (
+            "agent-n1".to_owned(),
+            User::service_account("gpu-slicer", "gpu-slicer", Some("n1")),
+        ),
         ("admin".to_owned(), User::admin()),
     ]));
     let policy = load();
@@ -111,7 +150,10 @@ async fn setup() -> (ApiServer, Api<Node>, Api<Node>) {
 }
 
 async fn patch(nodes: &Api<Node>, name: &str, body: Value) -> Result<(), (u16, String)> {
-    match nodes.patch(name, &PatchParams::default(), &Patch::Merge(&body)).await {
+    match nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) => Err((s.code, s.message)),
         Err(e) => panic!("{e}"),
@@ -125,10 +167,18 @@ fn labels(kv: Value) -> Value {
 #[tokio::test]
 async fn own_node_and_owned_keys_are_admitted() {
     let (api, agent, _) = setup().await;
-    let state = labels(json!({"gpu-slicer.io/config.state": "success", "gpu-slicer.io/config.applied": "inference",
-                              "nvidia.com/mig.config.state": "pending", "nvidia.com/gpu.product": "A100"}));
+    let state = labels(
+        json!({"gpu-slicer.io/config.state": "success", "gpu-slicer.io/config.applied": "inference",
+                              "nvidia.com/mig.config.state": "pending", "nvidia.com/gpu.product": "A100"}),
+    );
     patch(&agent, "n1", state).await.unwrap();
-    patch(&agent, "n1", labels(json!({"nvidia.com/gpu.product": null}))).await.unwrap();
+    patch(
+        &agent,
+        "n1",
+        labels(json!({"nvidia.com/gpu.product": null})),
+    )
+    .await
+    .unwrap();
     let n1: Node = api.get("", "n1").unwrap();
     let l = n1.metadata.labels.unwrap();
     assert_eq!(l["gpu-slicer.io/config.state"], "success");
@@ -139,8 +189,20 @@ async fn own_node_and_owned_keys_are_admitted() {
 #[tokio::test]
 async fn another_node_is_denied() {
     let (api, agent, _) = setup().await;
-    let e = patch(&agent, "n2", labels(json!({"gpu-slicer.io/config.state": "success"}))).await.unwrap_err();
-    assert_eq!(e, (403, "gpu-slicer may change only the Node its token is bound to".into()));
+    let e = patch(
+        &agent,
+        "n2",
+        labels(json!({"gpu-slicer.io/config.state": "success"})),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e,
+        (
+            403,
+            "gpu-slicer may change only the Node its token is bound to".into()
+        )
+    );
     api.stop().await;
 }
 
@@ -157,19 +219,39 @@ async fn keys_it_does_not_own_are_denied() {
         assert_eq!(e.0, 403, "{body}: {e:?}");
         assert!(e.1.contains("only its state labels"), "{e:?}");
     }
-    assert_eq!(api.get::<Node>("", "n1").unwrap().metadata.labels.unwrap()["nvidia.com/device-plugin.config"], "inference");
+    assert_eq!(
+        api.get::<Node>("", "n1").unwrap().metadata.labels.unwrap()["nvidia.com/device-plugin.config"],
+        "inference"
+    );
     api.stop().await;
 }
 
 #[tokio::test]
 async fn spec_and_annotation_changes_are_denied_and_others_are_not_bound() {
     let (api, agent, admin) = setup().await;
-    let e = patch(&agent, "n1", json!({"spec": {"unschedulable": true}})).await.unwrap_err();
-    assert_eq!(e, (403, "gpu-slicer may change only labels of its Node".into()));
-    let e = patch(&agent, "n1", json!({"metadata": {"annotations": {"x": "y"}}})).await.unwrap_err();
+    let e = patch(&agent, "n1", json!({"spec": {"unschedulable": true}}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        (403, "gpu-slicer may change only labels of its Node".into())
+    );
+    let e = patch(
+        &agent,
+        "n1",
+        json!({"metadata": {"annotations": {"x": "y"}}}),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.0, 403);
     // The policy binds only the agent's service account.
-    patch(&admin, "n2", json!({"spec": {"unschedulable": true}, "metadata": {"labels": {"team": null}}})).await.unwrap();
+    patch(
+        &admin,
+        "n2",
+        json!({"spec": {"unschedulable": true}, "metadata": {"labels": {"team": null}}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(api.count(Verb::Patch, "/api/v1/nodes"), 3);
     api.stop().await;
 }
