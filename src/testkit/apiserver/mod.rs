@@ -244,6 +244,8 @@ pub struct ApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
     down: Mutex<CancellationToken>,
+    /// The accept loop, awaited before the port is bound again.
+    accepting: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl ApiServer {
@@ -272,13 +274,15 @@ impl ApiServer {
                 source,
             })?;
         let down = CancellationToken::new();
-        shared
-            .tracker
-            .spawn(serve::accept_loop(shared.clone(), listener, down.clone()));
+        let accepting =
+            shared
+                .tracker
+                .spawn(serve::accept_loop(shared.clone(), listener, down.clone()));
         Ok(ApiServer {
             shared,
             addr,
             down: Mutex::new(down),
+            accepting: Mutex::new(Some(accepting)),
         })
     }
 
@@ -548,12 +552,30 @@ impl ApiServer {
 
     /// Listens again on the same port after [`ApiServer::go_down`].
     pub async fn come_up(&self) -> Result<(), ApiServerError> {
-        let listener = bind(self.addr).await?;
+        let previous = lock(&self.accepting).take();
+        if let Some(previous) = previous {
+            // The old loop drops its listener when it ends; only then is the port free.
+            let _ = previous.await;
+        }
+        // Closed connections may hold the port for a moment after the loop ended.
+        let mut tries = 0;
+        let listener = loop {
+            match bind(self.addr).await {
+                Ok(l) => break l,
+                Err(e) if tries >= 100 => return Err(e),
+                Err(_) => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
         let down = CancellationToken::new();
         *lock(&self.down) = down.clone();
-        self.shared
-            .tracker
-            .spawn(serve::accept_loop(self.shared.clone(), listener, down));
+        let accepting =
+            self.shared
+                .tracker
+                .spawn(serve::accept_loop(self.shared.clone(), listener, down));
+        *lock(&self.accepting) = Some(accepting);
         Ok(())
     }
 
@@ -597,13 +619,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ApiServerError> {
-    // The port is reused after go_down; SO_REUSEADDR (tokio's default on unix) allows it.
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ApiServerError::Bind {
-            addr: addr.to_string(),
-            source,
-        })
+    // SO_REUSEADDR: the port is bound again after go_down while the old connections linger.
+    let err = |source| ApiServerError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let socket = tokio::net::TcpSocket::new_v4().map_err(err)?;
+    socket.set_reuseaddr(true).map_err(err)?;
+    socket.bind(addr).map_err(err)?;
+    socket.listen(1024).map_err(err)
 }
 
 fn key_of(kind: Kind, value: &Value) -> Key {
