@@ -2,6 +2,7 @@
 //! `CancellationToken`. They read the state store and talk to the kubelet, the network and
 //! the platform layer.
 
+pub mod dra;
 pub mod error;
 pub mod health;
 pub mod http;
