@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::cdi::generate::{HostProbe, NodeInfo, NodeProbe};
@@ -28,9 +28,11 @@ use crate::domain::plan::PlanDiff;
 use crate::domain::snapshot::Snapshot;
 use crate::domain::transition::{self, Host};
 use crate::platform::cdi_writer;
+use crate::platform::fswatch::DirWatch;
 use crate::runtime::error::{AppError, SpecWriteError, blocking};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::triggers::{Causes, Triggers};
+use crate::runtime::triggers::{Cause, Causes, TriggerSettings, Triggers};
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Loads the config again on reload (file, environment and flags, as at start).
@@ -57,8 +59,90 @@ pub struct ReloadStatus {
     pub last_diff: Option<PlanDiff>,
 }
 
+/// What the reloader needs: the config served first, how to load it again, what
+/// triggers a reload, where the spec goes and the hook its share devices run.
+pub struct ReloaderSettings {
+    /// The validated config of the first transition.
+    pub config: Config,
+    /// Discovers the inventory.
+    pub backend: Arc<dyn Backend>,
+    /// Re-reads the config; `None`: the config never changes, only the inventory.
+    pub load: Option<ConfigLoader>,
+    /// What triggers a reload.
+    pub triggers: TriggerSettings,
+    /// CDI spec directory.
+    pub cdi_dir: PathBuf,
+    /// The hook share devices run.
+    pub hook: HookSettings,
+}
+
+impl fmt::Debug for ReloaderSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloaderSettings")
+            .field("cdi_dir", &self.cdi_dir)
+            .field("load", &self.load.as_ref().map(|_| "<loader>"))
+            .field("triggers", &self.triggers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the reloader is handed by the supervisor.
+#[derive(Debug)]
+pub struct ReloaderPeers {
+    /// The daemon's one inotify fd (the config file's directory is watched on it).
+    pub fs: Arc<DirWatch>,
+}
+
+/// What a running reloader exposes.
+#[derive(Debug, Clone)]
+pub struct Reloads {
+    /// Ask for a reload (config and inventory).
+    pub requester: mpsc::Sender<Cause>,
+    /// Outcome of every reload.
+    pub status: watch::Receiver<ReloadStatus>,
+}
+
+/// Run the first transition (its errors stop the daemon: nothing is served yet), then
+/// start the triggers and the task serving them until the daemon or the handle stops.
+pub async fn spawn(
+    settings: ReloaderSettings,
+    peers: ReloaderPeers,
+    ctx: &Context,
+) -> Result<Handle<Reloads>, AppError> {
+    let (status, status_rx) = watch::channel(ReloadStatus {
+        applied: 0,
+        unchanged: 0,
+        failed: 0,
+        last_error: None,
+        plan: Arc::default(),
+        last_diff: None,
+    });
+    let reloader = Reloader {
+        store: ctx.store.clone(),
+        backend: settings.backend,
+        load: settings.load,
+        cdi_dir: settings.cdi_dir,
+        hook: Some(settings.hook),
+        metrics: ctx.metrics.clone(),
+        status,
+    };
+    // The first transition: discover, plan, write the spec (held devices kept), commit.
+    reloader.start(settings.config).await?;
+    let token = ctx.child_token();
+    let triggers = Triggers::start(&settings.triggers, &peers.fs, &ctx.tracker, &token)?;
+    let requester = triggers.requester();
+    ctx.tracker.spawn(reloader.run(triggers, token.clone()));
+    Ok(Handle::new(
+        token,
+        Reloads {
+            requester,
+            status: status_rx,
+        },
+    ))
+}
+
 /// The reload actor and its dependencies.
-pub struct Reloader {
+pub(crate) struct Reloader {
     pub(crate) store: Store,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) load: Option<ConfigLoader>,
@@ -117,7 +201,7 @@ impl Reloader {
     /// The first transition, from the snapshot an earlier run left. Its errors stop the
     /// daemon (nothing is served yet). With `failOnInitError: false` a node whose driver
     /// cannot be initialised serves nothing instead of crash-looping, as NVIDIA's plugin.
-    pub async fn start(&self, config: Config) -> Result<(), AppError> {
+    async fn start(&self, config: Config) -> Result<(), AppError> {
         let backend = self.backend.clone();
         let discovered = blocking("inventory discovery", move || backend.discover()).await?;
         let (inventory, no_driver) = match discovered {
@@ -148,7 +232,7 @@ impl Reloader {
 
     /// Serve reload triggers until `token` is cancelled. A reload in progress is abandoned
     /// (between steps, before its commit) when the token fires.
-    pub async fn run(self, mut triggers: Triggers, token: CancellationToken) {
+    async fn run(self, mut triggers: Triggers, token: CancellationToken) {
         loop {
             let causes = tokio::select! {
                 biased;

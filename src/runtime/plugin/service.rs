@@ -19,8 +19,8 @@ use tonic::{Request, Response, Status};
 
 use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
 use crate::domain::inventory::Health;
-use crate::platform::checkpoint::Checkpoint;
 use crate::proto::deviceplugin as pb;
+use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::metrics::Metrics;
 use crate::state::{Snapshot, Store};
 
@@ -45,8 +45,8 @@ pub fn plugin_options() -> pb::DevicePluginOptions {
 pub(crate) struct DevicePluginService {
     resource: Arc<str>,
     store: Store,
-    /// Persists what Allocate hands out; `None`: not persisted (tests, embedders).
-    checkpoint: Option<Arc<Checkpoint>>,
+    /// Persists what Allocate hands out (a no-op without `--state-dir`).
+    held: HeldCheckpoint,
     /// RPC latencies and refusals are recorded here.
     metrics: Arc<Metrics>,
     /// Open ListAndWatch streams of this resource.
@@ -60,7 +60,7 @@ impl DevicePluginService {
     pub(crate) fn new(
         resource: &str,
         store: Store,
-        checkpoint: Option<Arc<Checkpoint>>,
+        held: HeldCheckpoint,
         metrics: Arc<Metrics>,
         streams: Arc<AtomicUsize>,
         token: CancellationToken,
@@ -68,7 +68,7 @@ impl DevicePluginService {
         Self {
             resource: Arc::from(resource),
             store,
-            checkpoint,
+            held,
             metrics,
             streams,
             token,
@@ -308,19 +308,9 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             validated.iter().flatten().map(|d| d.id.as_str()),
             &held_cdi,
         );
-        if let (Some(_), Some(checkpoint)) = (grew, &self.checkpoint) {
+        if grew.is_some() {
             // Persisted before answering: a restart must find what this answer hands out.
-            let (checkpoint, store) = (checkpoint.clone(), self.store.clone());
-            let saved = tokio::task::spawn_blocking(move || {
-                checkpoint.save_with(|| store.current().held.as_ref().clone())
-            })
-            .await;
-            let failed = match saved {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
-            };
-            if let Some(error) = failed {
+            if let Err(error) = self.held.save().await {
                 tracing::error!(resource = %self.resource, error = %error, "allocate refused: held devices not persisted");
                 self.metrics
                     .record_allocate(&self.resource, started.elapsed(), Some("checkpoint"));
