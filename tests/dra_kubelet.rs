@@ -12,7 +12,8 @@ use gpu_slicer::domain::cdi::{GenerateOptions, NoProbe, generate};
 use gpu_slicer::domain::inventory::Health;
 use gpu_slicer::domain::snapshot::Snapshot;
 use gpu_slicer::platform::dra_state::LoadOutcome;
-use gpu_slicer::runtime::dra::{ClaimSourceError, DraHandle, DraSettings, start};
+use gpu_slicer::runtime::Context;
+use gpu_slicer::runtime::dra::{ClaimSourceError, DraExposed, DraSettings, spawn};
 use gpu_slicer::state::Store;
 use gpu_slicer::testkit::fixtures;
 use gpu_slicer::testkit::kubelet::dra::{
@@ -64,7 +65,7 @@ fn k(name: &str, uid: &str) -> KubeletClaim {
 }
 
 struct Running {
-    handle: DraHandle,
+    handle: DraExposed,
     tracker: TaskTracker,
     stop: CancellationToken,
 }
@@ -74,15 +75,12 @@ async fn run(root: &Path, store: Store, claims: Arc<Claims>) -> Running {
     if !root.join("proc/sys/kernel/random/boot_id").exists() {
         std::fs::write(root.join("proc/sys/kernel/random/boot_id"), "boot-1\n").unwrap();
     }
-    let tracker = TaskTracker::new();
-    let stop = CancellationToken::new();
-    let handle = start(settings(root), store, claims, &tracker, stop.clone())
-        .await
-        .unwrap();
+    let ctx = Context::new(store);
+    let handle = spawn(settings(root), claims, &ctx).await.unwrap();
     Running {
-        handle,
-        tracker,
-        stop,
+        handle: handle.into_inner(),
+        tracker: ctx.tracker,
+        stop: ctx.token,
     }
 }
 

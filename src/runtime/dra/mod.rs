@@ -3,9 +3,9 @@
 //! (`<plugins dir>/<driver>/dra.sock`, serving `DRAPlugin` v1 and v1beta1 and
 //! `DRAResourceHealth` v1alpha1 and v1), over the same state store the device plugin reads.
 //!
-//! [`start`] loads the prepared-claims checkpoint (`crate::platform::dra_state`), binds both
-//! sockets (stale ones removed) and serves them on the caller's `TaskTracker` until the
-//! token is cancelled. When the registration socket disappears (the kubelet's plugin
+//! [`spawn`] loads the prepared-claims checkpoint (`crate::platform::dra_state`), binds both
+//! sockets (stale ones removed) and serves them on the context's `TaskTracker` until the
+//! daemon or the handle stops it. When the registration socket disappears (the kubelet's plugin
 //! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
 //! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
 //! Kubernetes API in the daemon, a map in tests).
@@ -75,9 +75,9 @@ impl DraSettings {
     }
 }
 
-/// A started driver.
+/// What a started driver exposes.
 #[derive(Debug, Clone)]
-pub struct DraHandle {
+pub struct DraExposed {
     /// The core (prepared claims).
     pub driver: Driver,
     /// How the checkpoint loaded.
@@ -86,14 +86,35 @@ pub struct DraHandle {
     pub registration: watch::Receiver<Option<Result<(), String>>>,
 }
 
-/// Start the driver: load the checkpoint, serve both sockets on `tracker` until `stop`.
-pub async fn start(
+/// A started driver.
+pub type DraHandle = crate::runtime::Handle<DraExposed>;
+
+/// Start the driver on `ctx` (its store, tracker and a child token): load the checkpoint,
+/// bind and serve both sockets until the daemon or the handle stops it.
+pub async fn spawn(
+    settings: DraSettings,
+    claims: Arc<dyn ClaimSource>,
+    ctx: &crate::runtime::Context,
+) -> Result<DraHandle, DraRuntimeError> {
+    let stop = ctx.child_token();
+    let exposed = start(
+        settings,
+        ctx.store.clone(),
+        claims,
+        &ctx.tracker,
+        stop.clone(),
+    )
+    .await?;
+    Ok(crate::runtime::Handle::new(stop, exposed))
+}
+
+async fn start(
     settings: DraSettings,
     store: Store,
     claims: Arc<dyn ClaimSource>,
     tracker: &TaskTracker,
     stop: CancellationToken,
-) -> Result<DraHandle, DraRuntimeError> {
+) -> Result<DraExposed, DraRuntimeError> {
     let files = DraFiles {
         checkpoint: settings
             .state_dir
@@ -183,7 +204,7 @@ pub async fn start(
         settings.socket_check,
         stop,
     ));
-    Ok(DraHandle {
+    Ok(DraExposed {
         driver,
         loaded,
         registration,
