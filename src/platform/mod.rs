@@ -9,6 +9,7 @@ pub mod dra_state;
 pub mod driver;
 pub mod enforce;
 pub mod fswatch;
+pub mod kube;
 pub mod labels_file;
 pub mod mig;
 pub mod mps_shm;

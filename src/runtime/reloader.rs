@@ -125,6 +125,7 @@ pub async fn spawn(
         hook: Some(settings.hook),
         metrics: ctx.metrics.clone(),
         status,
+        unkeepable: std::sync::Mutex::default(),
     };
     // The first transition: discover, plan, write the spec (held devices kept), commit.
     reloader.start(settings.config).await?;
@@ -150,6 +151,8 @@ pub(crate) struct Reloader {
     pub(crate) hook: Option<HookSettings>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) status: watch::Sender<ReloadStatus>,
+    /// Held CDI devices already reported as impossible to keep (logged once each).
+    pub(crate) unkeepable: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl fmt::Debug for Reloader {
@@ -326,24 +329,41 @@ impl Reloader {
             let committed = self.store.commit(next.snapshot);
             self.metrics.record_skipped(&committed.skipped);
             first_diff.get_or_insert(next.diff);
-            let missing = match &committed.spec {
-                Some(spec) => {
-                    let have: std::collections::BTreeSet<&str> =
-                        spec.devices.iter().map(|d| d.name.as_str()).collect();
-                    committed
-                        .held
-                        .cdi_names()
-                        .into_iter()
-                        .any(|n| !have.contains(n.as_str()))
-                }
-                None => false,
-            };
-            if !missing {
+            let missing = missing_held(&committed);
+            if missing.is_empty() {
+                break;
+            }
+            // Held before this round and still missing: neither this node nor the previous
+            // spec has them (a checkpoint from another node, a GPU swapped). A rewrite
+            // cannot add them; say so once instead of retrying.
+            let known = current.held.cdi_names();
+            let (unkeepable, handed_out): (Vec<String>, Vec<String>) =
+                missing.into_iter().partition(|n| known.contains(n));
+            self.report_unkeepable(unkeepable);
+            if handed_out.is_empty() {
                 break;
             }
             tracing::info!("a device was handed out during the reload; writing the spec again");
         }
         Ok(first_diff.unwrap_or_default())
+    }
+
+    /// Log, once per name for the life of the daemon, held CDI devices no spec can carry.
+    fn report_unkeepable(&self, names: Vec<String>) {
+        let mut reported = self
+            .unkeepable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let new: Vec<String> = names
+            .into_iter()
+            .filter(|n| reported.insert(n.clone()))
+            .collect();
+        if !new.is_empty() {
+            tracing::warn!(
+                devices = ?new,
+                "held devices (from the checkpoint) are neither on this node nor in the previous CDI spec: the spec cannot keep them"
+            );
+        }
     }
 
     fn report(&self, causes: Causes, result: Result<Option<PlanDiff>, AppError>) {
@@ -397,6 +417,21 @@ impl Reloader {
 /// tests and demos), as `cdi generate` decides.
 fn equips_driver(inventory: &Inventory, config: &Config) -> bool {
     inventory.source == "nvml" || config.driver_root != Path::new("/")
+}
+
+/// Held CDI device names the committed spec lacks.
+fn missing_held(committed: &Snapshot) -> Vec<String> {
+    let Some(spec) = &committed.spec else {
+        return Vec::new();
+    };
+    let have: std::collections::BTreeSet<&str> =
+        spec.devices.iter().map(|d| d.name.as_str()).collect();
+    committed
+        .held
+        .cdi_names()
+        .into_iter()
+        .filter(|n| !have.contains(n.as_str()))
+        .collect()
 }
 
 /// Whether the spec carries a device only because it was held and nothing holds it now:
