@@ -5,6 +5,7 @@
 pub mod atomic_file;
 pub mod cdi_writer;
 pub mod checkpoint;
+pub mod dra_state;
 pub mod driver;
 pub mod enforce;
 pub mod fswatch;

@@ -40,6 +40,7 @@
 //! 4. Test it with [`crate::testkit::Node`] (a whole daemon with a kubelet emulator) or,
 //!    alone, with a [`Context`] from [`Context::new`] on a fixture store.
 
+pub mod dra;
 pub mod error;
 pub mod health;
 pub mod held;

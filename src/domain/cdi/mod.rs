@@ -19,7 +19,7 @@ pub mod generate;
 pub mod naming;
 pub mod shares;
 pub mod validate;
-mod yaml;
+pub(crate) mod yaml;
 
 pub use generate::{GenerateOptions, HostProbe, NoProbe, NodeInfo, NodeProbe, generate};
 pub use validate::{minimum_version, validate};

@@ -16,6 +16,7 @@
 //! Retrying is the caller's (with jittered backoff), so that a fault
 //! is seen once and counted.
 
+mod claims;
 mod node;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+pub use claims::KubeClaims;
 pub use node::{COMPONENT, EventKind, NodeApi};
 
 /// Where the service-account files are mounted in a pod.
