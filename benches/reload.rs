@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::config::Overrides;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::plugin::Backoff;
 use gpu_slicer::runtime::supervisor::{self as app, ReloadSettings, RunSettings};
@@ -46,7 +46,9 @@ async fn main() {
     std::fs::write(&file, config(64)).expect("write");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let path = file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.backoff = Backoff {

@@ -12,6 +12,7 @@ pub mod miglayout;
 pub mod mps;
 pub mod plugin;
 pub mod reloader;
+pub(crate) mod report;
 pub mod supervisor;
 pub mod triggers;
 pub mod usage;
