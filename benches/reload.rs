@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::config::Overrides;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::supervisor::ReloadSettings;
 use gpu_slicer::runtime::triggers::{SETTLE, TriggerSettings};
@@ -38,7 +38,9 @@ async fn main() {
     std::fs::write(&file, config(64)).expect("write");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let path = file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let mut settings = Node::settings(dir.path(), load().expect("config"));
     settings.reload = ReloadSettings {
         load: Some(load),

@@ -302,7 +302,9 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
     let path = config_file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.backoff = Backoff {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::config::Overrides;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::supervisor::{ReloadSettings, ReloadStatus, RunSettings};
 use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
@@ -32,7 +32,9 @@ async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
     let plugin_dir = dir.path().join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let path = config_file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let config = load().expect("initial config");
     let backend = Arc::new(SimBackend::open(node).expect("node"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));

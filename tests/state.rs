@@ -83,7 +83,7 @@ async fn start_with(dir: TempDir, load: ConfigLoader, ledger: bool) -> Daemon {
 
 /// A loader reading `file` as `run` does.
 fn file_loader(file: PathBuf) -> ConfigLoader {
-    Arc::new(move || config::load(Some(&file), &Overrides::default()))
+    Arc::new(move || gpu_slicer::platform::config_file::load(Some(&file), &Overrides::default()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

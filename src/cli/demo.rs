@@ -11,7 +11,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::config::{self, ConfigError, Overrides};
+use crate::domain::config::{ConfigError, Overrides};
 use crate::domain::health::XidFilter;
 use crate::domain::inventory::InventoryError;
 use crate::platform::sim::SimBackend;
@@ -90,13 +90,13 @@ pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
     // A real, watched config file, so the script can reconfigure the running daemon.
     let config_file = dir.join("config.yaml");
     std::fs::write(&config_file, DEMO_CONFIG)?;
-    let config = config::load(Some(&config_file), &Overrides::default())?;
+    let config = crate::platform::config_file::load(Some(&config_file), &Overrides::default())?;
     let backend = Arc::new(SimBackend::open("mixed-a100")?);
     let mut settings = Node::settings(&dir, config);
     let path = config_file.clone();
     settings.reload = app::ReloadSettings {
         load: Some(Arc::new(move || {
-            config::load(Some(&path), &Overrides::default())
+            crate::platform::config_file::load(Some(&path), &Overrides::default())
         })),
         triggers: crate::runtime::triggers::TriggerSettings {
             config_file: Some(config_file.clone()),

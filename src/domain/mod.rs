@@ -4,6 +4,7 @@
 
 pub mod allocate;
 pub mod cdi;
+pub mod cdi_kind;
 pub mod config;
 pub mod devnodes;
 pub mod dra;

@@ -53,6 +53,7 @@ pub mod mps;
 pub mod node_watch;
 pub mod plugin;
 pub mod reloader;
+pub(crate) mod report;
 pub mod supervisor;
 pub mod triggers;
 pub mod usage;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::cdi::generate::{HostProbe, NodeInfo, NodeProbe};
+use crate::domain::cdi::generate::{NodeInfo, NodeProbe};
 use crate::domain::cdi::shares::HookSettings;
 use crate::domain::cdi::{self, Format, Spec};
 use crate::domain::config::{Config, ConfigError};
@@ -27,6 +27,7 @@ use crate::domain::inventory::{Backend, Inventory, InventoryError};
 use crate::domain::plan::PlanDiff;
 use crate::domain::snapshot::Snapshot;
 use crate::domain::transition::{self, Host};
+use crate::platform::cdi_host::HostProbe;
 use crate::platform::cdi_writer;
 use crate::platform::fswatch::DirWatch;
 use crate::runtime::error::{AppError, SpecWriteError, blocking};
@@ -322,6 +323,7 @@ impl Reloader {
                 }
             };
             let next = transition::next(&current, config.clone(), inventory.clone(), &host)?;
+            crate::runtime::report::log_skipped(&config.source, &next.snapshot.skipped);
             if let Some(spec) = next.spec.clone() {
                 let (dir, kept) = (self.cdi_dir.clone(), next.kept.clone());
                 blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;

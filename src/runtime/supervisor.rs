@@ -173,7 +173,7 @@ pub async fn run(
 ) -> Result<(), AppError> {
     let hook = match settings.hook.clone() {
         Some(h) => h,
-        None => HookSettings::current_exe(None).map_err(|e| {
+        None => crate::platform::cdi_host::current_exe_hook(None).map_err(|e| {
             AppError::Transition(crate::domain::transition::TransitionError::Cdi(e))
         })?,
     };
