@@ -1,6 +1,7 @@
-//! Generates the kubelet gRPC bindings (device plugin v1beta1, pod-resources v1) from
-//! `proto/` into `OUT_DIR`. `protoc` comes from `$PROTOC` when set, else from the
-//! `protoc-bin-vendored` build dependency, so no system protobuf compiler is needed.
+//! Generates the kubelet gRPC bindings (device plugin v1beta1, pod-resources v1, DRA v1 and
+//! v1beta1, plugin registration, DRA resource health v1alpha1 and v1) from `proto/` into
+//! `OUT_DIR`. `protoc` comes from `$PROTOC` when set, else from the `protoc-bin-vendored`
+//! build dependency, so no system protobuf compiler is needed.
 
 use std::path::PathBuf;
 
@@ -10,19 +11,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => protoc_bin_vendored::protoc_bin_path()?,
     };
     println!("cargo:rerun-if-env-changed=PROTOC");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
+    compile(
+        &protoc,
+        &out,
+        &[
+            "proto/deviceplugin/v1beta1/api.proto",
+            "proto/podresources/v1/api.proto",
+            "proto/dra/v1/api.proto",
+            "proto/dra/v1beta1/api.proto",
+            "proto/pluginregistration/v1/api.proto",
+            "proto/drahealth/v1alpha1/api.proto",
+        ],
+    )?;
+    // DRA health v1 is the bare package `v1`, as is pod-resources v1: prost writes one file
+    // per package, so it gets a directory of its own instead of merging the two.
+    let health_v1 = out.join("drahealth_v1");
+    std::fs::create_dir_all(&health_v1)?;
+    compile(&protoc, &health_v1, &["proto/drahealth/v1/api.proto"])?;
+    Ok(())
+}
+
+fn compile(
+    protoc: &std::path::Path,
+    out: &std::path::Path,
+    files: &[&str],
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .emit_rerun_if_changed(true)
-        .compile_with_config(
-            config,
-            &[
-                "proto/deviceplugin/v1beta1/api.proto",
-                "proto/podresources/v1/api.proto",
-            ],
-            &["proto"],
-        )?;
+        .out_dir(out)
+        .compile_with_config(config, files, &["proto"])?;
     Ok(())
 }

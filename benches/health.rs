@@ -4,8 +4,8 @@
 //!   (`fakeNvmlInjectEvent`), the daemon (in process: `app::run` with the NVML backend and the
 //!   health monitor) turns it into an Unhealthy frame that the kubelet emulator receives over
 //!   a real unix socket; timed from injection to the frame. The device recovers after a 10 ms
-//!   quiet period before the next event. The fake's wait polls in 5 ms steps, so up to 5 ms of
-//!   each figure is the fake, not the daemon.
+//!   quiet period before the next event. The fake's wait wakes as soon as an event is
+//!   injected (as a driver's does), so the figure is the daemon's path.
 //! - NVML discovery time of the 8 × 7 node through nvml-wrapper and the fake.
 //! - idle CPU of the built `gpu-slicer run` (utime+stime from /proc/<pid>/stat over 10 s),
 //!   with the NVML watcher waiting on the fake, and with the sim backend for comparison.
@@ -27,22 +27,16 @@ use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::domain::inventory::Backend;
 use gpu_slicer::platform::nvml::NvmlBackend;
 use gpu_slicer::runtime::health::HealthSettings;
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::testkit::Node;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use gpu_slicer::testkit::node::short_tempdir;
 
 const GPUS: u32 = 8;
 const SLICES: u32 = 7;
 const CONFIG: &str = "flags: {migStrategy: mixed}\n";
 const RESOURCE: &str = "nvidia.com/mig-1g.10gb";
 
-fn pct(v: &[Duration], q: f64) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
+use gpu_slicer::testkit::stats::percentile as pct;
 
 fn report(name: &str, v: &[Duration], target: &str) {
     println!(
@@ -141,31 +135,23 @@ fn discovery(fake: &Fake, runs: usize) -> Vec<Duration> {
         .collect()
 }
 
-async fn latency(fake: &Fake, dir: &Path, events: usize) -> Vec<Duration> {
-    let plugin_dir = dir.join("dp");
-    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+async fn latency(fake: &Fake, events: usize) -> Vec<Duration> {
+    let dir = short_tempdir("gsh").expect("tempdir");
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
     let mut config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
     // A host driver for the spec's driver edits (NVML nodes always carry it).
-    config.container_driver_root = Some(common::fake_driver_root(dir, "570.124.06"));
-    let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(50),
-    };
+    config.container_driver_root = Some(common::fake_driver_root(dir.path(), "570.124.06"));
+    let mut settings = Node::settings(dir.path(), config);
     let mut health = HealthSettings::nvml(Some(fake.path.clone()));
     health.quiet_period = Duration::from_millis(10);
     settings.health_monitor = Some(health);
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
     let backend = Arc::new(fake.backend());
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    rx.await.expect("ready");
-    let names = vec![RESOURCE.to_string()];
-    tokio::time::timeout(Duration::from_secs(10), emulator.wait_registered(&names, 1))
+    let node = Node::launch(dir, emulator, settings, backend)
         .await
-        .expect("registered");
-    let mut frames = emulator.devices(RESOURCE).expect("frames");
+        .expect("daemon registered");
+    let mut frames = node.emulator.devices(RESOURCE).expect("frames");
     let down =
         |f: &Vec<gpu_slicer::testkit::kubelet::DeviceInfo>| f.iter().filter(|d| !d.healthy).count();
     let mut out = Vec::with_capacity(events);
@@ -188,9 +174,7 @@ async fn latency(fake: &Fake, dir: &Path, events: usize) -> Vec<Duration> {
             .expect("recovery frame")
             .expect("emulator alive");
     }
-    shutdown.cancel();
-    let _ = app.await;
-    emulator.shutdown().await;
+    let _ = node.stop().await;
     out
 }
 
@@ -302,7 +286,7 @@ fn main() {
         .build()
         .expect("runtime");
     let fake = Fake::new(&dir.path().join("latency"), &node);
-    let l = rt.block_on(latency(&fake, &dir.path().join("latency"), events));
+    let l = rt.block_on(latency(&fake, events));
     report("XID -> Unhealthy ListAndWatch frame", &l, "<= 10 ms");
 
     let idle = dir.path().join("idle");

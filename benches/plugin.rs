@@ -5,16 +5,11 @@
 //!
 //! Run: `cargo bench --bench plugin` (`BENCH_QUICK=1` for fewer iterations).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use gpu_slicer::testkit::Node;
 
 const CONFIG: &str =
     "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 64}\n";
@@ -24,10 +19,7 @@ struct Stats(Vec<Duration>);
 
 impl Stats {
     fn pct(&self, q: f64) -> Duration {
-        let mut v = self.0.clone();
-        v.sort();
-        let i = ((v.len() - 1) as f64 * q).round() as usize;
-        v[i]
+        gpu_slicer::testkit::stats::percentile(&self.0, q)
     }
 
     fn report(&self, name: &str, target: &str) {
@@ -49,57 +41,15 @@ impl Stats {
     }
 }
 
-struct Node {
-    _dir: tempfile::TempDir,
-    emulator: KubeletEmulator,
-    shutdown: CancellationToken,
-    app: tokio::task::JoinHandle<Result<(), app::AppError>>,
-    started: Duration,
-}
-
 async fn start_node() -> Node {
-    let dir = tempfile::Builder::new()
-        .prefix("gsb")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let plugin_dir = dir.path().join("dp");
-    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
-    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
-    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(50),
-    };
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
-    let t0 = Instant::now();
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let running = rx.await.expect("ready");
-    let names: Vec<String> = running
-        .plan
-        .resources
-        .iter()
-        .map(|r| r.name.clone())
-        .collect();
-    tokio::time::timeout(Duration::from_secs(10), emulator.wait_registered(&names, 1))
+    Node::start("dgx-h100", config, |_, _| {})
         .await
-        .expect("registered");
-    let started = t0.elapsed();
-    Node {
-        _dir: dir,
-        emulator,
-        shutdown,
-        app,
-        started,
-    }
+        .expect("daemon registered")
 }
 
 async fn stop_node(node: Node) {
-    node.shutdown.cancel();
-    let _ = node.app.await;
-    node.emulator.shutdown().await;
+    let _ = node.stop().await;
 }
 
 /// Domain-only cost of Allocate and GetPreferredAllocation (no gRPC).

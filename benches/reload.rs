@@ -9,14 +9,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::config::Overrides;
 use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, ReloadSettings, RunSettings};
+use gpu_slicer::runtime::supervisor::ReloadSettings;
 use gpu_slicer::runtime::triggers::{SETTLE, TriggerSettings};
+use gpu_slicer::testkit::Node;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use gpu_slicer::testkit::node::short_tempdir;
 
 fn config(replicas: u32) -> String {
     format!(
@@ -24,11 +23,7 @@ fn config(replicas: u32) -> String {
     )
 }
 
-fn pct(v: &[Duration], q: f64) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
+use gpu_slicer::testkit::stats::percentile as pct;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -37,22 +32,16 @@ async fn main() {
     } else {
         30
     };
-    let dir = tempfile::Builder::new()
-        .prefix("gsr")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
+    let dir = short_tempdir("gsr").expect("tempdir");
     let plugin_dir = dir.path().join("dp");
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, config(64)).expect("write");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let path = file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
-    let mut settings =
-        RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(50),
-    };
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
+    let mut settings = Node::settings(dir.path(), load().expect("config"));
     settings.reload = ReloadSettings {
         load: Some(load),
         triggers: TriggerSettings {
@@ -60,17 +49,11 @@ async fn main() {
             ..TriggerSettings::default()
         },
     };
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
     let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let _running = rx.await.expect("ready");
-    let gpu = vec!["nvidia.com/gpu".to_string()];
-    tokio::time::timeout(Duration::from_secs(10), emulator.wait_registered(&gpu, 1))
+    let node = Node::launch(dir, emulator, settings, backend)
         .await
-        .expect("registered");
-    let mut devices = emulator.devices("nvidia.com/gpu").expect("devices");
+        .expect("daemon registered");
+    let mut devices = node.emulator.devices("nvidia.com/gpu").expect("devices");
     let mut samples = Vec::with_capacity(rounds);
     for i in 0..rounds {
         let replicas = if i % 2 == 0 { 32 } else { 64 };
@@ -100,7 +83,5 @@ async fn main() {
         pct(&samples, 0.5),
         pct(&samples, 0.99),
     );
-    shutdown.cancel();
-    let _ = app.await;
-    emulator.shutdown().await;
+    let _ = node.stop().await;
 }

@@ -17,11 +17,9 @@ use gpu_slicer::domain::cdi::{self, Format, GenerateOptions, NoProbe};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::domain::inventory::Backend;
 use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
+use gpu_slicer::testkit::Node;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use gpu_slicer::testkit::node::short_tempdir;
 
 const REPLICAS: usize = 64;
 const RESOURCE: &str = "nvidia.com/gpu";
@@ -48,15 +46,10 @@ fn node_file(dir: &Path, scale: usize) -> std::path::PathBuf {
     path
 }
 
-fn pct(v: &mut [Duration], q: f64) -> Duration {
-    v.sort();
-    let i = ((v.len() - 1) as f64 * q).round() as usize;
-    v[i]
-}
+use gpu_slicer::testkit::stats::percentile;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+fn median(v: Vec<Duration>) -> Duration {
+    percentile(&v, 0.5)
 }
 
 #[derive(Debug, Default)]
@@ -69,33 +62,20 @@ struct Round {
 
 /// One round at one scale: a fresh daemon on the node file, then timed RPCs.
 async fn round(node: &Path, calls: usize, pref_calls: usize) -> (usize, Round) {
-    let dir = tempfile::Builder::new()
-        .prefix("gss")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let plugin_dir = dir.path().join("dp");
-    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let dir = short_tempdir("gss").expect("tempdir");
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
     let config_text = format!(
         "sharing:\n  timeSlicing:\n    resources:\n    - {{name: {RESOURCE}, replicas: {REPLICAS}}}\n"
     );
     let config = config::parse(&config_text, "bench", &Overrides::default()).expect("config");
     let backend = Arc::new(SimBackend::from_file(node).expect("node file"));
-    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(50),
-    };
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    rx.await.expect("ready");
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        emulator.wait_registered(&[RESOURCE.to_string()], 1),
-    )
-    .await
-    .expect("registered");
+    let settings = Node::settings(dir.path(), config);
+    let daemon = Node::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon registered");
+    let emulator = &daemon.emulator;
     let devices: Vec<String> = emulator
         .devices(RESOURCE)
         .expect("devices")
@@ -134,14 +114,12 @@ async fn round(node: &Path, calls: usize, pref_calls: usize) -> (usize, Round) {
         pref.push(t.elapsed());
         assert_eq!(got.len(), 4);
     }
-    shutdown.cancel();
-    let _ = app.await;
-    emulator.shutdown().await;
+    let _ = daemon.stop().await;
     let r = Round {
-        alloc_p50: pct(&mut alloc, 0.5),
-        alloc_p99: pct(&mut alloc, 0.99),
-        pref_p50: pct(&mut pref, 0.5),
-        pref_p99: pct(&mut pref, 0.99),
+        alloc_p50: percentile(&alloc, 0.5),
+        alloc_p99: percentile(&alloc, 0.99),
+        pref_p50: percentile(&pref, 0.5),
+        pref_p99: percentile(&pref, 0.99),
     };
     (devices.len(), r)
 }

@@ -54,10 +54,7 @@ fn node_yaml() -> String {
     s
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
+use gpu_slicer::testkit::stats::percentile;
 
 fn show(name: &str, mut times: Vec<Duration>) {
     times.sort();

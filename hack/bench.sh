@@ -7,6 +7,13 @@
 # 5 starts. Usage sampling cost: CPU time per sampling round (utime+stime from
 # /proc/<pid>/stat over 10 s at --usage-interval 100ms, minus the same daemon with sampling
 # off) and RSS, on dgx-h100 with 32 GPU processes whose cgroup files sit in a fake proc root.
+# The end-to-end figures (benches/socket.rs) run the built daemon on `--backend nvml` with the fake
+# libnvidia-ml (dgx-h100, 64 replicas per GPU = 512 devices, usage sampling off) against a Rust
+# client on one current-thread runtime over the real unix socket: process start -> first Register,
+# a no-op RPC, Allocate of 1 and 4 replicas, GetPreferredAllocation, "own cost" = p50(Allocate) -
+# p50(no-op), the daemon's CPU per call (schedstat over a batch), XID written to the fake's event
+# file -> first Unhealthy ListAndWatch frame, and the in-process figures beside them.
+# BENCH_CALLGRIND=<dir> cargo bench --bench socket: instructions per Allocate under callgrind.
 # BENCH_QUICK=1 runs fewer calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +21,7 @@ cd "$(dirname "$0")/.."
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-for bench in cdi plugin reload health scaling usage; do
+for bench in cdi plugin socket reload health scaling usage; do
   cargo bench -q --bench "$bench" | tee -a "$wd/figures.log"
 done
 cargo build --release --bin gpu-slicer -q

@@ -2,7 +2,8 @@
 # Validate everything in deploy/ with real tools: yamllint on the files, then every
 # kustomization (the base, deploy/ itself and each overlay) built by real `kubectl kustomize`
 # and its output checked by kubernetes-validate --strict for every Kubernetes minor we
-# support (1.28 … 1.34). Components (kind: Component) are built through the overlays that
+# support (1.28 … 1.34; overlays that use the Kubernetes API, deploy/label-configs/, against
+# 1.34 … 1.37, the releases they target). Components (kind: Component) are built through the overlays that
 # use them. The Prometheus rules in deploy/monitoring/ are checked and unit-tested by
 # promtool (tests/monitoring.rs checks their metric names, and the dashboard's, against a
 # real scrape).
@@ -35,6 +36,7 @@ check "dashboard is JSON" python3 -m json.tool deploy/monitoring/dashboard.json 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 versions=(1.28.0 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0)
+api_versions=(1.34.0 1.35.0 1.36.0 1.37.0)
 while IFS= read -r k; do
   dir=$(dirname "$k")
   grep -qx 'kind: Component' "$k" && continue
@@ -45,7 +47,9 @@ while IFS= read -r k; do
     continue
   fi
   pass=$((pass + 1))
-  for v in "${versions[@]}"; do
+  minors=("${versions[@]}")
+  [ "$dir" = deploy/label-configs ] && minors=("${api_versions[@]}")
+  for v in "${minors[@]}"; do
     check "kubernetes-validate $dir $v" kubernetes-validate --strict --quiet -k "$v" "$built"
   done
 done < <(find deploy -name kustomization.yaml | sort)

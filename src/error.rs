@@ -55,6 +55,9 @@ pub enum Error {
     /// `gpu-slicer top`.
     #[error(transparent)]
     Top(#[from] crate::cli::top::TopError),
+    /// DRA driver name, node name or claim handling.
+    #[error(transparent)]
+    Dra(#[from] crate::domain::dra::DraError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -133,7 +136,7 @@ impl Error {
     /// Whose fault this error is.
     pub fn class(&self) -> Class {
         match self {
-            Error::Config(_) | Error::Plan(_) => Class::Input,
+            Error::Config(_) | Error::Plan(_) | Error::Dra(_) => Class::Input,
             Error::Inventory(e) => inventory(e),
             Error::Cdi(e) => cdi(e),
             Error::Run(e) => match e {

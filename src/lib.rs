@@ -39,6 +39,10 @@
 //!   figures, cgroup and kubelet checkpoint readers) and [`domain::usage`] (attribution,
 //!   idle window, placeable requests); `gpu-slicer top` in [`cli::top`].
 //! - Held devices across restarts: [`platform::checkpoint`].
+//! - DRA: [`domain::dra`] (ResourceSlices, DeviceClasses, opaque config, claim resolution,
+//!   per-claim CDI specs), [`runtime::dra`] (registration, DRAPlugin v1/v1beta1, health
+//!   stream) over [`platform::dra_state`] (checkpoint, claim specs); `gpu-slicer dra slices`
+//!   in [`cli::dra`].
 //! - MIG layouts as code: [`domain::miglayout`] (mig-parted files, selection, step planner),
 //!   [`platform::mig`] (GPU/compute instances through NVML, rollback), [`runtime::miglayout`]
 //!   (live repartitioning of idle GPUs), `gpu-slicer mig apply` in [`cli::mig`].

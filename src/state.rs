@@ -13,8 +13,8 @@
 //! snapshot but do not bump the generation: they change no answer, only what the next spec
 //! must keep. They are persisted by the caller ([`crate::platform::checkpoint`]).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use tokio::sync::watch;
@@ -27,6 +27,11 @@ pub use crate::domain::snapshot::{Held, HeldDevice, Snapshot};
 #[derive(Debug, Clone)]
 pub struct Store {
     tx: Arc<watch::Sender<Arc<Snapshot>>>,
+    /// When Allocate last handed out each held device (resource → ID), kept beside the
+    /// snapshot: refreshing it on every Allocate must not copy the whole held set. Written
+    /// and read only under the channel's write lock (in `hold` and `release`), so a release
+    /// never misses a hand-out; merged into the held set's `at` before it is pruned.
+    stamps: Arc<Mutex<HashMap<String, HashMap<String, Instant>>>>,
 }
 
 impl Store {
@@ -34,7 +39,13 @@ impl Store {
     pub fn new(initial: Snapshot) -> Self {
         Self {
             tx: Arc::new(watch::Sender::new(Arc::new(initial))),
+            stamps: Arc::default(),
         }
+    }
+
+    fn stamps(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Instant>>> {
+        // Instants only: a panic elsewhere leaves nothing inconsistent.
+        self.stamps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The current snapshot: read everything a request needs from this one value.
@@ -149,11 +160,31 @@ impl Store {
         cdi: &BTreeSet<String>,
     ) -> Option<Arc<Held>> {
         let now = Instant::now();
+        let ids: Vec<&str> = ids.into_iter().collect();
         let mut grown = None;
         // Holding changes no answer: readers are not woken for it.
         self.tx.send_if_modified(|current| {
+            {
+                let mut stamps = self.stamps();
+                let stamps = match stamps.get_mut(resource) {
+                    Some(s) => s,
+                    None => stamps.entry(resource.to_string()).or_default(),
+                };
+                for id in &ids {
+                    match stamps.get_mut(*id) {
+                        Some(at) => *at = now,
+                        None => {
+                            stamps.insert((*id).to_string(), now);
+                        }
+                    }
+                }
+            }
+            // The steady state: everything is held already; only the stamps moved.
+            if current.held.covers(resource, &ids, cdi) {
+                return false;
+            }
             let mut held = Held::clone(&current.held);
-            let grew = held.record(resource, ids, cdi, now);
+            let grew = held.record(resource, ids.iter().copied(), cdi, now);
             let held = Arc::new(held);
             let mut next = Snapshot::clone(current);
             next.held = held.clone();
@@ -177,9 +208,17 @@ impl Store {
         let mut pruned = None;
         self.tx.send_if_modified(|current| {
             let mut held = Held::clone(&current.held);
+            let mut stamps = self.stamps();
+            held.refresh(&stamps);
             if !held.prune(in_use, taken_at, grace) {
                 return false;
             }
+            // Forget the stamps of what is no longer held.
+            stamps.retain(|r, ids| {
+                let kept = held.resources.get(r);
+                ids.retain(|id, _| kept.is_some_and(|k| k.contains_key(id)));
+                !ids.is_empty()
+            });
             let held = Arc::new(held);
             let mut next = Snapshot::clone(current);
             next.held = held.clone();
@@ -231,5 +270,41 @@ mod tests {
                 .drain("GPU-nope", Some("mig-layout-applying"))
                 .is_err()
         );
+    }
+
+    /// A device handed out again (nothing new to record, the snapshot is not copied) is
+    /// still recent to a release: its hand-out time lives beside the snapshot and is
+    /// merged before pruning. Without a recent hand-out it is pruned.
+    #[test]
+    fn a_repeated_hand_out_keeps_a_device_from_being_released() {
+        let store = crate::testkit::fixtures::store(
+            "mixed-a100",
+            "version: v1\nflags: {migStrategy: mixed}\n",
+        );
+        let cdi: BTreeSet<String> = [GPU2.to_string()].into_iter().collect();
+        assert!(store.hold("nvidia.com/gpu", [GPU2], &cdi).is_some(), "grew");
+        let before = store.current();
+        let listed = Instant::now();
+        // The repeated hand-out comes strictly after the list was taken.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(
+            store.hold("nvidia.com/gpu", [GPU2], &cdi).is_none(),
+            "nothing new"
+        );
+        assert!(
+            Arc::ptr_eq(&before, &store.current()),
+            "the snapshot is not copied for a repeated hand-out"
+        );
+        // No grace: only a hand-out after the list keeps an unlisted device. The first
+        // hand-out came before the list, so the repeated one alone keeps it.
+        let grace = std::time::Duration::ZERO;
+        let none = BTreeMap::new();
+        assert!(store.release(&none, listed, grace).is_none());
+        assert_eq!(store.current().held.len(), 1);
+        // A list taken after every hand-out names nothing: released.
+        let later = Instant::now() + std::time::Duration::from_secs(1);
+        let pruned = store.release(&none, later, grace).expect("released");
+        assert!(pruned.is_empty());
+        assert!(store.current().held.is_empty());
     }
 }

@@ -11,9 +11,9 @@ use std::process::{Command, Output};
 
 use gpu_slicer::domain::cdi::{
     self, Format, GenerateOptions, NoProbe, Spec, qualified_name, spec_file_name,
-    validate::validate_file,
 };
 use gpu_slicer::domain::inventory::Backend;
+use gpu_slicer::platform::cdi_host::validate_file;
 use gpu_slicer::platform::sim::{BUILTIN_PROFILES, SimBackend};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
@@ -252,7 +252,7 @@ fn shm_of(e: &gpu_slicer::domain::cdi::ContainerEdits) -> Vec<&str> {
 /// host path, so the golden is machine-independent.
 fn shares_spec() -> Spec {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cfg = gpu_slicer::domain::config::load(
+    let cfg = gpu_slicer::platform::config_file::load(
         Some(&root.join("hack/configs/shares.yaml")),
         &gpu_slicer::domain::config::Overrides::default(),
     )

@@ -158,7 +158,7 @@ fn generating_one_format_removes_the_other() {
             ],
             "after writing {format} the {other} file must be gone"
         );
-        gpu_slicer::domain::cdi::validate::validate_file(
+        gpu_slicer::platform::cdi_host::validate_file(
             &cdi_dir.join(format!("gpu-slicer.io-gpu.{format}")),
         )
         .expect("valid spec");

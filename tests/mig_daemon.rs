@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Harness, fake_lib, short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::config::Overrides;
 use gpu_slicer::platform::nvml::NvmlBackend;
 use gpu_slicer::runtime::ledger::LedgerSettings;
 use gpu_slicer::runtime::miglayout::MigLayoutSettings;
@@ -109,7 +109,9 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
     let path = config_file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.reload = ReloadSettings {

@@ -11,15 +11,14 @@ use common::{short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::domain::inventory::{Backend, Health};
 use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::ledger::{Ledger, LedgerSettings, LedgerSnapshot, ViewSource};
-use gpu_slicer::runtime::metrics::Metrics;
+use gpu_slicer::runtime::Context;
+use gpu_slicer::runtime::ledger::{self, LedgerPeers, LedgerSettings, LedgerSnapshot};
 use gpu_slicer::runtime::plugin::Backoff;
 use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
 use gpu_slicer::state::Store;
 use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 const CONFIG: &str =
     "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
@@ -212,10 +211,6 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
     emulator.shutdown().await;
 }
 
-fn views_of(health: Store) -> ViewSource {
-    Arc::new(move || health.current().views.values().cloned().collect())
-}
-
 #[tokio::test]
 async fn ledger_degrades_without_the_socket_and_recovers() {
     let dir = short_tempdir();
@@ -229,19 +224,17 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
     let health = Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
         config, inventory, plan,
     ));
-    let metrics = Arc::new(Metrics::new());
-    let tracker = TaskTracker::new();
-    let token = CancellationToken::new();
-    let ledger = Ledger::start(
+    let ctx = Context::new(health);
+    let (metrics, tracker, token) = (ctx.metrics.clone(), ctx.tracker.clone(), ctx.token.clone());
+    let ledger = ledger::spawn(
         LedgerSettings {
             socket: socket.clone(),
             interval: Duration::from_millis(20),
         },
-        views_of(health),
-        metrics.clone(),
-        &tracker,
-        token.clone(),
-    );
+        LedgerPeers::default(),
+        &ctx,
+    )
+    .into_inner();
     let mut rx = ledger.subscribe();
     // Several rounds against an absent socket: still down, nothing invented.
     tokio::time::sleep(Duration::from_millis(120)).await;
@@ -309,7 +302,9 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
     let path = config_file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.backoff = Backoff {

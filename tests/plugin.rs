@@ -506,8 +506,8 @@ async fn allocate_names_exist_in_the_written_spec() {
         &kind,
         gpu_slicer::domain::cdi::Format::Yaml,
     ));
-    let spec = gpu_slicer::domain::cdi::validate::validate_file(&spec_path)
-        .expect("spec written and valid");
+    let spec =
+        gpu_slicer::platform::cdi_host::validate_file(&spec_path).expect("spec written and valid");
     let offered: std::collections::BTreeSet<String> = spec.qualified_names().into_iter().collect();
     let mut checked = 0;
     for resource in &names {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
+use gpu_slicer::domain::config::Overrides;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::supervisor::{ReloadSettings, ReloadStatus, RunSettings};
 use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
@@ -32,7 +32,9 @@ async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
     let plugin_dir = dir.path().join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let path = config_file.clone();
-    let load = Arc::new(move || config::load(Some(&path), &Overrides::default()));
+    let load = Arc::new(move || {
+        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
+    });
     let config = load().expect("initial config");
     let backend = Arc::new(SimBackend::open(node).expect("node"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
@@ -304,18 +306,16 @@ fn a_bad_rescan_interval_is_refused_naming_the_flag() {
 
 const TWO: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
 
-impl Daemon {
-    /// Wait until a reload has published a new plan (`applied` past `before`).
-    async fn next_applied(&self, before: &ReloadStatus) -> ReloadStatus {
-        let mut rx = self.running.reloads.clone();
-        within(
-            "applied reload",
-            rx.wait_for(|s| s.applied > before.applied),
-        )
-        .await
-        .expect("daemon alive")
-        .clone()
-    }
+/// Wait until a reload has published a new plan (`applied` past `before`).
+async fn next_applied(d: &Daemon, before: &ReloadStatus) -> ReloadStatus {
+    let mut rx = d.running.reloads.clone();
+    within(
+        "applied reload",
+        rx.wait_for(|s| s.applied > before.applied),
+    )
+    .await
+    .expect("daemon alive")
+    .clone()
 }
 
 /// What a chatty neighbour does: append to a log file in the config's directory, `writes`
@@ -348,7 +348,7 @@ async fn writes_next_to_the_config_cause_no_reload() {
     // applied every log write before it has been seen (and must have been ignored).
     // An in-place edit (truncate + write), as `kubectl cp` or `echo >` does.
     std::fs::write(&file, TWO).unwrap();
-    let after = d.next_applied(&before).await;
+    let after = next_applied(&d, &before).await;
     assert_eq!(
         (after.applied, after.unchanged, after.failed),
         (before.applied + 1, before.unchanged, before.failed),
@@ -373,7 +373,7 @@ async fn writes_next_to_an_invalid_config_count_no_failed_reloads() {
     assert_eq!(broken.failed, before.failed + 1, "{broken:?}");
     write_log_next_to(d.dir.path(), 30).await;
     replace(&file, TWO);
-    let after = d.next_applied(&broken).await;
+    let after = next_applied(&d, &broken).await;
     assert_eq!(
         (after.failed, after.unchanged),
         (broken.failed, broken.unchanged),

@@ -141,7 +141,7 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     let share = format!("{KIND}={GPU3}-share-3");
     assert_eq!(a.response.cdi_devices, vec![share.clone()]);
     let spec =
-        gpu_slicer::domain::cdi::validate::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
+        gpu_slicer::platform::cdi_host::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
             .expect("spec written");
     let dev = spec
         .devices

@@ -83,7 +83,7 @@ async fn start_with(dir: TempDir, load: ConfigLoader, ledger: bool) -> Daemon {
 
 /// A loader reading `file` as `run` does.
 fn file_loader(file: PathBuf) -> ConfigLoader {
-    Arc::new(move || config::load(Some(&file), &Overrides::default()))
+    Arc::new(move || gpu_slicer::platform::config_file::load(Some(&file), &Overrides::default()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -498,4 +498,57 @@ async fn a_corrupt_checkpoint_is_refused_naming_the_file() {
         !dir.path().join("cdi").join(SPEC).exists(),
         "a spec was written anyway"
     );
+}
+
+/// A checkpoint naming devices this node does not have (left by a run on another node
+/// file under the same `--state-dir`): the start-up reload writes the spec once, says in
+/// one line which held devices it cannot keep, and does not claim a device was handed out.
+#[tokio::test]
+async fn a_checkpoint_naming_devices_the_node_lacks_is_reported_once_and_not_retried() {
+    const GONE: &str = "GPU-00000000-dead-beef-0000-000000000099";
+    let dir = short_tempdir();
+    let emulator = KubeletEmulator::start(dir.path().join("dp")).await.unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\nflags: {migStrategy: mixed}\n").unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(
+        state.join("held.json"),
+        format!(r#"{{"resources": {{"nvidia.com/gpu": {{"{GONE}": {{"cdi": ["{GONE}"]}}}}}}}}"#),
+    )
+    .unwrap();
+    let log = dir.path().join("run.log");
+    let mut child = common::run_command(dir.path(), "sim:mixed-a100", &config)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let names: Vec<String> = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]
+        .map(String::from)
+        .to_vec();
+    within("registration", emulator.wait_registered(&names, 1)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = within("exit after SIGTERM", child.wait()).await.unwrap();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status:?}\n{log}");
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        lines("a device was handed out during the reload"),
+        0,
+        "nothing was handed out:\n{log}"
+    );
+    assert_eq!(lines("CDI spec dir="), 1, "one spec write:\n{log}");
+    let reported: Vec<&str> = log.lines().filter(|l| l.contains(GONE)).collect();
+    assert_eq!(reported.len(), 1, "one line names the device:\n{log}");
+    assert!(
+        reported[0].contains("neither on this node nor in the previous CDI spec"),
+        "{log}"
+    );
+    assert!(!read_spec(dir.path()).contains(GONE));
+    emulator.shutdown().await;
 }

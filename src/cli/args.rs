@@ -231,7 +231,7 @@ impl ConfigArgs {
                 "NVIDIA device-plugin flags accepted and ignored: gpu-slicer writes its own CDI spec and hooks"
             );
         }
-        crate::domain::config::load(self.config.as_deref(), &self.overrides())
+        crate::platform::config_file::load(self.config.as_deref(), &self.overrides())
     }
 }
 
@@ -279,7 +279,7 @@ impl HookArgs {
     pub fn settings(&self, nvml_lib: Option<&Path>) -> Result<HookSettings, CdiError> {
         let path = match &self.cdi_hook_path {
             Some(p) => p.clone(),
-            None => HookSettings::current_exe(None)?.path,
+            None => crate::platform::cdi_host::current_exe_hook(None)?.path,
         };
         if !path.is_absolute() {
             return Err(CdiError::HookPath {

@@ -9,11 +9,10 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 
-use crate::domain::cdi::{
-    self, CdiError, Format, GenerateOptions, HostProbe, Result, spec_file_name,
-};
-use crate::domain::config::{self, Config, Overrides};
+use crate::domain::cdi::{self, CdiError, Format, GenerateOptions, Result, spec_file_name};
+use crate::domain::config::{Config, Overrides};
 use crate::domain::inventory::Inventory;
+use crate::platform::cdi_host::HostProbe;
 use crate::platform::cdi_writer::WriteOutcome;
 
 /// `gpu-slicer cdi …`.
@@ -131,7 +130,7 @@ fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
         sources: [("flags.plugin.cdiKind".into(), "flag `--kind`".into())].into(),
         ..Overrides::default()
     };
-    Ok(config::load(path, &overrides)?)
+    Ok(crate::platform::config_file::load(path, &overrides)?)
 }
 
 /// Where `cdi generate` puts the spec.
@@ -209,7 +208,7 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::error::Re
         container_driver_root: args.container_driver_root.clone(),
         ..Overrides::default()
     };
-    let cfg = config::load(args.config.as_deref(), &overrides)?;
+    let cfg = crate::platform::config_file::load(args.config.as_deref(), &overrides)?;
     let target = output_target(&args.output, args.format, &cfg.cdi_kind)?;
     // The config's default dev root `/` means "the real /dev": no hostPath needed.
     let dev_root = args
@@ -221,7 +220,7 @@ pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::error::Re
     }
     let inv = load_inventory(&args.backend)?;
     // The plan says which devices are split how many ways: their shares get devices.
-    let plan = crate::domain::plan::build(&inv, &cfg)?;
+    let plan = crate::runtime::report::plan_logged(&inv, &cfg)?;
     let hook = args.hook.settings(args.backend.nvml_lib.as_deref())?;
     // A sim node has no driver unless one is pointed at; a real node always has one.
     let want_driver =
@@ -362,7 +361,7 @@ pub fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
     let mut failures = Vec::new();
     let mut good = Vec::new();
     for path in &files {
-        match cdi::validate::validate_file(path) {
+        match crate::platform::cdi_host::validate_file(path) {
             Ok(spec) => {
                 written(
                     out,
@@ -419,7 +418,7 @@ pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
     let (files, _) = spec_files(paths, skip_missing)?;
     let mut names = Vec::new();
     for path in &files {
-        names.extend(cdi::validate::validate_file(path)?.qualified_names());
+        names.extend(crate::platform::cdi_host::validate_file(path)?.qualified_names());
     }
     names.sort();
     for n in names {

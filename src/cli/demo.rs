@@ -11,16 +11,14 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
-
-use crate::domain::config::{self, ConfigError, Overrides};
+use crate::domain::config::{ConfigError, Overrides};
 use crate::domain::health::XidFilter;
 use crate::domain::inventory::InventoryError;
 use crate::platform::sim::SimBackend;
 use crate::runtime::health::{HealthSettings, SIM_POLL_INTERVAL, Source};
-use crate::runtime::supervisor::{self as app, AppError, RunSettings};
+use crate::runtime::supervisor::{self as app, AppError};
 use crate::testkit::kubelet::{Allocation, EmulatorError, KubeletEmulator};
+use crate::testkit::{Node, NodeError};
 
 /// The demo's sharing config: MIG slices per profile, GPU 2 whole, GPU 3 time-sliced
 /// into 4 replicas under its own name.
@@ -63,31 +61,42 @@ pub enum DemoError {
     /// A step took too long.
     #[error("demo: timed out waiting for {0}")]
     Timeout(&'static str),
+    /// The daemon task ended abnormally.
+    #[error("demo: {0}")]
+    Node(NodeError),
+}
+
+impl From<NodeError> for DemoError {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::Dir(e) => Self::Io(e),
+            NodeError::Profile(e) => Self::Inventory(e),
+            NodeError::Emulator(e) => Self::Emulator(e),
+            NodeError::App(e) => Self::App(e),
+            NodeError::Timeout(what) => Self::Timeout(what),
+            e @ NodeError::Join(_) => Self::Node(e),
+        }
+    }
 }
 
 /// Run the demo, writing a report to `out`.
 pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
     // Short path: unix socket paths must fit in 108 bytes. Random and created 0700
     // exclusively: a predictable name in /tmp could be planted by another user.
-    let dir = tempfile::Builder::new().prefix("gsd-").tempdir_in("/tmp")?;
-    let result = demo_in(dir.path(), out).await;
-    let _ = dir.close();
-    result
-}
-
-async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), DemoError> {
+    let tmp = crate::testkit::node::short_tempdir("gsd-")?;
+    let dir = tmp.path().to_path_buf();
     let plugin_dir = dir.join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await?;
     // A real, watched config file, so the script can reconfigure the running daemon.
     let config_file = dir.join("config.yaml");
     std::fs::write(&config_file, DEMO_CONFIG)?;
-    let config = config::load(Some(&config_file), &Overrides::default())?;
+    let config = crate::platform::config_file::load(Some(&config_file), &Overrides::default())?;
     let backend = Arc::new(SimBackend::open("mixed-a100")?);
-    let mut settings = RunSettings::new(config, &plugin_dir, dir.join("cdi"));
+    let mut settings = Node::settings(&dir, config);
     let path = config_file.clone();
     settings.reload = app::ReloadSettings {
         load: Some(Arc::new(move || {
-            config::load(Some(&path), &Overrides::default())
+            crate::platform::config_file::load(Some(&path), &Overrides::default())
         })),
         triggers: crate::runtime::triggers::TriggerSettings {
             config_file: Some(config_file.clone()),
@@ -105,43 +114,29 @@ async fn demo_in(dir: &std::path::Path, out: &mut impl Write) -> Result<(), Demo
         filter: XidFilter::default(),
         quiet_period: DEMO_QUIET_PERIOD,
     });
-    let (ready_tx, ready_rx) = oneshot::channel();
-    settings.on_ready = Some(ready_tx);
-    let shutdown = CancellationToken::new();
-    let daemon = app::run(settings, backend, shutdown.clone());
-    let script = async {
-        let result = script(&emulator, ready_rx, &events_file, &config_file, out).await;
-        shutdown.cancel();
-        result
-    };
-    let (daemon, script) = tokio::join!(daemon, script);
-    emulator.shutdown().await;
+    let node = Node::launch(tmp, emulator, settings, backend).await?;
+    let script = script(
+        &node.emulator,
+        &node.running,
+        &events_file,
+        &config_file,
+        out,
+    )
+    .await;
+    let stopped = node.stop().await;
     script?;
-    daemon?;
+    stopped?;
     writeln!(out, "\ndaemon stopped; sockets removed")?;
     Ok(())
 }
 
 async fn script(
     emulator: &KubeletEmulator,
-    ready: oneshot::Receiver<app::Running>,
+    running: &app::Running,
     events_file: &std::path::Path,
     config_file: &std::path::Path,
     out: &mut impl Write,
 ) -> Result<(), DemoError> {
-    let running = tokio::time::timeout(STEP_TIMEOUT, ready)
-        .await
-        .map_err(|_| DemoError::Timeout("the daemon to start"))?
-        .map_err(|_| DemoError::Timeout("the daemon to start"))?;
-    let names: Vec<String> = running
-        .plan
-        .resources
-        .iter()
-        .map(|r| r.name.clone())
-        .collect();
-    tokio::time::timeout(STEP_TIMEOUT, emulator.wait_registered(&names, 1))
-        .await
-        .map_err(|_| DemoError::Timeout("every resource to register"))?;
     writeln!(
         out,
         "node {} ({} GPUs), config: MIG mixed, GPU 3 time-sliced x4 as nvidia.com/gpu.shared\n",
@@ -215,7 +210,7 @@ async fn script(
         "no new event for {DEMO_QUIET_PERIOD:?}, GPU 3 re-probed: all {} replicas Healthy again",
         shared.borrow().len()
     )?;
-    reconfigure(emulator, &running, config_file, &mut shared, out).await
+    reconfigure(emulator, running, config_file, &mut shared, out).await
 }
 
 /// Rewrite the watched config: GPU 3's replicas get a driver-enforced memory share. The

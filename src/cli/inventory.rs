@@ -17,7 +17,7 @@ pub fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {
     let config = args.config.load()?;
     let backend = super::backend::open_backend(&args.backend)?;
     let inventory = backend.discover()?;
-    let plan = plan::build(&inventory, &config)?;
+    let plan = crate::runtime::report::plan_logged(&inventory, &config)?;
     match args.format {
         OutputFormat::Json => {
             serde_json::to_writer_pretty(&mut *out, &Report::new(&inventory, &plan))?;

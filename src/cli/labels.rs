@@ -9,7 +9,6 @@ use std::path::PathBuf;
 
 use crate::cli::args::{BackendArgs, ConfigArgs};
 use crate::domain::labels;
-use crate::domain::plan;
 use crate::error::Result;
 use crate::platform::labels_file;
 
@@ -33,7 +32,7 @@ pub fn run(args: &LabelsArgs, out: &mut dyn Write) -> Result<()> {
     let config = args.config.load()?;
     let backend = super::backend::open_backend(&args.backend)?;
     let inventory = backend.discover()?;
-    let plan = plan::build(&inventory, &config)?;
+    let plan = crate::runtime::report::plan_logged(&inventory, &config)?;
     let node = labels::build(&inventory, &config, &plan);
     for warning in &node.warnings {
         tracing::warn!(warning = %warning, "node labels");

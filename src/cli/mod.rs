@@ -6,7 +6,9 @@ pub mod backend;
 pub mod cdi;
 pub mod cdi_hook;
 pub mod demo;
+pub mod dra;
 pub mod inventory;
+pub mod kube_args;
 pub mod labels;
 pub mod logging;
 pub mod mig;
@@ -61,6 +63,9 @@ pub enum Command {
     /// Hooks the container runtime runs from CDI specs (on the host, OCI state on stdin).
     #[command(subcommand)]
     CdiHook(cdi_hook::CdiHookCommand),
+    /// Dynamic Resource Allocation: the objects this node's DRA driver publishes.
+    #[command(subcommand)]
+    Dra(dra::DraCommand),
     /// A terminal view of the node's usage, read from the daemon's `/v1/state`.
     Top(top::TopArgs),
 }
@@ -78,6 +83,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Run(args) => block_on(run::run(args)),
         Command::Demo => block_on(demo::demo(&mut stdout)),
         Command::Top(args) => Ok(top::run(args, &mut stdout)?),
+        Command::Dra(cmd) => dra::run(cmd, &mut stdout),
     }?;
     stdout.flush()?;
     Ok(())

@@ -4,8 +4,11 @@
 
 pub mod allocate;
 pub mod cdi;
+pub mod cdi_kind;
 pub mod config;
 pub mod devnodes;
+pub mod dra;
+pub mod fleet;
 pub mod health;
 pub mod inventory;
 pub mod labels;

@@ -130,6 +130,38 @@ impl Held {
         grew
     }
 
+    /// Whether recording `ids` with `cdi` would add nothing: every ID is held for
+    /// `resource` with every name of `cdi` already.
+    pub fn covers(&self, resource: &str, ids: &[&str], cdi: &BTreeSet<String>) -> bool {
+        let Some(held) = self.resources.get(resource) else {
+            return ids.is_empty();
+        };
+        ids.iter().all(|id| {
+            held.get(*id)
+                .is_some_and(|d| cdi.iter().all(|name| d.cdi.contains(name)))
+        })
+    }
+
+    /// Move each device's `at` up to a later hand-out time from `stamps`
+    /// (resource → ID → time), kept outside the snapshot by the store.
+    pub fn refresh(
+        &mut self,
+        stamps: &std::collections::HashMap<String, std::collections::HashMap<String, Instant>>,
+    ) {
+        for (resource, ids) in &mut self.resources {
+            let Some(times) = stamps.get(resource) else {
+                continue;
+            };
+            for (id, d) in ids.iter_mut() {
+                if let Some(&t) = times.get(id)
+                    && d.at.is_none_or(|at| at < t)
+                {
+                    d.at = Some(t);
+                }
+            }
+        }
+    }
+
     /// Every CDI device name a held device uses: what every spec must keep.
     pub fn cdi_names(&self) -> BTreeSet<String> {
         self.resources

@@ -3,11 +3,15 @@
 //! and the MPS daemons' size-bounded `/dev/shm` mounts.
 
 pub mod atomic_file;
+pub mod cdi_host;
 pub mod cdi_writer;
 pub mod checkpoint;
+pub mod config_file;
+pub mod dra_state;
 pub mod driver;
 pub mod enforce;
 pub mod fswatch;
+pub mod kube;
 pub mod labels_file;
 pub mod mig;
 pub mod mps_shm;

@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 use node_spec::{EventLine, EventSpec};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use crate::domain::allocate::HealthUpdate;
 use crate::domain::health::{
     DEFAULT_QUIET_PERIOD, Event, EventKind, Tracker, Transition, XidFilter,
 };
 use crate::domain::inventory::{Health, Inventory};
 use crate::platform::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher};
+use crate::runtime::{Context, Handle};
 use crate::state::{Snapshot, Store};
 
 /// Longest single NVML event wait. Long, so an idle node costs (almost) no CPU; short enough
@@ -84,30 +85,62 @@ impl HealthSettings {
     }
 }
 
-/// Start the health task on `tracker` unless health checks are off or there is no GPU.
-/// Transitions go to `health`; the task ends when `token` is cancelled.
+/// Start the health task unless health checks are off or there is no GPU.
+/// Transitions go to the store; the task ends when the daemon or the handle stops.
 ///
 /// `inventory` follows re-scans: a new inventory (a changed MIG layout) re-maps GPU
 /// instance / compute instance ids to MIG UUIDs without restarting the watcher, and keeps
 /// the policy's state (a GPU waiting for its quiet period stays so).
-pub fn spawn(
-    settings: HealthSettings,
-    health: Store,
-    tracker: &TaskTracker,
-    token: CancellationToken,
-) {
-    let inventory = health.subscribe();
+pub fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
+    let token = ctx.child_token();
+    let inventory = ctx.store.subscribe();
     if !settings.filter.any_enabled() {
         tracing::info!(
             "health checks disabled (DP_DISABLE_HEALTHCHECKS); no health watcher started"
         );
-        return;
+        return Handle::new(token, ());
     }
     if inventory.borrow().inventory.gpus.is_empty() {
         tracing::info!("no GPUs; no health watcher started");
-        return;
+        return Handle::new(token, ());
     }
-    tracker.spawn(run(settings, inventory, health, token));
+    ctx.tracker
+        .spawn(run(settings, inventory, ctx.store.clone(), token.clone()));
+    Handle::new(token, ())
+}
+
+/// Apply health events from outside (embedders, tests) with [`Store::set_health`] until
+/// the sender goes away or the daemon or the handle stops; events for unknown devices are
+/// logged.
+pub fn spawn_external(events: mpsc::Receiver<HealthUpdate>, ctx: &Context) -> Handle {
+    let token = ctx.child_token();
+    ctx.tracker
+        .spawn(apply_external(events, ctx.store.clone(), token.clone()));
+    Handle::new(token, ())
+}
+
+async fn apply_external(
+    mut events: mpsc::Receiver<HealthUpdate>,
+    store: Store,
+    token: CancellationToken,
+) {
+    loop {
+        let event = tokio::select! {
+            () = token.cancelled() => return,
+            event = events.recv() => event,
+        };
+        let Some(event) = event else { return };
+        match store.set_health(&event.key, event.health, &event.reason) {
+            Ok(changed) => tracing::info!(
+                device = %event.key,
+                health = %event.health,
+                reason = %event.reason,
+                resources = changed.len(),
+                "health changed"
+            ),
+            Err(e) => tracing::warn!(error = %e, "health event ignored"),
+        }
+    }
 }
 
 /// The task body.

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::domain::labels::{self, NodeLabels};
 use crate::platform::labels_file;
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Default of `--labels-file`: NFD's local feature directory, a file of our own (GFD writes
@@ -49,14 +49,12 @@ impl LabelsSettings {
     }
 }
 
-/// Spawn the writer on `tracker`; it stops (and removes the file) when `token` is cancelled.
-pub fn spawn(
-    settings: LabelsSettings,
-    store: Store,
-    tracker: &TaskTracker,
-    token: CancellationToken,
-) {
-    tracker.spawn(follow(settings, store, token));
+/// Start the writer; it stops (and removes the file) when the daemon or the handle stops.
+pub fn spawn(settings: LabelsSettings, ctx: &Context) -> Handle {
+    let token = ctx.child_token();
+    ctx.tracker
+        .spawn(follow(settings, ctx.store.clone(), token.clone()));
+    Handle::new(token, ())
 }
 
 async fn follow(settings: LabelsSettings, store: Store, token: CancellationToken) {

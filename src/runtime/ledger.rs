@@ -17,15 +17,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::domain::allocate::ResourceView;
 use crate::domain::inventory::Health;
 use crate::proto::podresources as pb;
+use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::metrics::{Metrics, PodLabels, ResourceLabels};
+use crate::runtime::triggers::Cause;
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 use pb::pod_resources_lister_client::PodResourcesListerClient;
 
@@ -333,21 +335,6 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Start reconciling on `tracker` until `token` is cancelled. The first round runs at
-    /// once; the snapshot starts as `LedgerSnapshot::default()` (down, nothing known).
-    pub fn start(
-        settings: LedgerSettings,
-        views: ViewSource,
-        metrics: Arc<Metrics>,
-        tracker: &TaskTracker,
-        token: CancellationToken,
-    ) -> Self {
-        let (tx, rx) = watch::channel(Arc::new(LedgerSnapshot::default()));
-        metrics.ledger_up.set(0);
-        tracker.spawn(reconcile_loop(settings, views, metrics, tx, token));
-        Self { rx }
-    }
-
     /// Follow the snapshots; the receiver sees the latest at once.
     pub fn subscribe(&self) -> watch::Receiver<Arc<LedgerSnapshot>> {
         self.rx.clone()
@@ -360,46 +347,56 @@ impl Ledger {
 }
 
 /// Shortest time a held device must be missing from the kubelet's list before it is
-/// released (see [`start_for_daemon`]).
+/// released (see [`spawn`]).
 pub const RELEASE_GRACE_MIN: Duration = Duration::from_secs(1);
 
-/// What the daemon does when the ledger finds devices released.
-pub type OnRelease = Arc<dyn Fn(Arc<crate::state::Held>) + Send + Sync>;
+/// What the ledger is handed by the supervisor, for releases.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerPeers {
+    /// Persists the held set after a release (`None`: nothing persisted).
+    pub held: Option<HeldCheckpoint>,
+    /// Asks the reloader for a rewrite that drops released CDI devices from the spec.
+    pub reload: Option<mpsc::Sender<Cause>>,
+}
 
-/// Start the ledger as the daemon runs it: the views come from the state store (a re-plan
-/// is seen on the next round), and every successful round releases, in the store, held
-/// devices the kubelet no longer reports, then calls `on_release` (persist the checkpoint,
-/// drop the released CDI devices from the spec). A round that fails releases nothing.
-pub fn start_for_daemon(
-    settings: LedgerSettings,
-    store: &Store,
-    on_release: OnRelease,
-    metrics: Arc<Metrics>,
-    tracker: &TaskTracker,
-    token: &CancellationToken,
-) -> Ledger {
-    let live = store.clone();
+/// Start the ledger: the views come from the state store (a re-plan is seen on the next
+/// round); the first round runs at once, and the snapshot starts as
+/// `LedgerSnapshot::default()` (down, nothing known). Every successful round releases, in
+/// the store, held devices the kubelet no longer reports, then persists the held set and
+/// asks for a reload through `peers` (the spec may drop devices kept only for the released
+/// holders). A round that fails releases nothing.
+pub fn spawn(settings: LedgerSettings, peers: LedgerPeers, ctx: &Context) -> Handle<Ledger> {
+    let token = ctx.child_token();
+    let live = ctx.store.clone();
     let views: ViewSource = Arc::new(move || live.current().views.values().cloned().collect());
-    let settings_interval = settings.interval;
-    let ledger = Ledger::start(settings, views, metrics, tracker, token.clone());
+    let (tx, rx) = watch::channel(Arc::new(LedgerSnapshot::default()));
+    ctx.metrics.ledger_up.set(0);
     // A device recorded by Allocate may be missing from a list taken just after it (the
     // kubelet records it once Allocate answered): only a device missing for longer than
     // this is released.
-    let grace = (settings_interval * 2).max(RELEASE_GRACE_MIN);
-    tracker.spawn(release_held(
+    let grace = (settings.interval * 2).max(RELEASE_GRACE_MIN);
+    ctx.tracker.spawn(reconcile_loop(
+        settings,
+        views,
+        ctx.metrics.clone(),
+        tx,
+        token.clone(),
+    ));
+    let ledger = Ledger { rx };
+    ctx.tracker.spawn(release_held(
         ledger.subscribe(),
-        store.clone(),
-        on_release,
+        ctx.store.clone(),
+        peers,
         grace,
         token.clone(),
     ));
-    ledger
+    Handle::new(token, ledger)
 }
 
 async fn release_held(
     mut snapshots: watch::Receiver<Arc<LedgerSnapshot>>,
     store: Store,
-    on_release: OnRelease,
+    peers: LedgerPeers,
     grace: Duration,
     token: CancellationToken,
 ) {
@@ -420,7 +417,13 @@ async fn release_held(
                     held = now_held.len(),
                     "held devices released by the kubelet"
                 );
-                on_release(now_held);
+                if let Some(reload) = &peers.reload {
+                    // Full: a reload is already pending, which covers this release.
+                    let _ = reload.try_send(Cause::Released);
+                }
+                if let Some(held) = &peers.held {
+                    held.save_in_background();
+                }
             }
         }
     }

@@ -701,6 +701,7 @@ mod tests {
             field: "sharing.timeSlicing.resources[0].name".into(),
             value: "nvidia.com/mig-1g.10gb".into(),
             reason,
+            node_has: String::new(),
         };
         use crate::domain::plan::SkipReason::*;
         m.record_skipped(&[

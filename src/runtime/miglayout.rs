@@ -36,6 +36,7 @@ use crate::platform::mig::{self as ops, MigGpu};
 use crate::runtime::error::blocking;
 use crate::runtime::metrics::{GpuLabels, Metrics};
 use crate::runtime::triggers::Cause;
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// How the actor reaches NVML and how often it retries pending GPUs.
@@ -53,8 +54,28 @@ const DRAIN_REASON: &str = "mig-layout-applying";
 /// How long to wait for the re-scan that advertises a new layout.
 const RESCAN_WAIT: Duration = Duration::from_secs(30);
 
+/// What the actor is handed by the supervisor.
+#[derive(Debug, Clone)]
+pub struct MigLayoutPeers {
+    /// Asks the reloader for the re-scan that advertises a new layout.
+    pub rescan: mpsc::Sender<Cause>,
+}
+
+/// Start the actor; it runs until the daemon or the handle stops.
+pub fn spawn(settings: MigLayoutSettings, peers: MigLayoutPeers, ctx: &Context) -> Handle {
+    let token = ctx.child_token();
+    ctx.tracker.spawn(run(
+        settings,
+        ctx.store.clone(),
+        peers.rescan,
+        ctx.metrics.clone(),
+        token.clone(),
+    ));
+    Handle::new(token, ())
+}
+
 /// Run until `token` is cancelled.
-pub(crate) async fn run(
+async fn run(
     settings: MigLayoutSettings,
     store: Store,
     rescan: mpsc::Sender<Cause>,

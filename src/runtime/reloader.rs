@@ -15,10 +15,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::cdi::generate::{HostProbe, NodeInfo, NodeProbe};
+use crate::domain::cdi::generate::{NodeInfo, NodeProbe};
 use crate::domain::cdi::shares::HookSettings;
 use crate::domain::cdi::{self, Format, Spec};
 use crate::domain::config::{Config, ConfigError};
@@ -27,10 +27,13 @@ use crate::domain::inventory::{Backend, Inventory, InventoryError};
 use crate::domain::plan::PlanDiff;
 use crate::domain::snapshot::Snapshot;
 use crate::domain::transition::{self, Host};
+use crate::platform::cdi_host::HostProbe;
 use crate::platform::cdi_writer;
+use crate::platform::fswatch::DirWatch;
 use crate::runtime::error::{AppError, SpecWriteError, blocking};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::triggers::{Causes, Triggers};
+use crate::runtime::triggers::{Cause, Causes, TriggerSettings, Triggers};
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Loads the config again on reload (file, environment and flags, as at start).
@@ -57,8 +60,91 @@ pub struct ReloadStatus {
     pub last_diff: Option<PlanDiff>,
 }
 
+/// What the reloader needs: the config served first, how to load it again, what
+/// triggers a reload, where the spec goes and the hook its share devices run.
+pub struct ReloaderSettings {
+    /// The validated config of the first transition.
+    pub config: Config,
+    /// Discovers the inventory.
+    pub backend: Arc<dyn Backend>,
+    /// Re-reads the config; `None`: the config never changes, only the inventory.
+    pub load: Option<ConfigLoader>,
+    /// What triggers a reload.
+    pub triggers: TriggerSettings,
+    /// CDI spec directory.
+    pub cdi_dir: PathBuf,
+    /// The hook share devices run.
+    pub hook: HookSettings,
+}
+
+impl fmt::Debug for ReloaderSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloaderSettings")
+            .field("cdi_dir", &self.cdi_dir)
+            .field("load", &self.load.as_ref().map(|_| "<loader>"))
+            .field("triggers", &self.triggers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the reloader is handed by the supervisor.
+#[derive(Debug)]
+pub struct ReloaderPeers {
+    /// The daemon's one inotify fd (the config file's directory is watched on it).
+    pub fs: Arc<DirWatch>,
+}
+
+/// What a running reloader exposes.
+#[derive(Debug, Clone)]
+pub struct Reloads {
+    /// Ask for a reload (config and inventory).
+    pub requester: mpsc::Sender<Cause>,
+    /// Outcome of every reload.
+    pub status: watch::Receiver<ReloadStatus>,
+}
+
+/// Run the first transition (its errors stop the daemon: nothing is served yet), then
+/// start the triggers and the task serving them until the daemon or the handle stops.
+pub async fn spawn(
+    settings: ReloaderSettings,
+    peers: ReloaderPeers,
+    ctx: &Context,
+) -> Result<Handle<Reloads>, AppError> {
+    let (status, status_rx) = watch::channel(ReloadStatus {
+        applied: 0,
+        unchanged: 0,
+        failed: 0,
+        last_error: None,
+        plan: Arc::default(),
+        last_diff: None,
+    });
+    let reloader = Reloader {
+        store: ctx.store.clone(),
+        backend: settings.backend,
+        load: settings.load,
+        cdi_dir: settings.cdi_dir,
+        hook: Some(settings.hook),
+        metrics: ctx.metrics.clone(),
+        status,
+        unkeepable: std::sync::Mutex::default(),
+    };
+    // The first transition: discover, plan, write the spec (held devices kept), commit.
+    reloader.start(settings.config).await?;
+    let token = ctx.child_token();
+    let triggers = Triggers::start(&settings.triggers, &peers.fs, &ctx.tracker, &token)?;
+    let requester = triggers.requester();
+    ctx.tracker.spawn(reloader.run(triggers, token.clone()));
+    Ok(Handle::new(
+        token,
+        Reloads {
+            requester,
+            status: status_rx,
+        },
+    ))
+}
+
 /// The reload actor and its dependencies.
-pub struct Reloader {
+pub(crate) struct Reloader {
     pub(crate) store: Store,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) load: Option<ConfigLoader>,
@@ -66,6 +152,8 @@ pub struct Reloader {
     pub(crate) hook: Option<HookSettings>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) status: watch::Sender<ReloadStatus>,
+    /// Held CDI devices already reported as impossible to keep (logged once each).
+    pub(crate) unkeepable: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl fmt::Debug for Reloader {
@@ -117,7 +205,7 @@ impl Reloader {
     /// The first transition, from the snapshot an earlier run left. Its errors stop the
     /// daemon (nothing is served yet). With `failOnInitError: false` a node whose driver
     /// cannot be initialised serves nothing instead of crash-looping, as NVIDIA's plugin.
-    pub async fn start(&self, config: Config) -> Result<(), AppError> {
+    async fn start(&self, config: Config) -> Result<(), AppError> {
         let backend = self.backend.clone();
         let discovered = blocking("inventory discovery", move || backend.discover()).await?;
         let (inventory, no_driver) = match discovered {
@@ -148,7 +236,7 @@ impl Reloader {
 
     /// Serve reload triggers until `token` is cancelled. A reload in progress is abandoned
     /// (between steps, before its commit) when the token fires.
-    pub async fn run(self, mut triggers: Triggers, token: CancellationToken) {
+    async fn run(self, mut triggers: Triggers, token: CancellationToken) {
         loop {
             let causes = tokio::select! {
                 biased;
@@ -235,6 +323,7 @@ impl Reloader {
                 }
             };
             let next = transition::next(&current, config.clone(), inventory.clone(), &host)?;
+            crate::runtime::report::log_skipped(&config.source, &next.snapshot.skipped);
             if let Some(spec) = next.spec.clone() {
                 let (dir, kept) = (self.cdi_dir.clone(), next.kept.clone());
                 blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
@@ -242,24 +331,41 @@ impl Reloader {
             let committed = self.store.commit(next.snapshot);
             self.metrics.record_skipped(&committed.skipped);
             first_diff.get_or_insert(next.diff);
-            let missing = match &committed.spec {
-                Some(spec) => {
-                    let have: std::collections::BTreeSet<&str> =
-                        spec.devices.iter().map(|d| d.name.as_str()).collect();
-                    committed
-                        .held
-                        .cdi_names()
-                        .into_iter()
-                        .any(|n| !have.contains(n.as_str()))
-                }
-                None => false,
-            };
-            if !missing {
+            let missing = missing_held(&committed);
+            if missing.is_empty() {
+                break;
+            }
+            // Held before this round and still missing: neither this node nor the previous
+            // spec has them (a checkpoint from another node, a GPU swapped). A rewrite
+            // cannot add them; say so once instead of retrying.
+            let known = current.held.cdi_names();
+            let (unkeepable, handed_out): (Vec<String>, Vec<String>) =
+                missing.into_iter().partition(|n| known.contains(n));
+            self.report_unkeepable(unkeepable);
+            if handed_out.is_empty() {
                 break;
             }
             tracing::info!("a device was handed out during the reload; writing the spec again");
         }
         Ok(first_diff.unwrap_or_default())
+    }
+
+    /// Log, once per name for the life of the daemon, held CDI devices no spec can carry.
+    fn report_unkeepable(&self, names: Vec<String>) {
+        let mut reported = self
+            .unkeepable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let new: Vec<String> = names
+            .into_iter()
+            .filter(|n| reported.insert(n.clone()))
+            .collect();
+        if !new.is_empty() {
+            tracing::warn!(
+                devices = ?new,
+                "held devices (from the checkpoint) are neither on this node nor in the previous CDI spec: the spec cannot keep them"
+            );
+        }
     }
 
     fn report(&self, causes: Causes, result: Result<Option<PlanDiff>, AppError>) {
@@ -313,6 +419,21 @@ impl Reloader {
 /// tests and demos), as `cdi generate` decides.
 fn equips_driver(inventory: &Inventory, config: &Config) -> bool {
     inventory.source == "nvml" || config.driver_root != Path::new("/")
+}
+
+/// Held CDI device names the committed spec lacks.
+fn missing_held(committed: &Snapshot) -> Vec<String> {
+    let Some(spec) = &committed.spec else {
+        return Vec::new();
+    };
+    let have: std::collections::BTreeSet<&str> =
+        spec.devices.iter().map(|d| d.name.as_str()).collect();
+    committed
+        .held
+        .cdi_names()
+        .into_iter()
+        .filter(|n| !have.contains(n.as_str()))
+        .collect()
 }
 
 /// Whether the spec carries a device only because it was held and nothing holds it now:

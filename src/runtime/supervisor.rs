@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,12 +30,16 @@ use crate::domain::plan::Plan;
 use crate::platform::checkpoint::Checkpoint;
 pub use crate::runtime::error::AppError;
 use crate::runtime::error::blocking;
-use crate::runtime::plugin::{
-    self, Backoff, PluginContext, PluginError, PluginSettings, WatchError,
-};
-use crate::runtime::reloader::Reloader;
+use crate::runtime::held::HeldCheckpoint;
+use crate::runtime::http::{self, HttpPeers, Readiness};
+use crate::runtime::ledger::{Ledger, LedgerPeers};
+use crate::runtime::miglayout::MigLayoutPeers;
+use crate::runtime::plugin::{self, Backoff, PluginPeers, PluginSettings, WatchError};
+use crate::runtime::reloader::{self, ReloaderPeers, ReloaderSettings, Reloads};
 pub use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
-use crate::runtime::triggers::{Cause, TriggerSettings, Triggers};
+use crate::runtime::triggers::{Cause, TriggerSettings};
+use crate::runtime::usage::UsagePeers;
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// How long an ordered shutdown may take before tasks are abandoned.
@@ -71,7 +75,7 @@ pub struct Running {
     /// Ask for a reload (config and inventory).
     pub reload: mpsc::Sender<Cause>,
     /// Outcome of every reload.
-    pub reloads: watch::Receiver<ReloadStatus>,
+    pub reloads: tokio::sync::watch::Receiver<ReloadStatus>,
     /// The agent's metrics (the same registry `/metrics` serves).
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
     /// What `/readyz` reports.
@@ -167,280 +171,268 @@ pub async fn run(
     backend: Arc<dyn Backend>,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
-    let RunSettings {
-        config,
-        device_plugin_dir,
-        kubelet_socket,
-        cdi_dir,
-        state_dir,
-        backoff,
-        hook,
-        on_ready,
-        health_events,
-        reload,
-        mps,
-        health_monitor,
-        http_listen,
-        ledger,
-        labels,
-        metrics,
-        usage,
-        mig_layouts,
-    } = settings;
-    let hook = match hook {
+    let hook = match settings.hook.clone() {
         Some(h) => h,
-        None => HookSettings::current_exe(None).map_err(|e| {
+        None => crate::platform::cdi_host::current_exe_hook(None).map_err(|e| {
             AppError::Transition(crate::domain::transition::TransitionError::Cdi(e))
         })?,
     };
-    let readiness = Arc::new(crate::runtime::http::Readiness::default());
     // What an earlier run left, read before anything is written.
-    let checkpoint = state_dir.map(|dir| Arc::new(Checkpoint::new(dir)));
-    let initial = {
-        let (checkpoint, cdi_dir, kind) =
-            (checkpoint.clone(), cdi_dir.clone(), config.cdi_kind.clone());
-        blocking("state loading", move || {
-            let held = checkpoint
-                .as_deref()
-                .map(Checkpoint::load)
-                .transpose()?
-                .unwrap_or_default();
-            if !held.is_empty() {
-                tracing::info!(held = held.len(), "held devices read from the checkpoint");
-            }
-            Ok::<_, AppError>(crate::runtime::reloader::initial(&cdi_dir, &kind, held))
-        })
-        .await??
+    let checkpoint = settings
+        .state_dir
+        .clone()
+        .map(|dir| Arc::new(Checkpoint::new(dir)));
+    let initial = load_state(checkpoint.clone(), &settings.cdi_dir, &settings.config).await?;
+    let ctx = Context {
+        store: Store::new(initial),
+        metrics: settings.metrics.clone(),
+        tracker: TaskTracker::new(),
+        token: shutdown.child_token(),
     };
-    let store = Store::new(initial);
-    let (status, status_rx) = watch::channel(ReloadStatus {
-        applied: 0,
-        unchanged: 0,
-        failed: 0,
-        last_error: None,
-        plan: Arc::default(),
-        last_diff: None,
-    });
-    let reloader = Reloader {
-        store: store.clone(),
-        backend,
-        load: reload.load,
-        cdi_dir,
-        hook: Some(hook),
-        metrics: metrics.clone(),
-        status,
+    let held = HeldCheckpoint::new(checkpoint, ctx.store.clone());
+    let started = spawn_actors(settings, backend, hook, held, &ctx).await;
+    let (failures, on_ready, running) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            // Whatever started before the failure stops with it.
+            stop(&ctx).await;
+            return Err(e);
+        }
     };
-    // The first transition: discover, plan, write the spec (held devices kept), commit.
-    reloader.start(config).await?;
-    let first = store.current();
-    readiness
-        .spec_written
-        .store(first.spec_written, std::sync::atomic::Ordering::Release);
-
-    let stale = plugin::remove_stale_sockets(&device_plugin_dir, &first.resource_names());
-    if !stale.is_empty() {
-        tracing::info!(sockets = ?stale, "removed sockets of resources no longer planned");
+    if let Some(tx) = on_ready {
+        // The embedder may have stopped listening; serving goes on regardless.
+        let _ = tx.send(running);
     }
-    let tracker = TaskTracker::new();
-    let token = shutdown.child_token();
+    wait_and_stop(&ctx, &shutdown, failures).await
+}
+
+/// The state store's first snapshot: the spec an earlier run left in `cdi_dir` and the
+/// held set it checkpointed.
+async fn load_state(
+    checkpoint: Option<Arc<Checkpoint>>,
+    cdi_dir: &std::path::Path,
+    config: &Config,
+) -> Result<crate::state::Snapshot, AppError> {
+    let (cdi_dir, kind) = (cdi_dir.to_path_buf(), config.cdi_kind.clone());
+    blocking("state loading", move || {
+        let held = checkpoint
+            .as_deref()
+            .map(Checkpoint::load)
+            .transpose()?
+            .unwrap_or_default();
+        if !held.is_empty() {
+            tracing::info!(held = held.len(), "held devices read from the checkpoint");
+        }
+        Ok::<_, AppError>(crate::runtime::reloader::initial(&cdi_dir, &kind, held))
+    })
+    .await?
+}
+
+/// Start every actor in order: the reloader's first transition, then the MPS daemons
+/// (their replicas Unhealthy until up) before any resource is served, the plugin servers,
+/// and the followers. Returns the plugin failures, the embedder's channel and what it is
+/// told.
+async fn spawn_actors(
+    settings: RunSettings,
+    backend: Arc<dyn Backend>,
+    hook: HookSettings,
+    held: HeldCheckpoint,
+    ctx: &Context,
+) -> Result<(plugin::Failures, Option<oneshot::Sender<Running>>, Running), AppError> {
     // One inotify fd (read on the reactor) for the kubelet socket's directory and the
     // config file's.
     let fs = crate::platform::fswatch::DirWatch::new().map_err(|source| {
         AppError::Watch(WatchError::Watch {
-            path: kubelet_socket.display().to_string(),
+            path: settings.kubelet_socket.display().to_string(),
             source,
         })
     })?;
-    let watch = plugin::KubeletWatch::start(&kubelet_socket, &fs)?;
-    let triggers = Triggers::start(&reload.triggers, &fs, &tracker, &token)?;
+    let reloader = ReloaderSettings {
+        config: settings.config,
+        backend,
+        load: settings.reload.load,
+        triggers: settings.reload.triggers,
+        cdi_dir: settings.cdi_dir,
+        hook,
+    };
+    let reloads = reloader::spawn(reloader, ReloaderPeers { fs: fs.clone() }, ctx).await?;
+    let first = ctx.store.current();
+    remove_stale_sockets(&settings.device_plugin_dir, &first.resource_names());
+    let watch = plugin::KubeletWatch::start(&settings.kubelet_socket, &fs)?;
     drop(fs);
-    let requester = triggers.requester();
-    // MPS daemons starting (their replicas Unhealthy until up) before any resource is served.
-    let mut mps = crate::runtime::mps::health::Reconciler::new(
-        store.clone(),
-        mps,
-        &tracker,
-        token.child_token(),
-    );
-    mps.reconcile(&first);
-    crate::runtime::mps::health::spawn(mps, &tracker, token.clone());
-    let (fail_tx, mut fail_rx) = mpsc::channel::<PluginError>(16);
-    let ctx = PluginContext {
-        settings: Arc::new(PluginSettings {
-            device_plugin_dir,
-            kubelet_socket,
-            backoff,
-        }),
-        store: store.clone(),
-        checkpoint: checkpoint.clone(),
-        tracker: tracker.clone(),
-        metrics: metrics.clone(),
+    crate::runtime::mps::health::spawn(settings.mps, ctx);
+    let readiness = Arc::new(Readiness::following(ctx.store.clone()));
+    let plugin_settings = PluginSettings {
+        device_plugin_dir: settings.device_plugin_dir,
+        kubelet_socket: settings.kubelet_socket,
+        backoff: settings.backoff,
+    };
+    let peers = PluginPeers {
+        watch,
+        held: held.clone(),
         readiness: readiness.clone(),
     };
-    plugin::spawn_manager(ctx, watch, fail_tx, token.clone());
-    tracker.spawn(crate::runtime::metrics::follow_store(
-        store.clone(),
-        metrics.clone(),
+    let failures = plugin::spawn(plugin_settings, peers, ctx).into_inner();
+    let followers = Followers {
+        labels: settings.labels,
+        ledger: settings.ledger,
+        usage: settings.usage,
+        http_listen: settings.http_listen,
+        health_monitor: settings.health_monitor,
+        health_events: settings.health_events,
+        mig_layouts: settings.mig_layouts,
+    };
+    let running = followers
+        .spawn(held, readiness, reloads.get().clone(), ctx)
+        .await?;
+    Ok((failures, settings.on_ready, running))
+}
+
+/// Remove sockets of resources an earlier run served and this plan does not.
+fn remove_stale_sockets(dir: &std::path::Path, resources: &[String]) {
+    let stale = plugin::remove_stale_sockets(dir, resources);
+    if !stale.is_empty() {
+        tracing::info!(sockets = ?stale, "removed sockets of resources no longer planned");
+    }
+}
+
+/// The actors that follow the store once resources are served, each optional.
+struct Followers {
+    labels: Option<crate::runtime::labels::LabelsSettings>,
+    ledger: Option<crate::runtime::ledger::LedgerSettings>,
+    usage: Option<crate::runtime::usage::UsageSettings>,
+    http_listen: Option<String>,
+    health_monitor: Option<crate::runtime::health::HealthSettings>,
+    health_events: Option<mpsc::Receiver<HealthUpdate>>,
+    mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
+}
+
+impl Followers {
+    /// Start them; returns what the embedder is told.
+    async fn spawn(
+        self,
+        held: HeldCheckpoint,
+        readiness: Arc<Readiness>,
+        reloads: Reloads,
+        ctx: &Context,
+    ) -> Result<Running, AppError> {
+        spawn_metrics(ctx);
+        if let Some(settings) = self.labels {
+            crate::runtime::labels::spawn(settings, ctx);
+        }
+        let ledger = self.ledger.map(|settings| {
+            let peers = LedgerPeers {
+                held: Some(held),
+                reload: Some(reloads.requester.clone()),
+            };
+            crate::runtime::ledger::spawn(settings, peers, ctx).into_inner()
+        });
+        let usage = match self.usage {
+            Some(settings) => {
+                let peers = UsagePeers {
+                    ledger: ledger.as_ref().map(Ledger::subscribe),
+                };
+                let handle = crate::runtime::usage::spawn(settings, peers, ctx)
+                    .map_err(AppError::UsageThread)?;
+                Some(handle.into_inner())
+            }
+            None => None,
+        };
+        let http_addr = match self.http_listen.as_deref() {
+            Some(addr) => {
+                let listener = http::bind(addr).await?;
+                let peers = HttpPeers {
+                    readiness: readiness.clone(),
+                    usage: usage.clone(),
+                };
+                http::spawn(listener, peers, ctx).into_inner()
+            }
+            None => None,
+        };
+        if let Some(settings) = self.health_monitor {
+            crate::runtime::health::spawn(settings, ctx);
+        }
+        if let Some(events) = self.health_events {
+            crate::runtime::health::spawn_external(events, ctx);
+        }
+        spawn_mig_layouts(self.mig_layouts, &reloads, ctx);
+        let first = ctx.store.current();
+        Ok(Running {
+            store: ctx.store.clone(),
+            plan: first.plan.clone(),
+            inventory: first.inventory.clone(),
+            reload: reloads.requester,
+            reloads: reloads.status,
+            metrics: ctx.metrics.clone(),
+            readiness,
+            ledger,
+            http_addr,
+            usage,
+        })
+    }
+}
+
+/// Mirror every resource's view into the metrics as the store changes.
+fn spawn_metrics(ctx: &Context) -> Handle {
+    let token = ctx.child_token();
+    ctx.tracker.spawn(crate::runtime::metrics::follow_store(
+        ctx.store.clone(),
+        ctx.metrics.clone(),
         token.clone(),
     ));
-    tracker.spawn(follow_spec(store.clone(), readiness.clone(), token.clone()));
-    if let Some(settings) = labels {
-        crate::runtime::labels::spawn(settings, store.clone(), &tracker, token.clone());
-    }
-    let ledger = ledger.map(|settings| {
-        let (checkpoint, store_for_release, requester) =
-            (checkpoint.clone(), store.clone(), requester.clone());
-        let on_release: crate::runtime::ledger::OnRelease = Arc::new(move |_| {
-            // The spec may drop devices kept only for the released holders.
-            let _ = requester.try_send(Cause::Released);
-            if let Some(cp) = checkpoint.clone() {
-                let store = store_for_release.clone();
-                // Off the async workers; a failure is logged, the next save retries.
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = cp.save_with(|| store.current().held.as_ref().clone()) {
-                        tracing::error!(error = %e, "held devices not persisted after release");
-                    }
-                });
-            }
-        });
-        crate::runtime::ledger::start_for_daemon(
-            settings,
-            &store,
-            on_release,
-            metrics.clone(),
-            &tracker,
-            &token,
-        )
-    });
-    let usage = match usage {
-        Some(settings) => Some(
-            crate::runtime::usage::spawn(
-                settings,
-                store.clone(),
-                ledger
-                    .as_ref()
-                    .map(crate::runtime::ledger::Ledger::subscribe),
-                metrics.clone(),
-                &tracker,
-                token.clone(),
-            )
-            .map_err(AppError::UsageThread)?,
-        ),
-        None => None,
-    };
-    let http_addr = match http_listen.as_deref() {
-        Some(addr) => {
-            let listener = crate::runtime::http::bind(addr).await?;
-            let local = crate::runtime::http::local_addr(&listener);
-            let serve = crate::runtime::http::serve_with_state(
-                listener,
-                metrics.clone(),
-                readiness.clone(),
-                usage.clone(),
-                token.clone(),
-            );
-            tracker.spawn(serve);
-            local
-        }
-        None => None,
-    };
-    if let Some(settings) = health_monitor {
-        crate::runtime::health::spawn(settings, store.clone(), &tracker, token.child_token());
-    }
-    if let Some(events) = health_events {
-        tracker.spawn(apply_health_events(events, store.clone(), token.clone()));
-    }
-    tracker.spawn(reloader.run(triggers, token.clone()));
-    match mig_layouts {
+    Handle::new(token, ())
+}
+
+/// The MIG layout actor, when the backend can change MIG instances.
+fn spawn_mig_layouts(
+    settings: Option<crate::runtime::miglayout::MigLayoutSettings>,
+    reloads: &Reloads,
+    ctx: &Context,
+) {
+    match settings {
         Some(settings) => {
-            tracker.spawn(crate::runtime::miglayout::run(
-                settings,
-                store.clone(),
-                requester.clone(),
-                metrics.clone(),
-                token.clone(),
-            ));
+            let peers = MigLayoutPeers {
+                rescan: reloads.requester.clone(),
+            };
+            crate::runtime::miglayout::spawn(settings, peers, ctx);
         }
-        None if first.config.mig_layouts.is_some() => {
+        None if ctx.store.current().config.mig_layouts.is_some() => {
             tracing::warn!(
                 "flags.migLayouts is set but the backend cannot change MIG instances (NVML only): ignored"
             );
         }
         None => {}
     }
-    if let Some(tx) = on_ready {
-        // The embedder may have stopped listening; serving goes on regardless.
-        let _ = tx.send(Running {
-            store: store.clone(),
-            plan: first.plan.clone(),
-            inventory: first.inventory.clone(),
-            reload: requester,
-            reloads: status_rx,
-            metrics,
-            readiness,
-            ledger,
-            http_addr,
-            usage,
-        });
-    }
+}
+
+/// Serve until `shutdown` is cancelled or a resource fails, then stop every actor within
+/// [`SHUTDOWN_DEADLINE`].
+async fn wait_and_stop(
+    ctx: &Context,
+    shutdown: &CancellationToken,
+    mut failures: plugin::Failures,
+) -> Result<(), AppError> {
     let failure = tokio::select! {
         () = shutdown.cancelled() => None,
-        Some(e) = fail_rx.recv() => Some(e),
+        Some(e) = failures.recv() => Some(e),
     };
     tracing::info!("shutting down");
-    token.cancel();
-    tracker.close();
-    let stopped = tokio::time::timeout(SHUTDOWN_DEADLINE, tracker.wait()).await;
+    let stopped = stop(ctx).await;
     if let Some(e) = failure {
         return Err(e.into());
     }
-    if stopped.is_err() {
+    if !stopped {
         return Err(AppError::ShutdownTimeout(SHUTDOWN_DEADLINE));
     }
     tracing::info!("stopped");
     Ok(())
 }
 
-/// `/readyz`'s spec flag follows the store: set once a spec for the plan is on disk.
-async fn follow_spec(
-    store: Store,
-    readiness: Arc<crate::runtime::http::Readiness>,
-    token: CancellationToken,
-) {
-    let mut rx = store.subscribe();
-    loop {
-        let written = rx.borrow_and_update().spec_written;
-        readiness
-            .spec_written
-            .store(written, std::sync::atomic::Ordering::Release);
-        tokio::select! {
-            () = token.cancelled() => return,
-            changed = rx.changed() => if changed.is_err() { return },
-        }
-    }
-}
-
-/// Apply health events until the sender goes away or the daemon stops.
-async fn apply_health_events(
-    mut events: mpsc::Receiver<HealthUpdate>,
-    store: Store,
-    token: CancellationToken,
-) {
-    loop {
-        let event = tokio::select! {
-            () = token.cancelled() => return,
-            event = events.recv() => event,
-        };
-        let Some(event) = event else { return };
-        match store.set_health(&event.key, event.health, &event.reason) {
-            Ok(changed) => tracing::info!(
-                device = %event.key,
-                health = %event.health,
-                reason = %event.reason,
-                resources = changed.len(),
-                "health changed"
-            ),
-            Err(e) => tracing::warn!(error = %e, "health event ignored"),
-        }
-    }
+/// Cancel every actor and wait for their tasks; false when the deadline passed first.
+async fn stop(ctx: &Context) -> bool {
+    ctx.token.cancel();
+    ctx.tracker.close();
+    tokio::time::timeout(SHUTDOWN_DEADLINE, ctx.tracker.wait())
+        .await
+        .is_ok()
 }

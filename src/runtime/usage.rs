@@ -23,12 +23,12 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::domain::usage::{self, IdleTracker, Inputs, ReportInputs, Sample, UsageReport};
 use crate::platform::usage::{UsageSource, read_cgroups, read_checkpoint};
 use crate::runtime::ledger::LedgerSnapshot;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Default of `--usage-interval`.
@@ -188,17 +188,22 @@ impl Sampler {
     }
 }
 
-/// Start the sampler thread (first round at once) and the task that stops it when `token`
-/// is cancelled. `ledger`: the PodResources ledger's snapshots, when there is one (holder
-/// names come from it).
+/// What the sampler is handed by the supervisor.
+#[derive(Debug, Default)]
+pub struct UsagePeers {
+    /// The PodResources ledger's snapshots, when there is one (holder names come from it).
+    pub ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
+}
+
+/// Start the sampler thread (first round at once) and the task that stops it when the
+/// daemon or the handle stops. The handle exposes the sampler's rounds.
 pub fn spawn(
     settings: UsageSettings,
-    store: Store,
-    ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
-    metrics: Arc<Metrics>,
-    tracker: &TaskTracker,
-    token: CancellationToken,
-) -> std::io::Result<UsageWatch> {
+    peers: UsagePeers,
+    ctx: &Context,
+) -> std::io::Result<Handle<UsageWatch>> {
+    let (store, metrics, ledger) = (ctx.store.clone(), ctx.metrics.clone(), peers.ledger);
+    let token = ctx.child_token();
     let interval = settings.interval;
     let initial = UsageReport {
         generation: 0,
@@ -239,9 +244,10 @@ pub fn spawn(
             }
             let _ = done_tx.send(());
         })?;
-    tracker.spawn(stop_on_cancel(stop_tx, done_rx, token));
+    ctx.tracker
+        .spawn(stop_on_cancel(stop_tx, done_rx, token.clone()));
     tracing::info!(interval_s = interval.as_secs_f64(), "usage sampler started");
-    Ok(rx)
+    Ok(Handle::new(token, rx))
 }
 
 async fn stop_on_cancel(

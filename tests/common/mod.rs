@@ -8,14 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, AppError, RunSettings, Running};
+use gpu_slicer::runtime::supervisor::RunSettings;
+use gpu_slicer::testkit::Node;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 pub(crate) const STEP: Duration = Duration::from_secs(10);
 
@@ -53,80 +49,19 @@ pub(crate) async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -
 
 /// Short temp dir under /tmp (unix socket paths are limited to 108 bytes).
 pub(crate) fn short_tempdir() -> TempDir {
-    tempfile::Builder::new()
-        .prefix("gs")
-        .tempdir_in("/tmp")
-        .expect("tempdir")
+    gpu_slicer::testkit::node::short_tempdir("gs").expect("tempdir")
 }
 
-pub(crate) struct Harness {
-    pub(crate) dir: TempDir,
-    pub(crate) emulator: KubeletEmulator,
-    pub(crate) running: Running,
-    pub(crate) shutdown: CancellationToken,
-    pub(crate) app: JoinHandle<Result<(), AppError>>,
-}
-
-impl Harness {
-    pub(crate) fn plugin_dir(&self) -> std::path::PathBuf {
-        self.dir.path().join("dp")
-    }
-
-    pub(crate) fn resources(&self) -> Vec<String> {
-        self.running
-            .plan
-            .resources
-            .iter()
-            .map(|r| r.name.clone())
-            .collect()
-    }
-
-    /// The CDI spec the daemon wrote.
-    pub(crate) fn cdi_spec(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("cdi").join("gpu-slicer.io-gpu.yaml"))
-            .expect("spec written")
-    }
-
-    /// Wait until the reload counters move past `before`.
-    pub(crate) async fn next_reload(
-        &self,
-        before: &gpu_slicer::runtime::supervisor::ReloadStatus,
-    ) -> gpu_slicer::runtime::supervisor::ReloadStatus {
-        let mut rx = self.running.reloads.clone();
-        let total = before.applied + before.failed + before.unchanged;
-        within(
-            "reload",
-            rx.wait_for(|s| s.applied + s.failed + s.unchanged > total),
-        )
-        .await
-        .expect("daemon alive")
-        .clone()
-    }
-
-    pub(crate) async fn stop(self) -> Result<(), AppError> {
-        self.shutdown.cancel();
-        let result = within("daemon stop", self.app).await.expect("join");
-        self.emulator.shutdown().await;
-        result
-    }
-}
+/// A daemon and its kubelet emulator (see `gpu_slicer::testkit::Node`).
+pub(crate) type Harness = Node;
 
 /// Start the emulator and the daemon on `profile` with `config_text`; wait until every
 /// resource has registered.
 pub(crate) async fn start(profile: &str, config_text: &str) -> Harness {
-    let dir = short_tempdir();
-    let emulator = KubeletEmulator::start(dir.path().join("dp"))
-        .await
-        .expect("emulator");
     let config = config::parse(config_text, "test.yaml", &Overrides::default()).expect("config");
-    let settings = RunSettings::new(config, dir.path().join("dp"), dir.path().join("cdi"));
-    launch(
-        dir,
-        emulator,
-        settings,
-        Arc::new(SimBackend::open(profile).expect("profile")),
-    )
-    .await
+    Node::start(profile, config, |_, _| {})
+        .await
+        .unwrap_or_else(|e| panic!("daemon did not start: {e}"))
 }
 
 /// Run the daemon with `settings` (sockets in `dir/dp`, where `emulator` serves) on
@@ -135,33 +70,12 @@ pub(crate) async fn start(profile: &str, config_text: &str) -> Harness {
 pub(crate) async fn launch(
     dir: TempDir,
     emulator: KubeletEmulator,
-    mut settings: RunSettings,
+    settings: RunSettings,
     backend: Arc<dyn gpu_slicer::domain::inventory::Backend>,
 ) -> Harness {
-    settings.backoff = Backoff {
-        initial: Duration::from_millis(2),
-        max: Duration::from_millis(100),
-    };
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let Ok(running) = within("daemon ready", rx).await else {
-        panic!("daemon did not start: {:?}", app.await);
-    };
-    let h = Harness {
-        dir,
-        emulator,
-        running,
-        shutdown,
-        app,
-    };
-    within(
-        "registration",
-        h.emulator.wait_registered(&h.resources(), 1),
-    )
-    .await;
-    h
+    Node::launch(dir, emulator, settings, backend)
+        .await
+        .unwrap_or_else(|e| panic!("daemon did not start: {e}"))
 }
 
 /// The fake `libnvidia-ml` cargo builds as a dev-dependency, found next to the running test

@@ -51,8 +51,10 @@
 //! or UUID) returns 15 while the mark persists. The injection-only line
 //! `{"gpu":N,"kind":"recover"}` clears the mark.
 //!
-//! `nvmlEventSetWait_v2` sleeps in 5 ms steps on the caller's thread until an event is due or
-//! the timeout passes (`TIMEOUT`, 10). The library starts no threads: its consumer `dlclose`s it.
+//! `nvmlEventSetWait_v2` blocks on the caller's thread until an event is queued for the set
+//! (it wakes at once, as the kernel's signal wakes a real wait: [`wake`]), an event of the node
+//! file falls due, or the timeout passes (`TIMEOUT`, 10). The library starts no threads: its
+//! consumer `dlclose`s it.
 //!
 //! # Memory limits (cgroup partitions)
 //!
@@ -82,6 +84,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod usage;
+mod wake;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
@@ -139,6 +142,7 @@ const SUPPORTED_EVENTS: u64 = EV_SINGLE_BIT | EV_DOUBLE_BIT | EV_XID;
 /// GI/CI id meaning "no instance" in `nvmlEventData_t`.
 const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 /// Poll step of `nvmlEventSetWait_v2`.
+/// How often a wait looks at an event file whose folder cannot be watched.
 const WAIT_STEP: Duration = Duration::from_millis(5);
 const SET_BASE: usize = 0x10000;
 
@@ -208,6 +212,9 @@ struct EventSet {
     /// Indices of node-file events already delivered to this set.
     fired: BTreeSet<usize>,
     pending: VecDeque<Pending>,
+    /// Wakes this set's wait when an event is queued or the event file is written; `None`
+    /// when no eventfd could be made (the wait then sleeps in [`WAIT_STEP`]s).
+    waker: Option<std::sync::Arc<wake::Waker>>,
 }
 
 #[derive(Debug)]
@@ -370,6 +377,9 @@ impl State {
             };
             if wanted {
                 set.pending.push_back(pending);
+                if let Some(w) = &set.waker {
+                    w.wake();
+                }
             }
         }
     }
@@ -387,6 +397,22 @@ impl State {
             EventLine::Event(ev) => self.deliver(&ev, None),
         }
         Ok(())
+    }
+
+    /// When the next node-file event for set `id` falls due (none: never).
+    fn next_due(&self, id: usize) -> Option<Instant> {
+        let node = self.node.as_ref()?;
+        let set = self.sets.get(&id)?;
+        node.events
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !set.fired.contains(i))
+            .filter_map(|(_, ev)| {
+                let pos = node.gpus.iter().position(|g| g.index == ev.gpu)?;
+                let (_, at) = set.regs.get(&pos)?;
+                Some(*at + Duration::from_millis(ev.after_ms))
+            })
+            .min()
     }
 
     /// Move due node-file events and event-file lines into the sets' queues.
@@ -1163,7 +1189,18 @@ pub unsafe extern "C" fn nvmlEventSetCreate(out: *mut nvmlEventSet_t) -> nvmlRet
         }
         let id = st.next_set;
         st.next_set += 1;
-        st.sets.insert(id, EventSet::default());
+        let file = std::env::var_os("FAKE_NVML_EVENT_FILE").map(PathBuf::from);
+        let waker = wake::Waker::new(file.as_deref())
+            .map_err(|e| eprintln!("fake-nvml: event waits poll every 5 ms (no eventfd: {e})"))
+            .ok()
+            .map(std::sync::Arc::new);
+        st.sets.insert(
+            id,
+            EventSet {
+                waker,
+                ..EventSet::default()
+            },
+        );
         // SAFETY: checked non-null; out-pointer per nvml.h.
         unsafe { put(out, set_handle(id)) }
     })
@@ -1217,7 +1254,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         let id = set_id(set).ok_or(code::INVALID_ARGUMENT)?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         loop {
-            {
+            let (waker, timeout) = {
                 let mut st = state();
                 st.node()?;
                 if !st.sets.contains_key(&id) {
@@ -1246,13 +1283,19 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                     }
                     None => {}
                 }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(code::TIMEOUT);
+                }
+                let until = st.next_due(id).map_or(deadline, |due| due.min(deadline));
+                let timeout = until.saturating_duration_since(now);
+                (st.sets.get(&id).and_then(|s| s.waker.clone()), timeout)
+            };
+            // Lock released: other threads may inject or free while we wait.
+            match waker {
+                Some(w) => w.wait(timeout),
+                None => std::thread::sleep(WAIT_STEP.min(timeout)),
             }
-            // Lock released: other threads may inject or free while we sleep.
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(code::TIMEOUT);
-            }
-            std::thread::sleep(WAIT_STEP.min(deadline - now));
         }
     })
 }

@@ -6,10 +6,12 @@
 //! - [`validate`]: checks one container request (known, unique, healthy, share rules).
 //! - [`preferred`]: `packed` / `distributed` / NUMA-aware picking for GetPreferredAllocation.
 //! - [`response`]: what a valid request is answered with (CDI names, annotation, env, mounts).
+//! - [`answer`]: one Allocate call from one snapshot, all or nothing, and what it holds.
 //!
 //! The gRPC edge (`crate::runtime::plugin`) converts to and from prost types and maps
 //! [`AllocateError::class`] to a gRPC code. Nothing here does IO or imports tonic.
 
+pub mod answer;
 pub mod preferred;
 pub mod response;
 
@@ -23,6 +25,7 @@ use crate::domain::plan::Device;
 pub mod view;
 
 pub use crate::domain::devnodes::DeviceNodes;
+pub use answer::{Answer, GENERATION_ANNOTATION, Holding, answer};
 pub use preferred::preferred;
 pub use response::{
     ContainerAllocation, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
@@ -67,6 +70,9 @@ pub enum AllocateError {
         "device {id} is a MIG slice of {gpu}, which the request also takes whole (rule: no whole GPU together with its own MIG slices)"
     )]
     WholeAndMig { id: String, gpu: String },
+    /// The snapshot no longer plans the resource (a reload removed it).
+    #[error("resource {resource} is no longer served")]
+    NotServed { resource: String },
 }
 
 /// How the edge should classify a refusal.
@@ -82,13 +88,15 @@ impl AllocateError {
     /// Classification for the gRPC edge.
     pub fn class(&self) -> ErrorClass {
         match self {
-            AllocateError::Unhealthy { .. } => ErrorClass::Unhealthy,
+            AllocateError::Unhealthy { .. } | AllocateError::NotServed { .. } => {
+                ErrorClass::Unhealthy
+            }
             _ => ErrorClass::Invalid,
         }
     }
 
-    /// Short name of the broken rule, for metrics labels.
-    /// Every code [`AllocateError::rule`] returns, for zero-valued metric series.
+    /// Every code [`AllocateError::rule`] returns for a resource that is served, for
+    /// zero-valued metric series (`not-served` is no rule of the request: not counted).
     pub const RULES: [&'static str; 7] = [
         "empty",
         "unknown-device",
@@ -99,6 +107,7 @@ impl AllocateError {
         "whole-and-mig",
     ];
 
+    /// Short name of the broken rule, for metrics labels.
     pub fn rule(&self) -> &'static str {
         match self {
             AllocateError::Empty => "empty",
@@ -108,13 +117,14 @@ impl AllocateError {
             AllocateError::TooManyReplicas { .. } => "fail-requests-greater-than-one",
             AllocateError::MultiGpu { .. } => "multi-gpu",
             AllocateError::WholeAndMig { .. } => "whole-and-mig",
+            AllocateError::NotServed { .. } => "not-served",
         }
     }
 
     /// The device ID concerned, when there is one.
     pub fn device_id(&self) -> Option<&str> {
         match self {
-            AllocateError::Empty => None,
+            AllocateError::Empty | AllocateError::NotServed { .. } => None,
             AllocateError::Unknown { id, .. }
             | AllocateError::Duplicate { id }
             | AllocateError::Unhealthy { id, .. }
@@ -136,8 +146,8 @@ pub fn validate<'a, S: AsRef<str>>(
         return Err(AllocateError::Empty);
     }
     let resource = &view.resource;
-    let mut seen = HashSet::with_capacity(ids.len());
-    let mut devices = Vec::with_capacity(ids.len());
+    let mut seen = HashSet::new();
+    let mut devices: Vec<&Device> = Vec::with_capacity(ids.len());
     for id in ids {
         let id = id.as_ref();
         let Some(index) = view.index_of(id) else {
@@ -146,7 +156,16 @@ pub fn validate<'a, S: AsRef<str>>(
                 id: id.to_string(),
             });
         };
-        if !seen.insert(id) {
+        // IDs are unique per device, so a repeated index is a repeated ID; requests name a
+        // handful of devices, so a scan beats hashing (large ones take the set).
+        let repeated = if ids.len() <= 16 {
+            devices
+                .iter()
+                .any(|d| std::ptr::eq(*d, &resource.devices[index]))
+        } else {
+            !seen.insert(index)
+        };
+        if repeated {
             return Err(AllocateError::Duplicate { id: id.to_string() });
         }
         if let Some(reason) = view.unhealthy_reason(index) {
@@ -177,12 +196,17 @@ pub fn validate<'a, S: AsRef<str>>(
         }
     }
     // A plan never puts whole GPUs and MIG slices under one name, but the rule is cheap
-    // and keeps a future mixed resource from handing out a GPU twice.
-    let whole: HashSet<&str> = devices
-        .iter()
-        .filter(|d| !d.physical.is_mig())
-        .map(|d| d.physical.gpu_uuid.as_str())
-        .collect();
+    // and keeps a future mixed resource from handing out a GPU twice. Only a request with
+    // a MIG slice can break it.
+    let whole: HashSet<&str> = if devices.iter().any(|d| d.physical.is_mig()) {
+        devices
+            .iter()
+            .filter(|d| !d.physical.is_mig())
+            .map(|d| d.physical.gpu_uuid.as_str())
+            .collect()
+    } else {
+        HashSet::new()
+    };
     if !whole.is_empty()
         && let Some(d) = devices
             .iter()

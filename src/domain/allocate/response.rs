@@ -73,15 +73,30 @@ pub fn build_response(
     resource: &Resource,
     devices: &[&Device],
 ) -> ContainerAllocation {
-    let mut seen = HashSet::with_capacity(devices.len());
-    let physical: Vec<&Device> = devices
+    build(cfg, resource, devices).0
+}
+
+/// The answer for validated devices of `resource`, and the CDI device names it uses
+/// (without `<kind>=`, as the held set records them).
+pub(crate) fn build(
+    cfg: &Config,
+    resource: &Resource,
+    devices: &[&Device],
+) -> (ContainerAllocation, Vec<String>) {
+    // Requests name a handful of devices: a linear scan beats hashing.
+    let mut physical: Vec<&Device> = Vec::with_capacity(devices.len());
+    for d in devices {
+        if !physical.iter().any(|p| p.physical.uuid == d.physical.uuid) {
+            physical.push(d);
+        }
+    }
+    let names: Vec<String> = physical
         .iter()
-        .copied()
-        .filter(|d| seen.insert(d.physical.uuid.as_str()))
+        .map(|d| cdi_device_name(resource, devices, d))
         .collect();
-    let cdi_devices: Vec<String> = physical
+    let cdi_devices: Vec<String> = names
         .iter()
-        .map(|d| format!("{}={}", cfg.cdi_kind, cdi_device_name(resource, devices, d)))
+        .map(|name| format!("{}={name}", cfg.cdi_kind))
         .collect();
     let mut out = ContainerAllocation {
         annotations: BTreeMap::from([(
@@ -131,7 +146,7 @@ pub fn build_response(
         .insert(ENV_COMPUTE_PERCENT.to_string(), compute.to_string());
     out.envs
         .insert(ENV_REPLICAS.to_string(), devices.len().to_string());
-    out
+    (out, names)
 }
 
 /// The CDI device a request gets for the physical device behind `d`: the physical device

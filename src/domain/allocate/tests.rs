@@ -770,3 +770,46 @@ proptest! {
         prop_assert_eq!(granted, bytes, "the env states what the hook enforces");
     }
 }
+
+/// One call, all or nothing: a bad second container request refuses the whole call; a
+/// good call answers every container with the generation annotation and says what it holds,
+/// CDI names without `<kind>=`.
+#[test]
+fn answer_is_all_or_nothing_and_names_what_it_holds() {
+    const SHARED: &str = "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
+    let store = crate::testkit::fixtures::store("mixed-a100", SHARED);
+    let snapshot = store.current();
+    let good = vec![rep(GPU2, 0), rep(GPU2, 1)];
+    let err = answer(
+        &snapshot,
+        "nvidia.com/gpu",
+        &[good.clone(), vec!["GPU-nope".to_string()]],
+    )
+    .unwrap_err();
+    assert_eq!(err.rule(), "unknown-device");
+    let err = answer(&snapshot, "example.com/gone", std::slice::from_ref(&good)).unwrap_err();
+    assert!(matches!(err, AllocateError::NotServed { .. }), "{err}");
+    assert_eq!(err.class(), ErrorClass::Unhealthy);
+    let got = answer(
+        &snapshot,
+        "nvidia.com/gpu",
+        &[good.clone(), vec![rep(GPU3, 0)]],
+    )
+    .unwrap();
+    assert_eq!(got.containers.len(), 2);
+    for c in &got.containers {
+        assert_eq!(
+            c.annotations.get(GENERATION_ANNOTATION),
+            Some(&snapshot.generation.to_string())
+        );
+    }
+    assert_eq!(
+        got.containers[0].cdi_devices,
+        vec![format!("{}={GPU2}", snapshot.config.cdi_kind)]
+    );
+    assert_eq!(got.held.ids, vec![rep(GPU2, 0), rep(GPU2, 1), rep(GPU3, 0)]);
+    assert_eq!(
+        got.held.cdi,
+        [GPU2.to_string(), GPU3.to_string()].into_iter().collect()
+    );
+}

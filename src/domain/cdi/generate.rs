@@ -1,7 +1,7 @@
 //! Inventory → CDI spec, as a pure function of the inventory, the options and a probe.
 //!
 //! Reads [`Inventory`] values from `crate::domain::inventory`; host device nodes are looked up only
-//! through a [`NodeProbe`] the caller injects ([`HostProbe`] stats a dev root, [`NoProbe`]
+//! through a [`NodeProbe`] the caller injects (`crate::platform::cdi_host::HostProbe` stats a dev root, [`NoProbe`]
 //! answers nothing), so golden tests and `cdi-specs/` are deterministic. The result is
 //! checked with [`super::validate`] before it is returned: callers never see a spec a
 //! runtime would reject.
@@ -77,56 +77,6 @@ impl NodeProbe for BTreeMap<PathBuf, NodeInfo> {
     }
 }
 
-/// Stats host paths with `lstat`-free `stat` (a symlinked node counts as its target).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct HostProbe;
-
-impl HostProbe {
-    /// Check that `dev_root` is an existing directory, so a typo is an error rather than a
-    /// spec whose nodes are all silently missing.
-    pub fn check_root(dev_root: &Path) -> Result<()> {
-        match std::fs::metadata(dev_root) {
-            Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(CdiError::DevRoot {
-                path: dev_root.to_path_buf(),
-                rule: "not a directory".into(),
-            }),
-            Err(e) => Err(CdiError::DevRoot {
-                path: dev_root.to_path_buf(),
-                rule: format!("does not exist or is unreadable ({e})"),
-            }),
-        }
-    }
-}
-
-impl NodeProbe for HostProbe {
-    fn probe(&self, host_path: &Path) -> Option<NodeInfo> {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let meta = std::fs::metadata(host_path).ok()?;
-        let ft = meta.file_type();
-        let node_type = if ft.is_char_device() {
-            'c'
-        } else if ft.is_block_device() {
-            'b'
-        } else {
-            return None;
-        };
-        let (major, minor) = split_dev(meta.rdev());
-        Some(NodeInfo {
-            node_type,
-            major,
-            minor,
-        })
-    }
-}
-
-/// Linux `dev_t` encoding (glibc `gnu_dev_major`/`gnu_dev_minor`).
-fn split_dev(dev: u64) -> (u32, u32) {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    (major as u32, minor as u32)
-}
-
 /// Readable index name of a MIG device: `<gpu index>:<mig index>`, as in `nvidia-smi -L`.
 pub fn mig_index_name(mig: &MigDevice) -> String {
     format!("{}:{}", mig.parent_index, mig.index)
@@ -141,7 +91,7 @@ pub fn mig_index_name(mig: &MigDevice) -> String {
 /// lowest version the content needs. Fails (naming the device and rule) instead of
 /// returning a spec a runtime would reject.
 pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) -> Result<Spec> {
-    crate::domain::config::check_cdi_kind(&opts.kind).map_err(|rule| CdiError::Kind {
+    crate::domain::cdi_kind::check_syntax(&opts.kind).map_err(|rule| CdiError::Kind {
         kind: opts.kind.clone(),
         rule,
     })?;
@@ -410,14 +360,5 @@ mod tests {
         )
         .expect_err("no gpus");
         assert!(matches!(err, CdiError::NoDevices));
-    }
-
-    #[test]
-    fn split_dev_matches_glibc() {
-        // makedev(195, 255), and makedev(0x1ff, 0xfffff) whose high bits use the wide fields.
-        assert_eq!(split_dev((195 << 8) | 255), (195, 255));
-        let (major, minor) = (0x1ffu64, 0xf_ffffu64);
-        let dev = (major << 8) | (minor & 0xff) | ((minor & !0xff) << 12);
-        assert_eq!(split_dev(dev), (511, 1_048_575));
     }
 }

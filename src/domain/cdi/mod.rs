@@ -19,9 +19,9 @@ pub mod generate;
 pub mod naming;
 pub mod shares;
 pub mod validate;
-mod yaml;
+pub(crate) mod yaml;
 
-pub use generate::{GenerateOptions, HostProbe, NoProbe, NodeInfo, NodeProbe, generate};
+pub use generate::{GenerateOptions, NoProbe, NodeInfo, NodeProbe, generate};
 pub use validate::{minimum_version, validate};
 
 /// Spec versions we write or accept, oldest first. 0.1.0/0.2.0 are pre-release schemas that

@@ -46,23 +46,6 @@ pub struct HookSettings {
     pub env: Vec<String>,
 }
 
-impl HookSettings {
-    /// The running executable as the hook, with no extra environment. Right when the
-    /// runtime sees the same filesystem (a host install); a containerised daemon must pass
-    /// the binary's host path instead.
-    pub fn current_exe(nvml_lib: Option<PathBuf>) -> std::result::Result<Self, super::CdiError> {
-        let path = std::env::current_exe().map_err(|e| super::CdiError::HookPath {
-            path: PathBuf::from("<current executable>"),
-            rule: format!("cannot resolve ({e}); pass --cdi-hook-path"),
-        })?;
-        Ok(Self {
-            path,
-            nvml_lib,
-            env: Vec::new(),
-        })
-    }
-}
-
 /// What the generator needs to add share devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShareOptions {

@@ -111,7 +111,7 @@ pub fn validate(spec: &Spec) -> Result<()> {
         )));
     }
 
-    crate::domain::config::check_cdi_kind(&spec.kind).map_err(|rule| CdiError::Kind {
+    crate::domain::cdi_kind::check_syntax(&spec.kind).map_err(|rule| CdiError::Kind {
         kind: spec.kind.clone(),
         rule,
     })?;
@@ -258,22 +258,6 @@ pub fn check_file_name(path: &Path) -> Result<()> {
             rule: "runtimes only load files ending in .yaml or .json (.yml and extension-less files are ignored)".into(),
         }),
     }
-}
-
-/// Read, parse and check one spec file; errors name the file.
-pub fn validate_file(path: &Path) -> Result<Spec> {
-    let in_file = |e: CdiError| CdiError::InFile {
-        path: path.to_path_buf(),
-        source: Box::new(e),
-    };
-    check_file_name(path)?;
-    let text = std::fs::read_to_string(path).map_err(|source| CdiError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let spec = Spec::parse(&text, path)?;
-    validate(&spec).map_err(in_file)?;
-    Ok(spec)
 }
 
 #[cfg(test)]

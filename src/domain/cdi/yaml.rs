@@ -230,6 +230,95 @@ fn scalar(out: &mut String, s: &str) {
     }
 }
 
+/// Encode any JSON value as a block-style YAML document with the same quoting rule as the
+/// spec writer (strings plain only when YAML 1.1 and 1.2 readers agree they are strings:
+/// `0000:07:00.0` is a base-60 number to a YAML 1.1 reader). Used for the DRA objects
+/// `gpu-slicer dra slices` prints.
+pub(crate) fn emit_value(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    value_block(&mut out, "", value);
+    out
+}
+
+fn value_block(out: &mut String, indent: &str, value: &serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                out.push_str(indent);
+                scalar(out, k);
+                value_after_key(out, indent, v);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for v in items {
+                out.push_str(indent);
+                out.push('-');
+                let inner = format!("{indent}  ");
+                match v {
+                    Value::Object(m) if !m.is_empty() => {
+                        // The first key shares the dash's line.
+                        let mut first = true;
+                        for (k, v) in m {
+                            if first {
+                                out.push(' ');
+                                first = false;
+                            } else {
+                                out.push_str(&inner);
+                            }
+                            scalar(out, k);
+                            value_after_key(out, &inner, v);
+                        }
+                    }
+                    other => {
+                        out.push(' ');
+                        inline(out, other);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        other => {
+            out.push_str(indent);
+            inline(out, other);
+            out.push('\n');
+        }
+    }
+}
+
+/// After `key`: `: scalar` on the line, or a nested block (lists not indented under their
+/// key, as in the spec writer's layout).
+fn value_after_key(out: &mut String, indent: &str, v: &serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            out.push_str(":\n");
+            value_block(out, &format!("{indent}  "), v);
+        }
+        Value::Array(a) if !a.is_empty() => {
+            out.push_str(":\n");
+            value_block(out, indent, v);
+        }
+        other => {
+            out.push_str(": ");
+            inline(out, other);
+            out.push('\n');
+        }
+    }
+}
+
+fn inline(out: &mut String, v: &serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => scalar(out, s),
+        Value::Array(_) => out.push_str("[]"),
+        Value::Object(_) => out.push_str("{}"),
+    }
+}
+
 /// A YAML double-quoted scalar with everything outside printable ASCII escaped as
 /// `\uXXXX` / `\UXXXXXXXX`, which YAML 1.1 and 1.2 both define. Raw non-ASCII is not
 /// left in: YAML 1.1 folds U+2028 and U+0085 as line breaks inside quotes.

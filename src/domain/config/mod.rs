@@ -1,23 +1,21 @@
 //! Config: what the operator asked for, in NVIDIA k8s-device-plugin `version: v1` form.
 //!
-//! [`load`] reads a YAML or JSON file ([`file`] holds the raw shape), applies CLI/env
+//! [`parse`] takes the text of a YAML or JSON file ([`file`] holds the raw shape; reading it is
+//! `platform::config_file::load`), applies CLI/env
 //! [`Overrides`] with the incumbent's precedence (flag > env > file > default) and returns a
 //! validated [`Config`]. Checks that need the inventory (does `devices: [7]` exist?) happen
-//! in the planner, which names the same file and field. Pure apart from reading the file.
+//! in the planner, which names the same file and field. Pure: warnings come back as
+//! [`ConfigWarning`] values for the caller to log.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
 pub mod file;
-pub mod perms;
 
 use file::{DeviceRefValue, FileConfig, FileDevices, FileReplicas, Quantity, StringOrList};
 
-/// Default CDI kind of the generated spec. Chosen not to collide with the kinds
-/// `nvidia-ctk` writes (`nvidia.com/gpu`) or NVIDIA's plugin writes
-/// (`k8s.device-plugin.nvidia.com/gpu`), so both can coexist on one host.
-pub const DEFAULT_CDI_KIND: &str = "gpu-slicer.io/gpu";
+pub use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
 
 /// Default prefix of CDI container annotations.
 pub const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
@@ -393,33 +391,45 @@ impl Overrides {
     }
 }
 
-/// Load a config file (or defaults when `path` is `None`) and apply overrides.
-pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config> {
-    match path {
-        None => from_file_config(FileConfig::default(), "built-in defaults", overrides),
-        Some(path) => {
-            let origin = path.display().to_string();
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: origin.clone(),
-                source,
-            })?;
-            for w in perms::world_writable(path) {
-                tracing::warn!(
-                    config = %origin,
-                    path = %w.path.display(),
-                    mode = format_args!("{:04o}", w.mode),
-                    "config is world-writable: any local user can change it, and it decides host paths mounted into containers (mpsRoot); make it writable by root only"
-                );
-            }
-            parse(&text, &origin, overrides)
+/// Something in a config worth a warning that does not stop the load; the caller logs it
+/// (the domain does no logging).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigWarning {
+    /// The `resources` field (pattern-based naming) is set: accepted but ignored.
+    IgnoredResources {
+        /// The config's origin (file path).
+        config: String,
+    },
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigWarning::IgnoredResources { .. } => f.write_str(
+                "the `resources` field (pattern-based naming) is accepted but ignored, as by NVIDIA's plugin; use sharing.*.resources[].rename",
+            ),
         }
     }
 }
 
-/// Parse config text. `origin` names the source in errors.
-pub fn parse(text: &str, origin: &str, overrides: &Overrides) -> Result<Config> {
+/// The defaults with overrides applied (no file given).
+pub fn defaults(overrides: &Overrides) -> Result<Config> {
+    from_file_config(FileConfig::default(), "built-in defaults", overrides).map(|(c, _)| c)
+}
+
+/// [`parse`], also returning the warnings for the caller to log.
+pub fn parse_reporting(
+    text: &str,
+    origin: &str,
+    overrides: &Overrides,
+) -> Result<(Config, Vec<ConfigWarning>)> {
     let raw = parse_file(text, origin)?;
     from_file_config(raw, origin, overrides)
+}
+
+/// Parse config text. `origin` names the source in errors.
+pub fn parse(text: &str, origin: &str, overrides: &Overrides) -> Result<Config> {
+    parse_reporting(text, origin, overrides).map(|(c, _)| c)
 }
 
 /// Parse the raw file shape, reporting the dotted path of the offending field.
@@ -457,7 +467,12 @@ pub fn parse_file(text: &str, origin: &str) -> Result<FileConfig> {
     })
 }
 
-fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Config> {
+fn from_file_config(
+    raw: FileConfig,
+    origin: &str,
+    ov: &Overrides,
+) -> Result<(Config, Vec<ConfigWarning>)> {
+    let mut warnings = Vec::new();
     let invalid = |field: &str, value: &dyn std::fmt::Display, message: &str| {
         if ov.is_set(field) {
             ConfigError::Setting {
@@ -657,8 +672,8 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
         };
     }
     if let Some(s) = ov.cdi_kind.as_ref().or(plugin.cdi_kind.as_ref()) {
-        check_cdi_kind(s)
-            .and_then(|()| crate::domain::cdi::foreign::check_kind(s))
+        crate::domain::cdi_kind::check_syntax(s)
+            .and_then(|()| crate::domain::cdi_kind::check_not_foreign(s))
             .map_err(|m| invalid("flags.plugin.cdiKind", s, &m))?;
         cfg.cdi_kind = s.clone();
     }
@@ -674,10 +689,9 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
     if let Some(res) = &raw.resources
         && (!res.gpus.is_empty() || !res.mig.is_empty())
     {
-        tracing::warn!(
-            config = origin,
-            "the `resources` field (pattern-based naming) is accepted but ignored, as by NVIDIA's plugin; use sharing.*.resources[].rename"
-        );
+        warnings.push(ConfigWarning::IgnoredResources {
+            config: origin.to_string(),
+        });
     }
 
     let mut sharing = Vec::new();
@@ -691,7 +705,7 @@ fn from_file_config(raw: FileConfig, origin: &str, ov: &Overrides) -> Result<Con
         cfg.mps_root = Some(PathBuf::from("/run/nvidia/mps"));
     }
     cfg.sharing = sharing;
-    Ok(cfg)
+    Ok((cfg, warnings))
 }
 
 fn shared_resources(
@@ -879,32 +893,6 @@ pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
     if !name_ok {
         return Err(format!(
             "name `{rest}` must be alphanumeric with `-`, `_` or `.` inside"
-        ));
-    }
-    Ok(())
-}
-
-/// Check a CDI kind `vendor/class` against the rules every consumer accepts: vendor a
-/// DNS-like name, class without dots, both at least 2 characters (a 1-character vendor or
-/// class makes Podman's CDI library panic host-wide).
-pub fn check_cdi_kind(kind: &str) -> std::result::Result<(), String> {
-    let Some((vendor, class)) = kind.split_once('/') else {
-        return Err("must be <vendor>/<class>".into());
-    };
-    let ok_chars = |s: &str, dot: bool| {
-        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || (dot && c == '.'))
-    };
-    if vendor.len() < 2 || !ok_chars(vendor, true) {
-        return Err(format!(
-            "vendor `{vendor}` must be at least 2 characters, letter first, alphanumeric last, [A-Za-z0-9_.-] inside"
-        ));
-    }
-    if class.len() < 2 || !ok_chars(class, false) {
-        return Err(format!(
-            "class `{class}` must be at least 2 characters, letter first, alphanumeric last, [A-Za-z0-9_-] inside (no dots: Podman < 4.7 cannot parse them)"
         ));
     }
     Ok(())

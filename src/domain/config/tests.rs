@@ -245,7 +245,7 @@ fn bad_override_values_are_blamed_on_their_flag_not_the_file() {
         "flags.plugin.deviceIDStrategy".into(),
         "env var `DEVICE_ID_STRATEGY`".into(),
     );
-    let err = load(None, &ov).unwrap_err().to_string();
+    let err = defaults(&ov).unwrap_err().to_string();
     assert_eq!(
         err,
         "invalid env var `DEVICE_ID_STRATEGY` = `serial`: expected uuid or index"

@@ -358,6 +358,9 @@ pub struct Skipped {
     pub value: String,
     /// Why.
     pub reason: SkipReason,
+    /// What the node has instead, for the log line (`nvidia.com/gpu`, `8 devices of …`).
+    #[serde(skip)]
+    pub node_has: String,
 }
 
 /// A plan and what of the config it left out.
@@ -366,8 +369,8 @@ pub struct Skipped {
 pub struct Planned {
     /// The plan to serve.
     pub plan: Plan,
-    /// Entries and references skipped on this node, in config order; each was logged
-    /// as a warning. The daemon records them as
+    /// Entries and references skipped on this node, in config order, for the caller to
+    /// log. The daemon records them as
     /// `gpu_slicer_config_entries_skipped{reason}` ([`crate::runtime::metrics::Metrics::record_skipped`]).
     pub skipped: Vec<Skipped>,
 }
@@ -378,25 +381,18 @@ pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
     build_reporting(inv, cfg).map(|p| p.plan)
 }
 
-/// Build the plan and say which config entries were skipped on this node, logging a
-/// warning for each.
+/// Build the plan and say which config entries were skipped on this node (the caller logs
+/// them: [`Skipped::node_has`] says what the node has instead).
 pub fn build_reporting(inv: &Inventory, cfg: &Config) -> Result<Planned> {
     let candidates = candidates(inv, cfg)?;
     let path = || cfg.source.clone();
     let mut skipped: Vec<Skipped> = Vec::new();
     let mut skip = |field: String, value: String, reason: SkipReason, has: &str| {
-        tracing::warn!(
-            config = %cfg.source,
-            field = %field,
-            value = %value,
-            reason = %reason,
-            node_has = has,
-            "config entry skipped: nothing on this node matches it"
-        );
         skipped.push(Skipped {
             field,
             value,
             reason,
+            node_has: has.to_string(),
         });
     };
 

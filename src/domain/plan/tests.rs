@@ -130,6 +130,7 @@ fn a_device_reference_this_node_lacks_is_skipped_and_the_rest_kept() {
             field: "sharing.timeSlicing.resources[0].devices[1]".into(),
             value: "9".into(),
             reason: SkipReason::DeviceNotOnNode,
+            node_has: "8 devices of nvidia.com/gpu".into(),
         }]
     );
     let shared = planned.plan.resource("nvidia.com/gpu.shared").unwrap();
@@ -148,6 +149,7 @@ fn a_sharing_entry_for_a_resource_this_node_lacks_is_skipped() {
             field: "sharing.timeSlicing.resources[0].name".into(),
             value: "nvidia.com/mig-1g.10gb".into(),
             reason: SkipReason::ResourceNotOnNode,
+            node_has: "nvidia.com/gpu".into(),
         }]
     );
     // The entry that does apply still does.

@@ -26,14 +26,35 @@ pub(crate) const MAX_SYMLINKS: usize = 40;
 /// following every symlink including the last component. Missing components are kept as
 /// written. The result always lies under `root`.
 pub(crate) fn resolve(root: &Path, path: &Path) -> Result<PathBuf, DriverError> {
-    walk(root, path, true)
+    walk(root, Vec::new(), path, true)
 }
 
-/// The walk; `follow_last: false` leaves a symlink in the last component unresolved.
-fn walk(root: &Path, path: &Path, follow_last: bool) -> Result<PathBuf, DriverError> {
+/// What `resolve(root, <base inside root>/name)` returns, for `base` a path [`resolve`]
+/// returned: its components are symlink-free already, so only `name` is walked (one
+/// `lstat` per component and link instead of one per component of the whole path).
+pub(crate) fn resolve_in(root: &Path, base: &Path, name: &Path) -> Result<PathBuf, DriverError> {
+    let done = base
+        .strip_prefix(root)
+        .unwrap_or(Path::new(""))
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            _ => None,
+        })
+        .collect();
+    walk(root, done, name, true)
+}
+
+/// The walk from the resolved components `done`; `follow_last: false` leaves a symlink in
+/// the last component unresolved.
+fn walk(
+    root: &Path,
+    mut done: Vec<OsString>,
+    path: &Path,
+    follow_last: bool,
+) -> Result<PathBuf, DriverError> {
     let mut pending: VecDeque<OsString> = VecDeque::new();
     push_front(&mut pending, path);
-    let mut done: Vec<OsString> = Vec::new();
     let mut links = 0usize;
     while let Some(name) = pending.pop_front() {
         if name == ".." {
@@ -217,7 +238,7 @@ mod tests {
         assert_eq!(resolve(r, Path::new("/usr/lib64/x"))?, r.join("usr/lib/x"));
         // The link itself, when asked for.
         assert_eq!(
-            walk(r, Path::new("/usr/lib/x86_64-linux-gnu"), false)?,
+            walk(r, Vec::new(), Path::new("/usr/lib/x86_64-linux-gnu"), false)?,
             r.join("usr/lib/x86_64-linux-gnu")
         );
         for p in [
@@ -228,6 +249,36 @@ mod tests {
         ] {
             let got = resolve(r, Path::new(p))?;
             assert!(got.starts_with(r), "{p} -> {}", got.display());
+        }
+        Ok(())
+    }
+
+    /// Resolving a name from an already resolved folder gives what resolving the whole
+    /// path gives, hostile links and missing parts included (driver discovery memoises
+    /// folders this way).
+    #[test]
+    fn resolve_in_a_resolved_folder_matches_resolve() -> Result<(), DriverError> {
+        let t = hostile_root();
+        let r = t.path();
+        for p in [
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/usr/lib/up/etc/passwd",
+            "/usr/lib64/x",
+            "/etc/self/root",
+            "/missing/dir/lib.so",
+            "/usr/lib/x86_64-linux-gnu/../up/etc/passwd",
+        ] {
+            let path = Path::new(p);
+            let (folder, name) = (
+                path.parent().expect("folder"),
+                path.file_name().expect("name"),
+            );
+            let base = resolve(r, folder)?;
+            assert_eq!(
+                resolve_in(r, &base, Path::new(name))?,
+                resolve(r, path)?,
+                "{p}"
+            );
         }
         Ok(())
     }

@@ -255,13 +255,43 @@ fn check_version(root: &Path, version: &str) -> Result<()> {
 /// Looks files up in one driver root.
 struct Finder<'a> {
     root: &'a DriverRoot,
+    /// Folders resolved so far (as written → visible path): the hundreds of `ld.so.cache`
+    /// entries sit in a handful of folders, and the tree does not change during discovery,
+    /// so each folder is walked once instead of once per entry.
+    folders: std::cell::RefCell<std::collections::HashMap<PathBuf, PathBuf>>,
 }
 
-impl Finder<'_> {
+impl<'a> Finder<'a> {
+    fn new(root: &'a DriverRoot) -> Self {
+        Self {
+            root,
+            folders: std::cell::RefCell::default(),
+        }
+    }
+
+    /// `path` resolved inside the visible root, its folder taken from the memo.
+    fn visible(&self, path: &Path) -> Result<PathBuf> {
+        let (Some(folder), Some(name)) = (path.parent(), path.file_name()) else {
+            return inroot::resolve(&self.root.visible, path);
+        };
+        let known = self.folders.borrow().get(folder).cloned();
+        let base = match known {
+            Some(base) => base,
+            None => {
+                let base = inroot::resolve(&self.root.visible, folder)?;
+                self.folders
+                    .borrow_mut()
+                    .insert(folder.to_path_buf(), base.clone());
+                base
+            }
+        };
+        inroot::resolve_in(&self.root.visible, &base, Path::new(name))
+    }
+
     /// Resolve `path` inside the visible root: `(in-root path, visible path)`. The in-root
     /// path is empty when it is not UTF-8 (a spec cannot name it).
     fn resolve(&self, path: &Path) -> Result<(String, PathBuf)> {
-        let visible = inroot::resolve(&self.root.visible, path)?;
+        let visible = self.visible(path)?;
         let rel = visible
             .strip_prefix(&self.root.visible)
             .unwrap_or(Path::new(""));
@@ -331,7 +361,7 @@ pub fn discover(opts: &DiscoverOptions) -> Result<Driver> {
             });
         }
     }
-    let find = Finder { root };
+    let find = Finder::new(root);
     let v = &opts.version;
     let suffix = format!(".so.{v}");
     let mut driver = Driver {
@@ -357,6 +387,12 @@ pub fn discover(opts: &DiscoverOptions) -> Result<Driver> {
         driver.searched.push(format!("{}", cache_path.display()));
         for e in ldcache::parse(bytes, &cache_path.display().to_string())? {
             if !e.is_native() {
+                continue;
+            }
+            // Only the driver's own files matter: look at the file itself (one more stat)
+            // only when its resolved name carries the version.
+            let (inside, _) = find.resolve(Path::new(&e.path))?;
+            if !inside.ends_with(&suffix) {
                 continue;
             }
             let Some(file) = find.file(Path::new(&e.path), None, is_file)? else {

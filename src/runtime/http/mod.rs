@@ -27,6 +27,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::runtime::metrics::Metrics;
 use crate::runtime::usage::UsageWatch;
+use crate::runtime::{Context, Handle};
+use crate::state::Store;
 
 /// Path of the JSON state document.
 pub const STATE_PATH: &str = "/v1/state";
@@ -47,7 +49,9 @@ pub enum HttpError {
 
 /// What `/readyz` reports: each flag is set by the part of the agent that owns it.
 ///
-/// `registered` is derived: the supervisor names the resources of the plan being served
+/// Whether the CDI spec is written is read from the state store when the readiness
+/// follows one ([`Readiness::following`], as the daemon's does): the snapshot's
+/// `spec_written`, so nothing copies it. `registered` is derived: the supervisor names the resources of the plan being served
 /// ([`Readiness::expect_resources`], again after every re-plan) and each resource task
 /// reports its registration ([`Readiness::mark_registered`]); the flag is true while every
 /// expected resource is registered. Embedders that manage readiness themselves may store
@@ -56,9 +60,12 @@ pub enum HttpError {
 pub struct Readiness {
     /// Every planned resource is registered with the kubelet.
     pub registered: AtomicBool,
-    /// The CDI spec for the current plan is on disk.
+    /// The CDI spec for the current plan is on disk; read only when no store is followed
+    /// (embedders that manage readiness themselves).
     pub spec_written: AtomicBool,
     resources: Mutex<ResourceRegistrations>,
+    /// The daemon's state: the spec flag is its snapshot's.
+    store: Option<Store>,
 }
 
 #[derive(Debug, Default)]
@@ -74,6 +81,21 @@ impl ResourceRegistrations {
 }
 
 impl Readiness {
+    /// A readiness whose spec flag is `store`'s current snapshot's `spec_written`.
+    pub fn following(store: Store) -> Self {
+        Self {
+            store: Some(store),
+            ..Self::default()
+        }
+    }
+
+    fn spec_written(&self) -> bool {
+        match &self.store {
+            Some(store) => store.current().spec_written,
+            None => self.spec_written.load(Ordering::Acquire),
+        }
+    }
+
     /// The resources that must be registered for the agent to be ready (the plan's).
     pub fn expect_resources<I: IntoIterator<Item = String>>(&self, names: I) {
         let mut r = self
@@ -106,7 +128,7 @@ impl Readiness {
     /// Whether the agent is ready, and if not, why.
     pub fn check(&self) -> Result<(), String> {
         let mut missing = Vec::new();
-        if !self.spec_written.load(Ordering::Acquire) {
+        if !self.spec_written() {
             missing.push("CDI spec not written".to_string());
         }
         if !self.registered.load(Ordering::Acquire) {
@@ -149,6 +171,30 @@ pub async fn bind(addr: &str) -> Result<TcpListener, HttpError> {
             addr: addr.to_string(),
             source,
         })
+}
+
+/// What the endpoint is handed by the supervisor.
+#[derive(Debug)]
+pub struct HttpPeers {
+    /// What `/readyz` reports.
+    pub readiness: Arc<Readiness>,
+    /// The usage sampler's rounds for `/v1/state` (`None`: 503).
+    pub usage: Option<UsageWatch>,
+}
+
+/// Serve on `listener` (bound by [`bind`], so a bad address fails the start) until the
+/// daemon or the handle stops. The handle exposes the address it listens on.
+pub fn spawn(listener: TcpListener, peers: HttpPeers, ctx: &Context) -> Handle<Option<SocketAddr>> {
+    let token = ctx.child_token();
+    let addr = local_addr(&listener);
+    ctx.tracker.spawn(serve_with_state(
+        listener,
+        ctx.metrics.clone(),
+        peers.readiness,
+        peers.usage,
+        token.clone(),
+    ));
+    Handle::new(token, addr)
 }
 
 /// Serve until `shutdown` is cancelled; in-flight requests finish first. `/v1/state`

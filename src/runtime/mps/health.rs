@@ -20,6 +20,7 @@ use crate::domain::inventory::Health;
 use crate::domain::mps::DaemonSpec;
 use crate::domain::plan::Plan;
 use crate::domain::transition::mps_change;
+use crate::runtime::{Context, Handle};
 use crate::state::{Snapshot, Store};
 
 /// Replica device IDs per daemon UUID.
@@ -42,7 +43,7 @@ fn replicas_of(plan: &Plan, daemons: &[DaemonSpec]) -> Replicas {
 /// The running daemons: one supervisor (and token) per daemon, so one can be replaced
 /// without touching the others.
 #[derive(Debug)]
-pub struct Reconciler {
+pub(crate) struct Reconciler {
     store: Store,
     config: SupervisorConfig,
     tracker: TaskTracker,
@@ -53,7 +54,7 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// A reconciler with no daemon running yet.
-    pub fn new(
+    pub(crate) fn new(
         store: Store,
         config: SupervisorConfig,
         tracker: &TaskTracker,
@@ -72,7 +73,7 @@ impl Reconciler {
     /// Bring the running daemons in line with `snapshot`'s set. Synchronous: the replicas
     /// of started daemons are marked starting before this returns, so a resource served
     /// after it is never advertised healthy before its daemon is up.
-    pub fn reconcile(&mut self, snapshot: &Snapshot) {
+    pub(crate) fn reconcile(&mut self, snapshot: &Snapshot) {
         if self
             .seen
             .as_ref()
@@ -114,20 +115,33 @@ impl Reconciler {
     }
 }
 
-/// Follow the store until `token` is cancelled, reconciling the daemons on every change of
-/// the MPS daemon set. `reconciler` has usually reconciled the first snapshot already.
-pub fn spawn(mut reconciler: Reconciler, tracker: &TaskTracker, token: CancellationToken) {
-    tracker.spawn(async move {
-        let mut rx = reconciler.store.subscribe();
+/// Start the reconciler: the daemons of the store's current snapshot are started (their
+/// replicas marked starting) before this returns, so a resource served after it is never
+/// advertised healthy before its daemon is up; then it follows the store, reconciling on
+/// every change of the MPS daemon set, until the daemon or the handle stops.
+pub fn spawn(settings: SupervisorConfig, ctx: &Context) -> Handle {
+    let token = ctx.child_token();
+    let mut reconciler = Reconciler::new(
+        ctx.store.clone(),
+        settings,
+        &ctx.tracker,
+        token.child_token(),
+    );
+    let mut rx = ctx.store.subscribe();
+    let first = rx.borrow_and_update().clone();
+    reconciler.reconcile(&first);
+    let stop = token.clone();
+    ctx.tracker.spawn(async move {
         loop {
-            let snapshot = rx.borrow_and_update().clone();
-            reconciler.reconcile(&snapshot);
             tokio::select! {
-                () = token.cancelled() => return,
+                () = stop.cancelled() => return,
                 changed = rx.changed() => if changed.is_err() { return },
             }
+            let snapshot = rx.borrow_and_update().clone();
+            reconciler.reconcile(&snapshot);
         }
     });
+    Handle::new(token, ())
 }
 
 /// Mirror one supervisor's daemon states onto its replicas until its token is cancelled.

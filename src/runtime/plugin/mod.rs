@@ -27,8 +27,9 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::platform::checkpoint::Checkpoint;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::runtime::held::HeldCheckpoint;
+use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 pub use registration::{Backoff, RegistrationError};
@@ -151,6 +152,18 @@ pub fn remove_socket(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// What the plugin manager is handed by the supervisor: the kubelet watch, the
+/// held-device checkpoint Allocate writes and the readiness it reports registrations to.
+#[derive(Debug)]
+pub struct PluginPeers {
+    /// Each (re)creation of `kubelet.sock`.
+    pub watch: KubeletWatch,
+    /// Where Allocate persists what it hands out.
+    pub held: HeldCheckpoint,
+    /// Told when a resource is registered (or stops being), for `/readyz`.
+    pub readiness: Arc<crate::runtime::http::Readiness>,
+}
+
 /// Everything a resource task needs, shared by all resources.
 #[derive(Debug, Clone)]
 pub struct PluginContext {
@@ -158,8 +171,8 @@ pub struct PluginContext {
     pub settings: Arc<PluginSettings>,
     /// The state every RPC reads one snapshot of.
     pub store: Store,
-    /// Where Allocate persists what it hands out; `None`: not persisted.
-    pub checkpoint: Option<Arc<Checkpoint>>,
+    /// Where Allocate persists what it hands out.
+    pub held: HeldCheckpoint,
     /// Owner of every task spawned for serving.
     pub tracker: TaskTracker,
     /// RPC latencies, refusals and registrations are recorded here.
@@ -168,58 +181,79 @@ pub struct PluginContext {
     pub readiness: Arc<crate::runtime::http::Readiness>,
 }
 
-/// Keep one server per planned resource until `token` is cancelled: every new snapshot
-/// whose resource set differs starts servers for added resources and stops (and unlinks)
+/// Failures of resources, as the plugin manager reports them (the supervisor stops the
+/// daemon on the first).
+pub type Failures = tokio::sync::mpsc::Receiver<PluginError>;
+
+/// Keep one server per planned resource until the daemon stops: every new snapshot whose
+/// resource set differs starts servers for added resources and stops (and unlinks)
 /// removed ones. Changed resources keep their server: their streams send the new view.
-/// A resource that fails is reported on `failures` (the supervisor stops the daemon).
-pub fn spawn_manager(
+/// A resource that fails is reported on the handle's [`Failures`].
+pub fn spawn(settings: PluginSettings, peers: PluginPeers, ctx: &Context) -> Handle<Failures> {
+    let PluginPeers {
+        watch,
+        held,
+        readiness,
+    } = peers;
+    let shared = PluginContext {
+        settings: Arc::new(settings),
+        store: ctx.store.clone(),
+        held,
+        tracker: ctx.tracker.clone(),
+        metrics: ctx.metrics.clone(),
+        readiness,
+    };
+    let (failures, rx) = tokio::sync::mpsc::channel(16);
+    let token = ctx.child_token();
+    ctx.tracker
+        .spawn(manage(shared, watch, failures, token.clone()));
+    Handle::new(token, rx)
+}
+
+async fn manage(
     ctx: PluginContext,
     watch: KubeletWatch,
     failures: tokio::sync::mpsc::Sender<PluginError>,
     token: CancellationToken,
 ) {
-    let tracker = ctx.tracker.clone();
-    tracker.spawn(async move {
-        let mut rx = ctx.store.subscribe();
-        let mut running: std::collections::BTreeMap<String, CancellationToken> =
-            std::collections::BTreeMap::new();
-        loop {
-            let names: Vec<String> = rx.borrow_and_update().resource_names();
-            if names.iter().ne(running.keys()) {
-                ctx.readiness.expect_resources(names.iter().cloned());
-                running.retain(|name, t| {
-                    let keep = names.contains(name);
-                    if !keep {
-                        t.cancel();
-                    }
-                    keep
-                });
-                for name in names {
-                    if running.contains_key(&name) {
-                        continue;
-                    }
-                    let instance = token.child_token();
-                    running.insert(name.clone(), instance.clone());
-                    let (ctx, kubelet, failures) =
-                        (ctx.clone(), watch.subscribe(), failures.clone());
-                    ctx.tracker.clone().spawn(async move {
-                        if let Err(e) = run_resource(name.clone(), ctx, kubelet, instance).await {
-                            tracing::error!(resource = %name, error = %e, "resource stopped");
-                            // Full only if many resources failed already; the first is enough.
-                            let _ = failures.try_send(e);
-                        }
-                    });
+    let mut rx = ctx.store.subscribe();
+    let mut running: std::collections::BTreeMap<String, CancellationToken> =
+        std::collections::BTreeMap::new();
+    loop {
+        let names: Vec<String> = rx.borrow_and_update().resource_names();
+        if names.iter().ne(running.keys()) {
+            ctx.readiness.expect_resources(names.iter().cloned());
+            running.retain(|name, t| {
+                let keep = names.contains(name);
+                if !keep {
+                    t.cancel();
                 }
-            }
-            tokio::select! {
-                () = token.cancelled() => break,
-                changed = rx.changed() => if changed.is_err() { break },
+                keep
+            });
+            for name in names {
+                if running.contains_key(&name) {
+                    continue;
+                }
+                let instance = token.child_token();
+                running.insert(name.clone(), instance.clone());
+                let (ctx, kubelet, failures) = (ctx.clone(), watch.subscribe(), failures.clone());
+                ctx.tracker.clone().spawn(async move {
+                    if let Err(e) = run_resource(name.clone(), ctx, kubelet, instance).await {
+                        tracing::error!(resource = %name, error = %e, "resource stopped");
+                        // Full only if many resources failed already; the first is enough.
+                        let _ = failures.try_send(e);
+                    }
+                });
             }
         }
-        // Resource tasks stop with their tokens (children of `token`); the inotify watch
-        // may end once they have.
-        drop(watch);
-    });
+        tokio::select! {
+            () = token.cancelled() => break,
+            changed = rx.changed() => if changed.is_err() { break },
+        }
+    }
+    // Resource tasks stop with their tokens (children of `token`); the inotify watch may
+    // end once they have.
+    drop(watch);
 }
 
 /// Serve one resource until `token` is cancelled: wait for `kubelet.sock`, bind and serve,
@@ -253,7 +287,7 @@ pub async fn run_resource(
         let service = service::DevicePluginService::new(
             &resource,
             ctx.store.clone(),
-            ctx.checkpoint.clone(),
+            ctx.held.clone(),
             ctx.metrics.clone(),
             streams.clone(),
             instance.clone(),

@@ -1,12 +1,13 @@
 //! The `DevicePlugin` gRPC service of one resource: translates prost messages to the
-//! `crate::domain::allocate` domain and back, once, and maps refusals to gRPC codes.
+//! `crate::domain::allocate` domain and back, once, and maps refusals to gRPC codes. What an
+//! Allocate answers (all or nothing, the generation annotation, what it holds) is decided by
+//! [`allocate::answer`]; this handler records the holding, persists it and translates.
 //!
 //! Every RPC reads one snapshot of the state store: the resource's view, the config and the
 //! device nodes of one generation, never a mix. Never blocks on I/O, except that Allocate
 //! persists the held-device checkpoint (off the async workers) before answering when it
 //! hands out something new.
 
-use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,8 +20,8 @@ use tonic::{Request, Response, Status};
 
 use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
 use crate::domain::inventory::Health;
-use crate::platform::checkpoint::Checkpoint;
 use crate::proto::deviceplugin as pb;
+use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::metrics::Metrics;
 use crate::state::{Snapshot, Store};
 
@@ -30,7 +31,7 @@ use crate::state::{Snapshot, Store};
 pub const MAX_STREAMS_PER_RESOURCE: usize = 16;
 
 /// Annotation naming the state generation an Allocate answer was built from.
-pub const GENERATION_ANNOTATION: &str = "gpu-slicer.io/generation";
+pub use crate::domain::allocate::GENERATION_ANNOTATION;
 
 /// Options this plugin registers with and reports: GetPreferredAllocation only.
 pub fn plugin_options() -> pb::DevicePluginOptions {
@@ -45,8 +46,8 @@ pub fn plugin_options() -> pb::DevicePluginOptions {
 pub(crate) struct DevicePluginService {
     resource: Arc<str>,
     store: Store,
-    /// Persists what Allocate hands out; `None`: not persisted (tests, embedders).
-    checkpoint: Option<Arc<Checkpoint>>,
+    /// Persists what Allocate hands out (a no-op without `--state-dir`).
+    held: HeldCheckpoint,
     /// RPC latencies and refusals are recorded here.
     metrics: Arc<Metrics>,
     /// Open ListAndWatch streams of this resource.
@@ -60,7 +61,7 @@ impl DevicePluginService {
     pub(crate) fn new(
         resource: &str,
         store: Store,
-        checkpoint: Option<Arc<Checkpoint>>,
+        held: HeldCheckpoint,
         metrics: Arc<Metrics>,
         streams: Arc<AtomicUsize>,
         token: CancellationToken,
@@ -68,7 +69,7 @@ impl DevicePluginService {
         Self {
             resource: Arc::from(resource),
             store,
-            checkpoint,
+            held,
             metrics,
             streams,
             token,
@@ -264,63 +265,33 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         request: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
         let started = std::time::Instant::now();
-        // One snapshot for the whole request: view, config and device nodes of one
-        // generation.
-        let (snapshot, view) = self.snapshot_view()?;
-        let requests = request.into_inner().container_requests;
-        // Validate every container request before answering any: all or nothing.
-        let mut validated = Vec::with_capacity(requests.len());
-        for c in &requests {
-            match allocate::validate(&view, &c.devices_ids) {
-                Ok(devices) => validated.push(devices),
-                Err(e) => {
+        let requests: Vec<Vec<String>> = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| c.devices_ids)
+            .collect();
+        // One snapshot for the whole call: view, config and device nodes of one generation.
+        let snapshot = self.store.current();
+        let answer = match allocate::answer(&snapshot, &self.resource, &requests) {
+            Ok(answer) => answer,
+            Err(e) => {
+                if !matches!(e, AllocateError::NotServed { .. }) {
                     tracing::warn!(resource = %self.resource, device = e.device_id().unwrap_or(""), rule = e.rule(), error = %e, "allocate refused");
                     self.metrics
                         .record_allocate(&self.resource, started.elapsed(), Some(e.rule()));
-                    return Err(to_status(&e));
                 }
+                return Err(to_status(&e));
             }
-        }
-        let prefix = format!("{}=", snapshot.config.cdi_kind);
-        let generation = snapshot.generation.to_string();
-        let mut held_cdi = BTreeSet::new();
-        let container_responses: Vec<pb::ContainerAllocateResponse> = validated
-            .iter()
-            .map(|devices| {
-                let mut answer =
-                    allocate::build_response(&snapshot.config, &view.resource, devices);
-                allocate::add_device_specs(&mut answer, &snapshot.config, &snapshot.nodes, devices);
-                held_cdi.extend(
-                    answer
-                        .cdi_devices
-                        .iter()
-                        .filter_map(|q| q.strip_prefix(&prefix))
-                        .map(str::to_string),
-                );
-                answer
-                    .annotations
-                    .insert(GENERATION_ANNOTATION.to_string(), generation.clone());
-                to_pb(answer)
-            })
-            .collect();
+        };
         let grew = self.store.hold(
             &self.resource,
-            validated.iter().flatten().map(|d| d.id.as_str()),
-            &held_cdi,
+            answer.held.ids.iter().map(String::as_str),
+            &answer.held.cdi,
         );
-        if let (Some(_), Some(checkpoint)) = (grew, &self.checkpoint) {
+        if grew.is_some() {
             // Persisted before answering: a restart must find what this answer hands out.
-            let (checkpoint, store) = (checkpoint.clone(), self.store.clone());
-            let saved = tokio::task::spawn_blocking(move || {
-                checkpoint.save_with(|| store.current().held.as_ref().clone())
-            })
-            .await;
-            let failed = match saved {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
-            };
-            if let Some(error) = failed {
+            if let Err(error) = self.held.save().await {
                 tracing::error!(resource = %self.resource, error = %error, "allocate refused: held devices not persisted");
                 self.metrics
                     .record_allocate(&self.resource, started.elapsed(), Some("checkpoint"));
@@ -333,7 +304,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             .record_allocate(&self.resource, started.elapsed(), None);
         tracing::debug!(resource = %self.resource, containers = requests.len(), generation = snapshot.generation, "allocated");
         Ok(Response::new(pb::AllocateResponse {
-            container_responses,
+            container_responses: answer.containers.into_iter().map(to_pb).collect(),
         }))
     }
 

@@ -11,6 +11,7 @@
 //! Used by `gpu-slicer demo`, the integration tests and the benchmarks; talks to
 //! `crate::runtime::plugin` only over real unix sockets.
 
+pub mod dra;
 mod pod_resources;
 
 use std::collections::{BTreeMap, BTreeSet};

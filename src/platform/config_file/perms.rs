@@ -3,7 +3,7 @@
 //! a privilege escalation waiting to happen. We warn rather than refuse: a ConfigMap volume
 //! or an operator's odd umask is worth a loud line, not a node without GPUs.
 //!
-//! Pure metadata reads (`std::fs`); called by [`super::load`], which logs what is found.
+//! Metadata reads (`std::fs`); called by [`super::load`], which logs what is found.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 /// daemon reads through symlinks) or the directory holding it (without the sticky bit,
 /// anyone may replace the file).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorldWritable {
+pub(crate) struct WorldWritable {
     /// The file or directory.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Its permission bits.
-    pub mode: u32,
+    pub(crate) mode: u32,
 }
 
 /// Everything that makes `config` world-writable; empty when nothing does (or nothing can
 /// be read: the load itself reports that).
-pub fn world_writable(config: &Path) -> Vec<WorldWritable> {
+pub(crate) fn world_writable(config: &Path) -> Vec<WorldWritable> {
     let mut found = Vec::new();
     let file = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_path_buf());
     if let Ok(m) = std::fs::metadata(&file)

@@ -1,0 +1,656 @@
+//! End-to-end figures of the built `gpu-slicer run` as the kubelet sees them, on the NVML
+//! backend with the fake `libnvidia-ml` (crates/fake-nvml) describing a DGX H100 (8 × H100),
+//! time-sliced into 64 replicas per GPU (512 devices of `nvidia.com/gpu`), usage sampling off:
+//!
+//! - process start → first `Register` on this bench's own `kubelet.sock` (a fresh daemon and
+//!   fresh directories each time);
+//! - over the real plugin socket, one client connection (tonic, as the kubelet's gRPC-Go
+//!   client does), calls interleaved so each sees the same noise: a no-op RPC
+//!   (`GetDevicePluginOptions`), Allocate of 1 and of 4 replicas of one GPU (devices already
+//!   held: the steady state), GetPreferredAllocation (4 of 512), and Allocate of a device not
+//!   yet held (the held-device checkpoint is written before the answer);
+//!   "own cost" = p50(Allocate) − p50(no-op), and the daemon's CPU per call (its threads'
+//!   `schedstat` run time over a batch, which machine noise hardly moves);
+//! - XID 79 written to the fake's event file → the first ListAndWatch frame with that GPU's
+//!   replicas Unhealthy (recovery after a 20 ms quiet period before the next event);
+//! - the in-process cost of the same Allocate answer (no transport), for comparison.
+//!
+//! The client runs on one current-thread runtime: no second multi-threaded runtime competes
+//! with the daemon for the cores. `BENCH_QUICK=1` runs fewer iterations.
+//!
+//! `BENCH_CALLGRIND=<dir>` instead runs the daemon under `valgrind --tool=callgrind` with
+//! instrumentation off, switches it on (`callgrind_control -i on`) around a batch of
+//! Allocates of 1 and of 4 replicas and then a batch of no-ops, and leaves the two profiles in `<dir>` (instructions per call are
+//! printed; `callgrind_annotate` shows where they go).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpu_slicer::proto::deviceplugin as pb;
+use pb::device_plugin_client::DevicePluginClient;
+use pb::registration_server::{Registration, RegistrationServer};
+use tokio::sync::Notify;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+const RESOURCE: &str = "nvidia.com/gpu";
+const REPLICAS: usize = 64;
+const GPUS: usize = 8;
+const CONFIG: &str =
+    "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 64}\n";
+const NODE: &str = include_str!("../hack/nodes/dgx-h100.yaml");
+/// The node file's `driverVersion`.
+const DRIVER: &str = "570.124.06";
+
+use gpu_slicer::testkit::stats::percentile as pct;
+
+fn report(name: &str, v: &[Duration], target: &str) {
+    println!(
+        "{name:<52} n={:<5} p50={:>9.1?} p90={:>9.1?} p99={:>9.1?} max={:>9.1?}  (target {target})",
+        v.len(),
+        pct(v, 0.5),
+        pct(v, 0.9),
+        pct(v, 0.99),
+        pct(v, 1.0),
+    );
+    // Collected by hack/bench.sh into its figure table.
+    println!(
+        "FIGURE|{name}|p50 {:.1?} / p99 {:.1?}",
+        pct(v, 0.5),
+        pct(v, 0.99)
+    );
+}
+
+fn figure(name: &str, value: String) {
+    println!("{name:<52} {value}");
+    println!("FIGURE|{name}|{value}");
+}
+
+/// The fake library, the node file and the config, shared by every daemon of the bench.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    lib: PathBuf,
+    node: PathBuf,
+    config: PathBuf,
+    driver: PathBuf,
+    /// The daemon: this build's, or `BENCH_GPU_SLICER` (another build, to compare).
+    exe: String,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("gss")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let lib = root.join("libnvidia-ml.so.1");
+        std::fs::copy(fake_lib(), &lib).expect("copy fake");
+        let node = root.join("node.yaml");
+        std::fs::write(&node, NODE).expect("node");
+        let config = root.join("config.yaml");
+        std::fs::write(&config, CONFIG).expect("config");
+        // The driver's user-space libraries (empty files: only their names matter here).
+        let driver = root.join("driver-root");
+        let libs = driver.join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&libs).expect("driver root");
+        for lib in ["libcuda.so", "libnvidia-ml.so"] {
+            std::fs::write(libs.join(format!("{lib}.{DRIVER}")), "").expect("driver library");
+        }
+        Self {
+            _dir: dir,
+            root,
+            lib,
+            node,
+            config,
+            driver,
+            exe: std::env::var("BENCH_GPU_SLICER")
+                .unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpu-slicer").to_string()),
+        }
+    }
+
+    /// `gpu-slicer run` with everything it writes under `dir`, as deployed apart from the
+    /// paths: HTTP on (ephemeral port), labels on, checkpoint on, no ledger, no usage.
+    fn command(&self, program: &[&str], dir: &Path) -> tokio::process::Command {
+        let exe = self.exe.as_str();
+        let mut cmd = tokio::process::Command::new(program.first().copied().unwrap_or(exe));
+        if !program.is_empty() {
+            cmd.args(&program[1..]).arg(exe);
+        }
+        cmd.args(["run", "--backend", "nvml", "--nvml-lib"])
+            .arg(&self.lib)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--device-plugin-dir")
+            .arg(dir.join("dp"))
+            .arg("--cdi-dir")
+            .arg(dir.join("cdi"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--labels-file")
+            .arg(dir.join("labels"))
+            .arg("--driver-root")
+            .arg(&self.driver)
+            .args([
+                "--http-listen=127.0.0.1:0",
+                "--pod-resources-socket=",
+                "--usage-interval=0",
+                "--health-quiet-period=20ms",
+            ])
+            .env("FAKE_NVML_NODE", &self.node)
+            .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    }
+}
+
+/// `libnvidia_ml.so` built beside this bench.
+fn fake_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("exe dir");
+    [deps, deps.parent().expect("target dir")]
+        .iter()
+        .map(|d| d.join("libnvidia_ml.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libnvidia_ml.so not found near {}", exe.display()))
+}
+
+/// This bench's kubelet: records when each Register arrives, and nothing else.
+#[derive(Clone, Default)]
+struct Kubelet {
+    registered: Arc<Mutex<Vec<(Instant, String)>>>,
+    notify: Arc<Notify>,
+}
+
+#[tonic::async_trait]
+impl Registration for Kubelet {
+    async fn register(
+        &self,
+        request: tonic::Request<pb::RegisterRequest>,
+    ) -> Result<tonic::Response<pb::Empty>, tonic::Status> {
+        let at = Instant::now();
+        let endpoint = request.into_inner().endpoint;
+        self.registered.lock().expect("lock").push((at, endpoint));
+        self.notify.notify_waiters();
+        Ok(tonic::Response::new(pb::Empty {}))
+    }
+}
+
+impl Kubelet {
+    fn serve(&self, dir: &Path, token: &CancellationToken) {
+        std::fs::create_dir_all(dir).expect("plugin dir");
+        let listener =
+            tokio::net::UnixListener::bind(dir.join("kubelet.sock")).expect("bind kubelet.sock");
+        let server = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(self.clone()))
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(listener),
+                token.clone().cancelled_owned(),
+            );
+        tokio::spawn(server);
+    }
+
+    /// The first registration: when it arrived and the endpoint it named.
+    async fn first(&self) -> (Instant, String) {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(r) = self.registered.lock().expect("lock").first() {
+                return r.clone();
+            }
+            tokio::time::timeout(Duration::from_secs(120), notified)
+                .await
+                .expect("registered in time");
+        }
+    }
+}
+
+/// A running daemon with this bench as its kubelet.
+struct Daemon {
+    dir: PathBuf,
+    child: tokio::process::Child,
+    kubelet: Kubelet,
+    token: CancellationToken,
+    started: Instant,
+}
+
+impl Daemon {
+    async fn start(fx: &Fixture, name: &str, program: &[&str]) -> Self {
+        let dir = fx.root.join(name);
+        let kubelet = Kubelet::default();
+        let token = CancellationToken::new();
+        kubelet.serve(&dir.join("dp"), &token);
+        let mut cmd = fx.command(program, &dir);
+        let started = Instant::now();
+        let child = cmd.spawn().expect("spawn gpu-slicer");
+        Self {
+            dir,
+            child,
+            kubelet,
+            token,
+            started,
+        }
+    }
+
+    async fn client(&self) -> DevicePluginClient<Channel> {
+        let (_, endpoint) = self.kubelet.first().await;
+        let path = self.dir.join("dp").join(endpoint);
+        let channel = Endpoint::from_shared(format!("unix://{}", path.display()))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to the plugin");
+        DevicePluginClient::new(channel)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("pid")
+    }
+
+    async fn stop(mut self) {
+        self.token.cancel();
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+/// CPU time of every thread of `pid` so far (`schedstat`: nanoseconds on a CPU).
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn allocate_request(ids: &[String]) -> pb::AllocateRequest {
+    pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest {
+            devices_ids: ids.to_vec(),
+        }],
+    }
+}
+
+async fn allocate(client: &mut DevicePluginClient<Channel>, ids: &[String]) -> Duration {
+    let t = Instant::now();
+    let r = client
+        .allocate(allocate_request(ids))
+        .await
+        .expect("allocate");
+    let d = t.elapsed();
+    assert_eq!(r.get_ref().container_responses.len(), 1);
+    d
+}
+
+async fn noop(client: &mut DevicePluginClient<Channel>) -> Duration {
+    let t = Instant::now();
+    client
+        .get_device_plugin_options(pb::Empty {})
+        .await
+        .expect("options");
+    t.elapsed()
+}
+
+async fn preferred(client: &mut DevicePluginClient<Channel>, devices: &[String]) -> Duration {
+    let request = pb::PreferredAllocationRequest {
+        container_requests: vec![pb::ContainerPreferredAllocationRequest {
+            available_device_i_ds: devices.to_vec(),
+            must_include_device_i_ds: Vec::new(),
+            allocation_size: 4,
+        }],
+    };
+    let t = Instant::now();
+    let r = client
+        .get_preferred_allocation(request)
+        .await
+        .expect("preferred");
+    let d = t.elapsed();
+    assert_eq!(r.get_ref().container_responses[0].device_i_ds.len(), 4);
+    d
+}
+
+/// Four replicas of GPU `i % 8` (IDs sort by GPU: 64 per GPU), a different four each round.
+fn four(devices: &[String], i: usize) -> &[String] {
+    let base = (i % GPUS) * REPLICAS + ((i / GPUS) % (REPLICAS / 4)) * 4;
+    &devices[base..base + 4]
+}
+
+/// Follows the ListAndWatch stream; the latest frame's unhealthy IDs.
+fn follow(
+    mut stream: tonic::Streaming<pb::ListAndWatchResponse>,
+) -> tokio::sync::watch::Receiver<(Instant, BTreeSet<String>)> {
+    let (tx, rx) = tokio::sync::watch::channel((Instant::now(), BTreeSet::new()));
+    tokio::spawn(async move {
+        while let Ok(Some(frame)) = stream.message().await {
+            let at = Instant::now();
+            let down = frame
+                .devices
+                .into_iter()
+                .filter(|d| d.health != gpu_slicer::proto::HEALTHY)
+                .map(|d| d.id)
+                .collect();
+            if tx.send((at, down)).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+struct Rpcs {
+    noop: Vec<Duration>,
+    alloc1: Vec<Duration>,
+    alloc4: Vec<Duration>,
+    pref: Vec<Duration>,
+    grow: Vec<Duration>,
+    cpu_alloc1: f64,
+    cpu_alloc4: f64,
+    cpu_noop: f64,
+}
+
+async fn rpcs(
+    client: &mut DevicePluginClient<Channel>,
+    devices: &[String],
+    pid: u32,
+    calls: usize,
+) -> Rpcs {
+    // The first Allocate of each device grows the held set: checkpoint written first.
+    let mut grow = Vec::with_capacity(devices.len());
+    for id in devices {
+        grow.push(allocate(client, std::slice::from_ref(id)).await);
+    }
+    let (mut n, mut a1, mut a4, mut p) = (vec![], vec![], vec![], vec![]);
+    for i in 0..calls {
+        n.push(noop(client).await);
+        a1.push(allocate(client, std::slice::from_ref(&devices[i % devices.len()])).await);
+        a4.push(allocate(client, four(devices, i)).await);
+        p.push(preferred(client, devices).await);
+    }
+    // Daemon CPU per call, batch by batch.
+    let batch = calls.max(1000);
+    let per_call = |before: u64| (cpu_ns(pid) - before) as f64 / batch as f64 / 1000.0;
+    let before = cpu_ns(pid);
+    for _ in 0..batch {
+        noop(client).await;
+    }
+    let cpu_noop = per_call(before);
+    let before = cpu_ns(pid);
+    for i in 0..batch {
+        allocate(client, std::slice::from_ref(&devices[i % devices.len()])).await;
+    }
+    let cpu_alloc1 = per_call(before);
+    let before = cpu_ns(pid);
+    for i in 0..batch {
+        allocate(client, four(devices, i)).await;
+    }
+    let cpu_alloc4 = per_call(before);
+    Rpcs {
+        noop: n,
+        alloc1: a1,
+        alloc4: a4,
+        pref: p,
+        grow,
+        cpu_alloc1,
+        cpu_alloc4,
+        cpu_noop,
+    }
+}
+
+/// XID 79 on GPU `round % 8` written to the fake's event file (temp file + rename) → the
+/// first frame with all its replicas Unhealthy; then wait for the recovery frame.
+async fn xid_latency(daemon: &Daemon, devices: &[String], rounds: usize) -> Vec<Duration> {
+    let mut client = daemon.client().await;
+    let stream = client
+        .list_and_watch(pb::Empty {})
+        .await
+        .expect("list-and-watch")
+        .into_inner();
+    let mut frames = follow(stream);
+    frames.changed().await.expect("first frame");
+    let events = daemon.dir.join("events");
+    let tmp = daemon.dir.join("events.tmp");
+    let mut out = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let gpu = round % GPUS;
+        let ids: BTreeSet<String> = devices[gpu * REPLICAS..(gpu + 1) * REPLICAS]
+            .iter()
+            .cloned()
+            .collect();
+        std::fs::write(
+            &tmp,
+            format!("{{\"gpu\":{gpu},\"kind\":\"xid\",\"xid\":79}}\n"),
+        )
+        .expect("event");
+        let t = Instant::now();
+        std::fs::rename(&tmp, &events).expect("rename event");
+        let wait = frames.wait_for(|(_, down)| ids.is_subset(down));
+        let at = tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("unhealthy frame in time")
+            .expect("stream open")
+            .0;
+        out.push(at - t);
+        let recovered = frames.wait_for(|(_, down)| down.is_empty());
+        tokio::time::timeout(Duration::from_secs(30), recovered)
+            .await
+            .expect("recovery frame in time")
+            .expect("stream open");
+    }
+    out
+}
+
+/// Driver discovery on this host's root (`/`, its whole `ld.so.cache`), as start-up runs it
+/// when the driver lives there; no NVIDIA driver is installed here, so every entry is looked
+/// at and none is taken. Returns the timings and the number of cache entries.
+fn host_driver_discovery(runs: usize) -> Vec<Duration> {
+    use gpu_slicer::platform::driver::{DiscoverOptions, DriverRoot, discover};
+    let opts = DiscoverOptions {
+        root: DriverRoot {
+            host: "/".into(),
+            visible: "/".into(),
+        },
+        version: DRIVER.to_string(),
+        library_search_paths: Vec::new(),
+        kernel_release: None,
+    };
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let found = discover(&opts);
+            let d = t.elapsed();
+            std::hint::black_box(found.is_ok());
+            d
+        })
+        .collect()
+}
+
+/// The in-process Allocate answer of the same node (no transport): what the handler does.
+fn in_process(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
+    use gpu_slicer::domain::config::{self, Overrides};
+    use gpu_slicer::domain::inventory::Backend;
+    let inv = gpu_slicer::platform::sim::SimBackend::open("dgx-h100")
+        .expect("profile")
+        .discover()
+        .expect("discover");
+    let cfg = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
+    let store = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
+        cfg, inv, plan,
+    ));
+    let run = |ids: &dyn Fn(usize) -> Vec<String>| -> Vec<Duration> {
+        (0..calls)
+            .map(|i| {
+                let request = vec![ids(i)];
+                let t = Instant::now();
+                let answer = in_process_answer(&store, &request);
+                let d = t.elapsed();
+                std::hint::black_box(answer);
+                d
+            })
+            .collect()
+    };
+    let one = run(&|i| vec![devices[i % devices.len()].clone()]);
+    let four = run(&|i| four(devices, i).to_vec());
+    (one, four)
+}
+
+/// One Allocate's work without the transport, as the handler does it: one snapshot, the
+/// domain answer (every check), record what it holds.
+fn in_process_answer(store: &gpu_slicer::state::Store, requests: &[Vec<String>]) -> usize {
+    let snapshot = store.current();
+    let answer =
+        gpu_slicer::domain::allocate::answer(&snapshot, RESOURCE, requests).expect("valid");
+    let grew = store.hold(
+        RESOURCE,
+        answer.held.ids.iter().map(String::as_str),
+        &answer.held.cdi,
+    );
+    let n = answer.held.ids.len();
+    std::hint::black_box((answer, grew));
+    n
+}
+
+async fn device_ids(client: &mut DevicePluginClient<Channel>) -> Vec<String> {
+    let mut stream = client
+        .list_and_watch(pb::Empty {})
+        .await
+        .expect("list-and-watch")
+        .into_inner();
+    let frame = stream.message().await.expect("frame").expect("a frame");
+    let mut ids: Vec<String> = frame.devices.into_iter().map(|d| d.id).collect();
+    ids.sort();
+    assert_eq!(ids.len(), GPUS * REPLICAS);
+    ids
+}
+
+/// Instructions per Allocate and per no-op in the daemon, under callgrind.
+async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
+    std::fs::create_dir_all(out).expect("callgrind dir");
+    let file = out.join("callgrind.out.%p");
+    let file_arg = format!("--callgrind-out-file={}", file.display());
+    let daemon = Daemon::start(
+        fx,
+        "callgrind",
+        &[
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            &file_arg,
+        ],
+    )
+    .await;
+    let mut client = daemon.client().await;
+    let devices = device_ids(&mut client).await;
+    for id in &devices {
+        allocate(&mut client, std::slice::from_ref(id)).await;
+    }
+    let pid = daemon.pid().to_string();
+    let control = |args: &[&str]| {
+        let ok = std::process::Command::new("callgrind_control")
+            .args(args)
+            .arg(&pid)
+            .stdout(Stdio::null())
+            .status()
+            .expect("callgrind_control")
+            .success();
+        assert!(ok, "callgrind_control {args:?}");
+    };
+    for (name, four_replicas) in [("allocate1", false), ("allocate4", true), ("noop", false)] {
+        control(&["-z"]);
+        control(&["-i", "on"]);
+        for i in 0..calls {
+            match (name, four_replicas) {
+                ("noop", _) => {
+                    noop(&mut client).await;
+                }
+                (_, true) => {
+                    allocate(&mut client, four(&devices, i)).await;
+                }
+                _ => {
+                    allocate(
+                        &mut client,
+                        std::slice::from_ref(&devices[i % devices.len()]),
+                    )
+                    .await;
+                }
+            }
+        }
+        control(&["-i", "off"]);
+        control(&["--dump", name]);
+    }
+    daemon.stop().await;
+    println!(
+        "callgrind profiles in {} (one file per dump; `callgrind_annotate --inclusive=yes <file>`)",
+        out.display()
+    );
+}
+
+fn main() {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let (starts, calls, rounds) = if quick { (5, 500, 16) } else { (20, 3000, 64) };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let fx = Fixture::new();
+    rt.block_on(async {
+        if let Some(dir) = std::env::var_os("BENCH_CALLGRIND") {
+            callgrind(&fx, Path::new(&dir), if quick { 200 } else { 1000 }).await;
+            return;
+        }
+        println!(
+            "gpu-slicer socket bench: run --backend nvml (fake, dgx-h100), {GPUS} GPUs x {REPLICAS} replicas = {} devices of {RESOURCE}; client: one current-thread runtime, one connection",
+            GPUS * REPLICAS
+        );
+        let mut start = Vec::with_capacity(starts);
+        for k in 0..starts {
+            let daemon = Daemon::start(&fx, &format!("start{k}"), &[]).await;
+            let (at, _) = daemon.kubelet.first().await;
+            start.push(at - daemon.started);
+            daemon.stop().await;
+        }
+        let daemon = Daemon::start(&fx, "rpc", &[]).await;
+        let mut client = daemon.client().await;
+        let devices = device_ids(&mut client).await;
+        let r = rpcs(&mut client, &devices, daemon.pid(), calls).await;
+        let xid = xid_latency(&daemon, &devices, rounds).await;
+        daemon.stop().await;
+        let (in1, in4) = in_process(&devices, calls);
+        let host = host_driver_discovery(if quick { 5 } else { 20 });
+        println!();
+        report("start -> first Register (process spawn)", &start, "<= 10 ms");
+        report("no-op RPC (GetDevicePluginOptions)", &r.noop, "-");
+        report("Allocate, 1 replica", &r.alloc1, "own cost <= 20 µs");
+        report("Allocate, 4 replicas of one GPU", &r.alloc4, "own cost <= 20 µs");
+        report("Allocate, held set grows (checkpoint)", &r.grow, "-");
+        report("GetPreferredAllocation (4 of 512)", &r.pref, "-");
+        let own = |v: &[Duration]| pct(v, 0.5).as_secs_f64() * 1e6 - pct(&r.noop, 0.5).as_secs_f64() * 1e6;
+        figure("Allocate own cost, 1 replica (p50 - no-op p50)", format!("{:.1} µs", own(&r.alloc1)));
+        figure("Allocate own cost, 4 replicas (p50 - no-op p50)", format!("{:.1} µs", own(&r.alloc4)));
+        figure(
+            "daemon CPU per call: no-op / Allocate 1 / Allocate 4",
+            format!(
+                "{:.1} / {:.1} / {:.1} µs (own: {:.1} / {:.1} µs)",
+                r.cpu_noop,
+                r.cpu_alloc1,
+                r.cpu_alloc4,
+                r.cpu_alloc1 - r.cpu_noop,
+                r.cpu_alloc4 - r.cpu_noop
+            ),
+        );
+        report("XID 79 -> first Unhealthy ListAndWatch frame", &xid, "<= 1 ms");
+        report("  driver discovery on / (whole ld.so.cache, in-process)", &host, "-");
+        report("  in-process Allocate answer, 1 replica", &in1, "-");
+        report("  in-process Allocate answer, 4 replicas", &in4, "-");
+    });
+}

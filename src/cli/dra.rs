@@ -1,0 +1,154 @@
+//! `gpu-slicer dra …` and the DRA flags of `run`.
+//!
+//! `dra slices` prints the ResourceSlices (and with `--classes` the DeviceClasses) this node
+//! would publish, without an API server: discover, plan, build through
+//! [`crate::domain::dra`], print YAML (documents separated by `---`) or JSON (a `v1` List).
+//! For operators, and for checking the objects with `kubernetes-validate --strict` in CI.
+//! [`DraArgs`] are the `run` flags (`--dra`, `--dra-driver-name`, the kubelet directories),
+//! one flattened struct so the settings redesign can take them over whole.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::cli::args::{BackendArgs, ConfigArgs};
+use crate::domain::allocate::view::Overlay;
+use crate::domain::dra::{self, DraError, classes, slices};
+use crate::domain::plan;
+use crate::error::Result;
+
+/// Default of `--kubelet-registry-dir`: the kubelet's plugin watcher directory.
+pub const DEFAULT_KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Default of `--kubelet-plugins-dir`: DRA service sockets go to `<dir>/<driver>/dra.sock`.
+pub const DEFAULT_KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+
+/// `gpu-slicer dra` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum DraCommand {
+    /// Print the ResourceSlices this node would publish (and DeviceClasses with --classes).
+    Slices(Box<SlicesArgs>),
+}
+
+/// Output of `dra slices`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SliceFormat {
+    /// YAML documents separated by `---`.
+    Yaml,
+    /// One JSON `v1` List.
+    Json,
+}
+
+/// Arguments of `dra slices`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SlicesArgs {
+    /// `--backend` and NVML settings.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// `--config` and the flags that override it.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The node (and pool) name (default: the host name).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The DRA driver name.
+    #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME", default_value = dra::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = SliceFormat::Yaml)]
+    pub format: SliceFormat,
+    /// Also print the driver's DeviceClasses.
+    #[arg(long)]
+    pub classes: bool,
+}
+
+/// The DRA flags of `gpu-slicer run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DraArgs {
+    /// Serve the node's GPUs through DRA instead of the device-plugin API
+    /// (`flags.dra.enabled`).
+    #[arg(long = "dra", env = "DRA_ENABLED", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub enabled: Option<bool>,
+    /// The DRA driver name (`flags.dra.driverName`; default `gpu-slicer.io`).
+    #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME")]
+    pub driver_name: Option<String>,
+    /// The kubelet's plugin watcher directory; the registration socket is
+    /// `<dir>/<driver>-reg.sock`.
+    #[arg(long, env = "KUBELET_REGISTRY_DIR", default_value = DEFAULT_KUBELET_REGISTRY_DIR)]
+    pub kubelet_registry_dir: PathBuf,
+    /// The kubelet's plugins directory; the DRA service is `<dir>/<driver>/dra.sock`.
+    #[arg(long, env = "KUBELET_PLUGINS_DIR", default_value = DEFAULT_KUBELET_PLUGINS_DIR)]
+    pub kubelet_plugins_dir: PathBuf,
+}
+
+/// The node name: `--node-name` / `NODE_NAME`, else the host name; it must be a DNS
+/// subdomain (it names the pool and the slices).
+pub fn node_name(flag: Option<&str>) -> Result<String, DraError> {
+    let name = match flag {
+        Some(n) => n.to_string(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_err(|e| DraError::NodeName {
+                name: String::new(),
+                rule: format!(
+                    "no --node-name / NODE_NAME and /proc/sys/kernel/hostname is unreadable ({e})"
+                ),
+            })?
+            .trim()
+            .to_lowercase(),
+    };
+    if !dra::model::is_dns_subdomain(&name) || name.is_empty() {
+        return Err(DraError::NodeName {
+            name,
+            rule: "--node-name / NODE_NAME must be a DNS subdomain (lowercase a-z, 0-9, '-', '.')"
+                .into(),
+        });
+    }
+    Ok(name)
+}
+
+/// Run a `dra` subcommand.
+pub fn run(cmd: &DraCommand, out: &mut dyn Write) -> Result<()> {
+    match cmd {
+        DraCommand::Slices(args) => slices_cmd(args, out),
+    }
+}
+
+fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
+    dra::check_driver_name(&args.driver_name)?;
+    let node = node_name(args.node_name.as_deref())?;
+    let config = args.config.load()?;
+    let backend = super::backend::open_backend(&args.backend)?;
+    let inventory = backend.discover()?;
+    let plan = plan::build(&inventory, &config)?;
+    // Offline there are no health events: only what discovery found unhealthy is tainted.
+    let health = slices::health_map(&plan, &Overlay::default());
+    let devices = slices::node_devices(&inventory, &plan, &health);
+    let target = slices::SliceTarget {
+        driver: &args.driver_name,
+        node_name: &node,
+        node_uid: None,
+        generation: 1,
+    };
+    let mut objects: Vec<serde_json::Value> = Vec::new();
+    if args.classes {
+        for c in classes::build(&args.driver_name) {
+            objects.push(serde_json::to_value(c)?);
+        }
+    }
+    for s in slices::build(&target, &devices) {
+        objects.push(serde_json::to_value(s)?);
+    }
+    match args.format {
+        SliceFormat::Json => {
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+            serde_json::to_writer_pretty(&mut *out, &list)?;
+            writeln!(out)?;
+        }
+        SliceFormat::Yaml => {
+            for o in &objects {
+                writeln!(out, "---")?;
+                out.write_all(crate::domain::cdi::yaml::emit_value(o).as_bytes())?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,315 @@
+//! The ResourceClaim fields this driver reads, and the resolution of a claim's allocation
+//! to this node's devices.
+//!
+//! The kubelet names a claim only by namespace, name and UID; the runtime GETs the object
+//! from the API and hands it here. [`resolve`] checks that the object is the one the kubelet
+//! meant (same UID: a deleted and re-created claim is refused), that it is allocated, that
+//! our driver's results come from this node's pool, and that every device exists, is healthy
+//! and is not prepared for another claim (exclusive devices are never handed out twice,
+//! whatever the API says; admin-access results are exempt). Other drivers' results and
+//! config are ignored. Our opaque config (class entries first, then the claim's, the later
+//! winning) is parsed strictly per request. Pure.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::DraError;
+use super::opaque::{self, ConfigKind, DeviceConfig};
+use super::slices::{DeviceType, NodeDevices};
+
+/// A ResourceClaim as read from the API (unknown fields ignored: the API adds them).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ResourceClaim {
+    /// Metadata.
+    pub metadata: ClaimMeta,
+    /// Status.
+    #[serde(default)]
+    pub status: Option<ClaimStatus>,
+}
+
+/// The claim's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+pub struct ClaimMeta {
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// Namespace.
+    #[serde(default)]
+    pub namespace: String,
+    /// UID.
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// `status`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct ClaimStatus {
+    /// Set by the scheduler.
+    #[serde(default)]
+    pub allocation: Option<Allocation>,
+}
+
+/// `status.allocation`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct Allocation {
+    /// Device results and config.
+    #[serde(default)]
+    pub devices: Option<DeviceAllocation>,
+}
+
+/// `status.allocation.devices`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct DeviceAllocation {
+    /// One per allocated device, every driver's.
+    #[serde(default)]
+    pub results: Vec<AllocationResult>,
+    /// Class and claim config, every driver's.
+    #[serde(default)]
+    pub config: Vec<AllocationConfig>,
+}
+
+/// One allocated device.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationResult {
+    /// Request (`<request>` or `<request>/<subrequest>`).
+    pub request: String,
+    /// Driver.
+    pub driver: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name in the pool.
+    pub device: String,
+    /// Admin access: the device may also be in use by other claims.
+    #[serde(default)]
+    pub admin_access: Option<bool>,
+}
+
+/// One config entry of the allocation.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct AllocationConfig {
+    /// `FromClass` or `FromClaim`.
+    #[serde(default)]
+    pub source: String,
+    /// Requests it applies to; empty: all.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    /// Opaque parameters.
+    #[serde(default)]
+    pub opaque: Option<OpaqueConfig>,
+}
+
+/// `opaque`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct OpaqueConfig {
+    /// Driver the parameters are for.
+    pub driver: String,
+    /// Parameters, the driver's own format.
+    #[serde(default)]
+    pub parameters: serde_json::Value,
+}
+
+/// What the kubelet said about a claim.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// UID.
+    pub uid: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// What a claim is resolved against.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeContext<'a> {
+    /// Our driver name.
+    pub driver: &'a str,
+    /// Our pool (the node name).
+    pub pool: &'a str,
+    /// The node's devices.
+    pub devices: &'a NodeDevices,
+    /// Device name → UID of the claim it is prepared for.
+    pub prepared: &'a BTreeMap<String, String>,
+}
+
+/// One device of a resolved claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedDevice {
+    /// The request it serves, without a subrequest (what the kubelet matches containers on).
+    pub request: String,
+    /// Published device name.
+    pub device: String,
+    /// Whole GPU or MIG.
+    pub kind: DeviceType,
+    /// UUID of the device (its name in the node's CDI spec).
+    pub uuid: String,
+    /// UUID of its GPU.
+    pub gpu_uuid: String,
+    /// Admin access (not exclusive).
+    pub admin_access: bool,
+    /// Our config for it, when any.
+    pub config: Option<DeviceConfig>,
+}
+
+/// A claim ready to prepare.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The claim.
+    pub claim: ClaimRef,
+    /// Its devices on this node, in allocation order.
+    pub devices: Vec<ResolvedDevice>,
+}
+
+/// Resolve `claim` (as read from the API) for the kubelet's `want`.
+pub fn resolve(
+    want: &ClaimRef,
+    claim: &ResourceClaim,
+    ctx: &NodeContext<'_>,
+) -> Result<Resolved, DraError> {
+    let fail = |reason: String| DraError::Claim {
+        claim: want.to_string(),
+        reason,
+    };
+    if claim.metadata.uid != want.uid {
+        return Err(fail(format!(
+            "the API has UID {} for this name: the claim was deleted and re-created",
+            claim.metadata.uid
+        )));
+    }
+    let alloc = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .ok_or_else(|| fail("is not allocated (no status.allocation)".into()))?;
+    let ours: Vec<&AllocationResult> = alloc
+        .results
+        .iter()
+        .filter(|r| r.driver == ctx.driver)
+        .collect();
+    if ours.is_empty() {
+        return Err(fail(format!("has no device of driver {}", ctx.driver)));
+    }
+    let mut devices = Vec::with_capacity(ours.len());
+    for r in ours {
+        devices.push(resolve_result(want, r, alloc, ctx)?);
+    }
+    Ok(Resolved {
+        claim: want.clone(),
+        devices,
+    })
+}
+
+fn resolve_result(
+    want: &ClaimRef,
+    r: &AllocationResult,
+    alloc: &DeviceAllocation,
+    ctx: &NodeContext<'_>,
+) -> Result<ResolvedDevice, DraError> {
+    let fail = |reason: String| DraError::Claim {
+        claim: want.to_string(),
+        reason: format!("request {}: {reason}", r.request),
+    };
+    if r.pool != ctx.pool {
+        return Err(fail(format!(
+            "device {} is allocated from pool {}, not this node's pool {}",
+            r.device, r.pool, ctx.pool
+        )));
+    }
+    let dev = ctx
+        .devices
+        .get(&r.device)
+        .ok_or_else(|| fail(format!("device {} does not exist on this node", r.device)))?;
+    if let Some(reason) = &dev.unhealthy {
+        return Err(fail(format!("device {} is unhealthy ({reason})", r.device)));
+    }
+    let admin_access = r.admin_access.unwrap_or(false);
+    if let Some(other) = ctx
+        .prepared
+        .get(&r.device)
+        .filter(|u| !admin_access && **u != want.uid)
+    {
+        return Err(fail(format!(
+            "device {} is already prepared for claim {other}",
+            r.device
+        )));
+    }
+    let config = config_for(want, &r.request, dev.kind, alloc, ctx.driver)?;
+    Ok(ResolvedDevice {
+        request: r
+            .request
+            .split('/')
+            .next()
+            .unwrap_or(&r.request)
+            .to_string(),
+        device: r.device.clone(),
+        kind: dev.kind,
+        uuid: dev.uuid.clone(),
+        gpu_uuid: dev.gpu_uuid.clone(),
+        admin_access,
+        config,
+    })
+}
+
+/// Our config for `request`: class entries first, then claim entries, the last matching
+/// one winning. Every entry of ours is parsed (a bad one is the claim's error even when a
+/// later one overrides it), and its kind must fit the device.
+fn config_for(
+    want: &ClaimRef,
+    request: &str,
+    kind: DeviceType,
+    alloc: &DeviceAllocation,
+    driver: &str,
+) -> Result<Option<DeviceConfig>, DraError> {
+    let parent = request.split('/').next().unwrap_or(request);
+    let mut entries: Vec<&AllocationConfig> = alloc
+        .config
+        .iter()
+        .filter(|c| c.source == "FromClass")
+        .collect();
+    entries.extend(alloc.config.iter().filter(|c| c.source != "FromClass"));
+    let mut out = None;
+    for c in entries {
+        let Some(o) = c.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let applies =
+            c.requests.is_empty() || c.requests.iter().any(|q| q == request || q == parent);
+        if !applies {
+            continue;
+        }
+        let parsed =
+            opaque::parse(&o.parameters, &c.requests).map_err(|error| DraError::Config {
+                claim: want.to_string(),
+                error,
+            })?;
+        let fits = matches!(
+            (parsed.kind, kind),
+            (ConfigKind::Gpu, DeviceType::Gpu) | (ConfigKind::Mig, DeviceType::Mig)
+        );
+        if !fits {
+            return Err(DraError::Config {
+                claim: want.to_string(),
+                error: opaque::ConfigError {
+                    requests: format!("request {request}"),
+                    field: "parameters.kind".into(),
+                    message: format!("{:?} config for a {} device", parsed.kind, kind.as_str()),
+                },
+            });
+        }
+        out = Some(parsed);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[path = "claim_tests.rs"]
+mod tests;

@@ -1,0 +1,78 @@
+//! DRA (Dynamic Resource Allocation, `resource.k8s.io/v1`): the pure half of the DRA driver.
+//!
+//! The same inventory, plan and health the device plugin serves are turned here into the
+//! objects a DRA driver publishes and the answers it gives the kubelet:
+//!
+//! - [`slices`]: Inventory × Plan × health → ResourceSlices (device names, attributes,
+//!   capacity, taints, splitting at the API's device limits);
+//! - [`classes`]: the DeviceClasses the deploy overlay installs (`gpu.<driver>` with
+//!   `extendedResourceName: nvidia.com/gpu`, `mig.<driver>`);
+//! - [`opaque`]: strict parsing of `opaque.parameters` (`gpu-slicer.io/v1alpha1`, kinds
+//!   `GpuConfig` / `MigDeviceConfig`, NVIDIA's field names);
+//! - [`claim`]: the ResourceClaim fields the driver reads, and resolving an allocation to
+//!   this node's devices (foreign results ignored, missing/unhealthy/already-prepared
+//!   devices refused);
+//! - [`cdi`]: the per-claim transient CDI spec, cut from the node's generated spec
+//!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits.
+//!
+//! The runtime (`crate::runtime::dra`) serves the kubelet and publishes the objects; the
+//! CLI (`crate::cli::dra`) prints them.
+
+pub mod cdi;
+pub mod claim;
+pub mod classes;
+pub mod model;
+pub mod opaque;
+pub mod slices;
+
+/// Default driver name (`--dra-driver-name`).
+pub const DEFAULT_DRIVER_NAME: &str = "gpu-slicer.io";
+
+/// `apiVersion` of the objects this driver publishes and reads.
+pub const API_VERSION: &str = "resource.k8s.io/v1";
+
+/// Errors of the DRA domain: each names the claim, request, device or field concerned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DraError {
+    /// The driver name is not a DNS subdomain of at most 63 characters.
+    #[error("invalid DRA driver name `{name}`: {rule}")]
+    DriverName { name: String, rule: String },
+    /// The node name cannot name a pool.
+    #[error("invalid node name `{name}`: {rule}")]
+    NodeName { name: String, rule: String },
+    /// The claim's opaque config for this driver is invalid.
+    #[error("claim {claim}: {error}")]
+    Config {
+        claim: String,
+        error: opaque::ConfigError,
+    },
+    /// The claim cannot be prepared on this node.
+    #[error("claim {claim}: {reason}")]
+    Claim { claim: String, reason: String },
+    /// The per-claim CDI spec could not be built.
+    #[error("claim {claim}: CDI spec: {message}")]
+    Cdi { claim: String, message: String },
+}
+
+/// Check a driver name: a lowercase DNS subdomain of at most 63 characters (the limit of
+/// `ResourceSlice.spec.driver`).
+pub fn check_driver_name(name: &str) -> Result<(), DraError> {
+    let bad = |rule: &str| DraError::DriverName {
+        name: name.to_string(),
+        rule: rule.to_string(),
+    };
+    if name.is_empty() || name.len() > 63 {
+        return Err(bad("must be 1 to 63 characters"));
+    }
+    if !name.split('.').all(model::is_dns_label) {
+        return Err(bad(
+            "must be a DNS subdomain: lowercase labels of a-z, 0-9 and '-', joined by '.'",
+        ));
+    }
+    Ok(())
+}
+
+/// The CDI vendor of the per-claim specs: `k8s.<driver>`, the DRA helper library's rule.
+pub fn cdi_vendor(driver: &str) -> String {
+    format!("k8s.{driver}")
+}

@@ -1,0 +1,231 @@
+//! The DRA driver's core, shared by the v1 and v1beta1 services: NodePrepareResources and
+//! NodeUnprepareResources per claim, over one snapshot of the state store.
+//!
+//! Calls are serialised by one async mutex around the prepared set, so two prepares of the
+//! same claim (or of two claims for one device) cannot race: the second sees the first's
+//! result. For each claim: already prepared → the same answer again (the kubelet repeats
+//! calls); else GET it through the [`ClaimSource`], resolve it against the node's devices
+//! ([`crate::domain::dra::claim::resolve`]), cut its CDI spec from the node's spec, write the
+//! spec, then the checkpoint, and only then answer. Every claim gets an entry; a claim's
+//! failure is its own `error`, never the call's.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+
+use crate::domain::dra::claim::{ClaimRef, NodeContext, ResourceClaim, resolve};
+use crate::domain::dra::{cdi as dra_cdi, slices};
+use crate::platform::dra_state::{DraFiles, Prepared, PreparedClaim, PreparedDevice};
+use crate::state::Store;
+
+/// Errors reading a claim from the API, as the claim's error text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimSourceError {
+    /// The API has no such claim.
+    #[error("claim {namespace}/{name} not found in the API")]
+    NotFound { namespace: String, name: String },
+    /// The API refused, failed or could not be reached.
+    #[error("cannot read claim {namespace}/{name} from the API: {message}")]
+    Unavailable {
+        namespace: String,
+        name: String,
+        message: String,
+    },
+}
+
+/// Where claims are read from: the Kubernetes API in the daemon, a map in tests.
+pub trait ClaimSource: Send + Sync + std::fmt::Debug {
+    /// GET `resourceclaims/<name>` in `namespace`.
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<ResourceClaim, ClaimSourceError>> + Send + 'a>,
+    >;
+}
+
+/// The outcome of one claim.
+pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+
+/// The driver core.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    driver: String,
+    node: String,
+    store: Store,
+    claims: Arc<dyn ClaimSource>,
+    files: DraFiles,
+    prepared: Mutex<Prepared>,
+}
+
+impl Driver {
+    /// A driver for `node` serving `store`, with `prepared` as loaded from the checkpoint.
+    pub fn new(
+        driver: &str,
+        node: &str,
+        store: Store,
+        claims: Arc<dyn ClaimSource>,
+        files: DraFiles,
+        prepared: Prepared,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                driver: driver.to_string(),
+                node: node.to_string(),
+                store,
+                claims,
+                files,
+                prepared: Mutex::new(prepared),
+            }),
+        }
+    }
+
+    /// Driver name.
+    pub fn driver(&self) -> &str {
+        &self.inner.driver
+    }
+
+    /// Pool (node) name.
+    pub fn pool(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The state store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// UIDs of the prepared claims.
+    pub async fn prepared_claims(&self) -> Vec<String> {
+        self.inner
+            .prepared
+            .lock()
+            .await
+            .claims
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Prepare every claim; one outcome per claim UID.
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, ClaimOutcome> {
+        let mut prepared = self.inner.prepared.lock().await;
+        let mut out = BTreeMap::new();
+        for c in claims {
+            let outcome = self.prepare_one(&mut prepared, c).await;
+            if let Err(error) = &outcome {
+                tracing::warn!(claim = %c, error = %error, "claim not prepared");
+            }
+            out.insert(c.uid.clone(), outcome);
+        }
+        out
+    }
+
+    async fn prepare_one(&self, prepared: &mut Prepared, want: &ClaimRef) -> ClaimOutcome {
+        if let Some(done) = prepared.claims.get(&want.uid) {
+            return Ok(done.devices.clone());
+        }
+        let claim = self
+            .inner
+            .claims
+            .get(&want.namespace, &want.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let snapshot = self.inner.store.current();
+        let health = slices::health_map(&snapshot.plan, &snapshot.overlay);
+        let devices = slices::node_devices(&snapshot.inventory, &snapshot.plan, &health);
+        let taken = prepared.devices();
+        let ctx = NodeContext {
+            driver: &self.inner.driver,
+            pool: &self.inner.node,
+            devices: &devices,
+            prepared: &taken,
+        };
+        let resolved = resolve(want, &claim, &ctx).map_err(|e| e.to_string())?;
+        let node_spec = snapshot
+            .spec
+            .as_ref()
+            .ok_or_else(|| format!("claim {want}: the node's CDI spec is not written yet"))?;
+        let spec = dra_cdi::claim_spec(&self.inner.driver, node_spec, &resolved)
+            .map_err(|e| e.to_string())?;
+        let answer: Vec<PreparedDevice> = resolved
+            .devices
+            .iter()
+            .map(|d| PreparedDevice {
+                request: d.request.clone(),
+                pool: self.inner.node.clone(),
+                device: d.device.clone(),
+                cdi_ids: vec![dra_cdi::qualified(&self.inner.driver, &want.uid, &d.device)],
+            })
+            .collect();
+        let files = self.inner.files.clone();
+        let mut next = prepared.clone();
+        next.claims.insert(
+            want.uid.clone(),
+            PreparedClaim {
+                namespace: want.namespace.clone(),
+                name: want.name.clone(),
+                devices: answer.clone(),
+            },
+        );
+        let uid = want.uid.clone();
+        let to_save = next.clone();
+        // Spec first, then the checkpoint: a crash between them leaves a spec the
+        // recovery finds, never a checkpoint entry without its spec.
+        tokio::task::spawn_blocking(move || {
+            files.write_spec(&uid, &spec)?;
+            files.save(&to_save)
+        })
+        .await
+        .map_err(|e| format!("claim {want}: write task failed: {e}"))?
+        .map_err(|e| format!("claim {want}: {e}"))?;
+        *prepared = next;
+        tracing::info!(claim = %want, devices = answer.len(), "claim prepared");
+        Ok(answer)
+    }
+
+    /// Unprepare every claim: remove its spec and its entry. Unknown claims succeed.
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
+        let mut prepared = self.inner.prepared.lock().await;
+        let mut out = BTreeMap::new();
+        for c in claims {
+            let mut next = prepared.clone();
+            let known = next.claims.remove(&c.uid).is_some();
+            let files = self.inner.files.clone();
+            let uid = c.uid.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                files.remove_spec(&uid)?;
+                if known {
+                    files.save(&next).map(|()| Some(next))
+                } else {
+                    Ok(None)
+                }
+            })
+            .await
+            .map_err(|e| format!("claim {c}: remove task failed: {e}"))
+            .and_then(|r| r.map_err(|e| format!("claim {c}: {e}")));
+            match result {
+                Ok(Some(next)) => {
+                    *prepared = next;
+                    tracing::info!(claim = %c, "claim unprepared");
+                    out.insert(c.uid.clone(), Ok(()));
+                }
+                Ok(None) => {
+                    out.insert(c.uid.clone(), Ok(()));
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %c, error = %e, "claim not unprepared");
+                    out.insert(c.uid.clone(), Err(e));
+                }
+            }
+        }
+        out
+    }
+}

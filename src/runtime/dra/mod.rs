@@ -1,0 +1,280 @@
+//! The DRA driver's kubelet side: the plugin-watcher registration socket
+//! (`<registry dir>/<driver>-reg.sock`) and the DRA service socket
+//! (`<plugins dir>/<driver>/dra.sock`, serving `DRAPlugin` v1 and v1beta1 and
+//! `DRAResourceHealth` v1alpha1 and v1), over the same state store the device plugin reads.
+//!
+//! [`spawn`] loads the prepared-claims checkpoint (`crate::platform::dra_state`), binds both
+//! sockets (stale ones removed) and serves them on the context's `TaskTracker` until the
+//! daemon or the handle stops it. When the registration socket disappears (the kubelet's plugin
+//! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
+//! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
+//! Kubernetes API in the daemon, a map in tests).
+
+pub mod driver;
+pub mod service;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use driver::{ClaimSource, ClaimSourceError, Driver};
+
+use crate::platform::dra_state::{DraFiles, LoadOutcome};
+use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};
+use crate::runtime::plugin::{PluginError, bind};
+use crate::state::Store;
+
+/// Errors starting the DRA driver.
+#[derive(Debug, thiserror::Error)]
+pub enum DraRuntimeError {
+    /// A socket could not be bound.
+    #[error(transparent)]
+    Socket(#[from] PluginError),
+    /// The checkpoint could not be read or kept aside.
+    #[error(transparent)]
+    State(#[from] crate::platform::dra_state::DraStateError),
+}
+
+/// Settings of the DRA driver.
+#[derive(Debug, Clone)]
+pub struct DraSettings {
+    /// Driver name (`--dra-driver-name`).
+    pub driver: String,
+    /// Node (pool) name.
+    pub node: String,
+    /// `--kubelet-registry-dir`.
+    pub registry_dir: PathBuf,
+    /// `--kubelet-plugins-dir`.
+    pub plugins_dir: PathBuf,
+    /// CDI directory of the per-claim specs.
+    pub cdi_dir: PathBuf,
+    /// `--state-dir` (the checkpoint `dra-prepared.json`).
+    pub state_dir: PathBuf,
+    /// Root of /proc (the boot ID).
+    pub proc_root: PathBuf,
+    /// Health stream resend interval.
+    pub health_resend: Duration,
+    /// How often the registration socket's presence is checked.
+    pub socket_check: Duration,
+}
+
+impl DraSettings {
+    /// `<registry dir>/<driver>-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    }
+
+    /// `<plugins dir>/<driver>/dra.sock`.
+    pub fn service_socket(&self) -> PathBuf {
+        self.plugins_dir.join(&self.driver).join("dra.sock")
+    }
+}
+
+/// What a started driver exposes.
+#[derive(Debug, Clone)]
+pub struct DraExposed {
+    /// The core (prepared claims).
+    pub driver: Driver,
+    /// How the checkpoint loaded.
+    pub loaded: LoadOutcome,
+    /// The kubelet's last registration verdict.
+    pub registration: watch::Receiver<Option<Result<(), String>>>,
+}
+
+/// A started driver.
+pub type DraHandle = crate::runtime::Handle<DraExposed>;
+
+/// Start the driver on `ctx` (its store, tracker and a child token): load the checkpoint,
+/// bind and serve both sockets until the daemon or the handle stops it.
+pub async fn spawn(
+    settings: DraSettings,
+    claims: Arc<dyn ClaimSource>,
+    ctx: &crate::runtime::Context,
+) -> Result<DraHandle, DraRuntimeError> {
+    let stop = ctx.child_token();
+    let exposed = start(
+        settings,
+        ctx.store.clone(),
+        claims,
+        &ctx.tracker,
+        stop.clone(),
+    )
+    .await?;
+    Ok(crate::runtime::Handle::new(stop, exposed))
+}
+
+async fn start(
+    settings: DraSettings,
+    store: Store,
+    claims: Arc<dyn ClaimSource>,
+    tracker: &TaskTracker,
+    stop: CancellationToken,
+) -> Result<DraExposed, DraRuntimeError> {
+    let files = DraFiles {
+        checkpoint: settings
+            .state_dir
+            .join(crate::platform::dra_state::CHECKPOINT_FILE),
+        cdi_dir: settings.cdi_dir.clone(),
+        driver: settings.driver.clone(),
+    };
+    let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
+    let load_files = files.clone();
+    let (prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
+        .await
+        .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
+            path: files.checkpoint.clone(),
+            message: format!("load task failed: {e}"),
+        })??;
+    match &loaded {
+        LoadOutcome::Corrupt { kept_as } => tracing::error!(
+            kept_as = %kept_as.display(),
+            recovered = prepared.claims.len(),
+            "DRA checkpoint unreadable: kept aside, prepared claims recovered from the CDI specs"
+        ),
+        LoadOutcome::OtherBoot => {
+            tracing::info!("DRA checkpoint from an earlier boot: entries void")
+        }
+        _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
+    }
+    let driver = Driver::new(
+        &settings.driver,
+        &settings.node,
+        store,
+        claims,
+        files,
+        prepared,
+    );
+    let service_path = settings.service_socket();
+    let listener = bind(&service_path)?;
+    let router = tonic::transport::Server::builder()
+        .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
+            service::DraV1(driver.clone()),
+        ))
+        .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+            service::DraV1beta1(driver.clone()),
+        ))
+        .add_service(
+            drahealth_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                service::HealthV1alpha1 {
+                    driver: driver.clone(),
+                    resend: settings.health_resend,
+                    stop: stop.clone(),
+                },
+            ),
+        )
+        .add_service(
+            drahealth_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                service::HealthV1 {
+                    driver: driver.clone(),
+                    resend: settings.health_resend,
+                    stop: stop.clone(),
+                },
+            ),
+        );
+    let service_stop = stop.clone();
+    tracker.spawn(async move {
+        let served = router
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(listener),
+                service_stop.cancelled(),
+            )
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "DRA service failed");
+        }
+        crate::runtime::plugin::remove_socket(&service_path).ok();
+    });
+    let (status, registration) = watch::channel(None);
+    let registrar = service::Registrar {
+        driver: settings.driver.clone(),
+        endpoint: settings.service_socket().display().to_string(),
+        status: Arc::new(status),
+    };
+    let reg_path = settings.registration_socket();
+    let first = bind(&reg_path)?;
+    tracker.spawn(registration_loop(
+        reg_path,
+        first,
+        registrar,
+        settings.socket_check,
+        stop,
+    ));
+    Ok(DraExposed {
+        driver,
+        loaded,
+        registration,
+    })
+}
+
+/// Serve the registration socket; bind it again whenever it disappears.
+async fn registration_loop(
+    path: PathBuf,
+    first: tokio::net::UnixListener,
+    registrar: service::Registrar,
+    check: Duration,
+    stop: CancellationToken,
+) {
+    let mut listener = Some(first);
+    let mut attempt = 0u32;
+    while !stop.is_cancelled() {
+        let l = match listener.take() {
+            Some(l) => l,
+            None => match bind(&path) {
+                Ok(l) => {
+                    attempt = 0;
+                    tracing::info!(socket = %path.display(), "registration socket bound again");
+                    l
+                }
+                Err(e) => {
+                    attempt += 1;
+                    tracing::warn!(socket = %path.display(), error = %e, attempt, "cannot bind registration socket");
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(check.saturating_mul(attempt.min(10))) => continue,
+                    }
+                }
+            },
+        };
+        let gone = CancellationToken::new();
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                pluginregistration::registration_server::RegistrationServer::new(registrar.clone()),
+            )
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(l),
+                gone.clone().cancelled_owned(),
+            );
+        let watch_path = path.clone();
+        let watcher = async {
+            loop {
+                tokio::time::sleep(check).await;
+                if std::fs::symlink_metadata(&watch_path).is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::pin!(server);
+        tokio::select! {
+            r = &mut server => {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "registration service failed");
+                }
+            }
+            () = watcher => {
+                tracing::info!(socket = %path.display(), "registration socket removed; serving it again");
+                gone.cancel();
+                let _ = server.await;
+            }
+            () = stop.cancelled() => {
+                gone.cancel();
+                let _ = server.await;
+            }
+        }
+    }
+    crate::runtime::plugin::remove_socket(&path).ok();
+}

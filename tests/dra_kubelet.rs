@@ -1,0 +1,390 @@
+//! The DRA driver's kubelet side end to end over real unix sockets: the emulated plugin
+//! watcher registers it, then NodePrepareResources / NodeUnprepareResources through v1 and
+//! v1beta1, per-claim CDI specs and the checkpoint on disk, bad claims, exclusivity, a
+//! restart over the checkpoint (also a corrupt one), the health stream and re-registration
+//! when the registration socket is removed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_slicer::domain::cdi::{GenerateOptions, NoProbe, generate};
+use gpu_slicer::domain::inventory::Health;
+use gpu_slicer::domain::snapshot::Snapshot;
+use gpu_slicer::platform::dra_state::LoadOutcome;
+use gpu_slicer::runtime::Context;
+use gpu_slicer::runtime::dra::{ClaimSourceError, DraExposed, DraSettings, spawn};
+use gpu_slicer::state::Store;
+use gpu_slicer::testkit::fixtures;
+use gpu_slicer::testkit::kubelet::dra::{
+    Claims, DraVersion, KubeletClaim, register, registration_sockets,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+const DRIVER: &str = "gpu-slicer.io";
+const UID_A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+const UID_B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
+
+fn store() -> Store {
+    let (inv, cfg, plan) =
+        fixtures::planned("mixed-a100", "version: v1\nflags:\n  migStrategy: mixed\n");
+    let spec = generate(&inv, &GenerateOptions::new("nvidia.com/gpu"), &NoProbe).unwrap();
+    let mut snap = Snapshot::serving(cfg, inv, plan);
+    snap.spec = Some(Arc::new(spec));
+    Store::new(snap)
+}
+
+fn settings(root: &Path) -> DraSettings {
+    DraSettings {
+        driver: DRIVER.into(),
+        node: "node-a".into(),
+        registry_dir: root.join("reg"),
+        plugins_dir: root.join("plugins"),
+        cdi_dir: root.join("cdi"),
+        state_dir: root.join("state"),
+        proc_root: root.join("proc"),
+        health_resend: Duration::from_secs(20),
+        socket_check: Duration::from_millis(20),
+    }
+}
+
+fn claim_json(name: &str, uid: &str, device: &str, pool: &str) -> serde_json::Value {
+    json!({"metadata": {"namespace": "ml", "name": name, "uid": uid},
+           "status": {"allocation": {"devices": {"results": [
+               {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]}}}})
+}
+
+fn k(name: &str, uid: &str) -> KubeletClaim {
+    KubeletClaim {
+        namespace: "ml".into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+struct Running {
+    handle: DraExposed,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+async fn run(root: &Path, store: Store, claims: Arc<Claims>) -> Running {
+    std::fs::create_dir_all(root.join("proc/sys/kernel/random")).unwrap();
+    if !root.join("proc/sys/kernel/random/boot_id").exists() {
+        std::fs::write(root.join("proc/sys/kernel/random/boot_id"), "boot-1\n").unwrap();
+    }
+    let ctx = Context::new(store);
+    let handle = spawn(settings(root), claims, &ctx).await.unwrap();
+    Running {
+        handle: handle.into_inner(),
+        tracker: ctx.tracker,
+        stop: ctx.token,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.tracker.close();
+        tokio::time::timeout(Duration::from_secs(10), self.tracker.wait())
+            .await
+            .unwrap();
+    }
+}
+
+fn reg_socket(root: &Path) -> PathBuf {
+    root.join("reg").join(format!("{DRIVER}-reg.sock"))
+}
+
+fn spec_path(root: &Path, uid: &str) -> PathBuf {
+    root.join("cdi")
+        .join(format!("k8s.{DRIVER}-claim_{uid}.json"))
+}
+
+#[tokio::test]
+async fn registers_with_the_plugin_watcher_and_prepares_through_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::new();
+    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
+    let r = run(dir.path(), store(), claims.clone()).await;
+    assert_eq!(
+        registration_sockets(&dir.path().join("reg")),
+        [reg_socket(dir.path())]
+    );
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    assert_eq!(kubelet.info.r#type, "DRAPlugin");
+    assert_eq!(kubelet.info.name, DRIVER);
+    assert_eq!(
+        kubelet.info.endpoint,
+        dir.path()
+            .join(format!("plugins/{DRIVER}/dra.sock"))
+            .display()
+            .to_string()
+    );
+    assert_eq!(
+        kubelet.info.supported_versions,
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth",
+            "v1.DRAResourceHealth"
+        ]
+    );
+    assert_eq!(kubelet.version, DraVersion::V1);
+    let mut reg = r.handle.registration.clone();
+    reg.wait_for(|s| s.is_some()).await.unwrap();
+    assert_eq!(*reg.borrow(), Some(Ok(())));
+
+    let answer = kubelet.prepare(&[k("a", UID_A)], None).await.unwrap();
+    let id = format!("k8s.{DRIVER}/claim={UID_A}-gpu-2");
+    assert_eq!(
+        answer[UID_A],
+        Ok(vec![("gpu-2".to_string(), vec![id.clone()])])
+    );
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(spec_path(dir.path(), UID_A)).unwrap())
+            .unwrap();
+    assert_eq!(spec["kind"], format!("k8s.{DRIVER}/claim"));
+    assert_eq!(spec["devices"][0]["name"], format!("{UID_A}-gpu-2"));
+    let cp: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("state/dra-prepared.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cp["bootId"], "boot-1");
+    assert_eq!(cp["claims"][UID_A]["devices"][0]["device"], "gpu-2");
+
+    // The kubelet repeats calls: the same answer, from the checkpoint, no second GET.
+    let gets = claims.gets();
+    let again = kubelet
+        .prepare(&[k("a", UID_A)], Some(DraVersion::V1beta1))
+        .await
+        .unwrap();
+    assert_eq!(again[UID_A], Ok(vec![("gpu-2".to_string(), vec![id])]));
+    assert_eq!(claims.gets(), gets);
+
+    let un = kubelet
+        .unprepare(&[k("a", UID_A), k("never", UID_B)])
+        .await
+        .unwrap();
+    assert_eq!(un[UID_A], "");
+    assert_eq!(un[UID_B], "", "unpreparing an unknown claim succeeds");
+    assert!(!spec_path(dir.path(), UID_A).exists());
+    r.stop().await;
+    assert!(!reg_socket(dir.path()).exists(), "sockets removed at stop");
+}
+
+#[tokio::test]
+async fn every_bad_claim_gets_its_own_error_and_the_good_one_is_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::new();
+    let s = store();
+    s.set_health(
+        "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03",
+        Health::Unhealthy,
+        "xid-79",
+    )
+    .unwrap();
+    claims.put(claim_json("good", UID_A, "gpu-2", "node-a"));
+    claims.put(claim_json("other-pool", "u-pool", "gpu-2", "node-b"));
+    claims.put(claim_json("missing", "u-missing", "gpu-9", "node-a"));
+    claims.put(claim_json("sick", "u-sick", "gpu-3", "node-a"));
+    claims.put(json!({"metadata": {"namespace": "ml", "name": "unallocated", "uid": "u-unalloc"}}));
+    claims.put(claim_json("recreated", "u-new", "gpu-2", "node-a"));
+    claims.fail(
+        "ml",
+        "forbidden",
+        ClaimSourceError::Unavailable {
+            namespace: "ml".into(),
+            name: "forbidden".into(),
+            message: "403 Forbidden".into(),
+        },
+    );
+    claims.put(json!({"metadata": {"namespace": "ml", "name": "bad-config", "uid": "u-config"},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-1-mig-3g40gb-9-4"}],
+            "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER,
+                "parameters": {"apiVersion": "gpu-slicer.io/v1alpha1", "kind": "Bogus"}}}]}}}}));
+    let r = run(dir.path(), s, claims).await;
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    let ask = [
+        k("good", UID_A),
+        k("other-pool", "u-pool"),
+        k("missing", "u-missing"),
+        k("sick", "u-sick"),
+        k("unallocated", "u-unalloc"),
+        k("recreated", "u-old"),
+        k("forbidden", "u-403"),
+        k("absent", "u-404"),
+        k("bad-config", "u-config"),
+    ];
+    let answer = kubelet.prepare(&ask, None).await.unwrap();
+    assert_eq!(answer.len(), ask.len(), "every claim UID is in the map");
+    assert!(answer[UID_A].is_ok());
+    let err = |uid: &str| answer[uid].clone().unwrap_err();
+    assert!(err("u-pool").contains("pool node-b"), "{}", err("u-pool"));
+    assert!(err("u-missing").contains("gpu-9 does not exist"));
+    assert!(err("u-sick").contains("unhealthy (xid-79)"));
+    assert!(err("u-unalloc").contains("not allocated"));
+    assert!(err("u-old").contains("re-created"));
+    assert!(err("u-403").contains("403"));
+    assert!(err("u-404").contains("not found"));
+    let e = err("u-config");
+    assert!(
+        e.contains("ml/bad-config") && e.contains("parameters.kind") && e.contains("Bogus"),
+        "{e}"
+    );
+    // Only the good claim left a spec.
+    let specs: Vec<_> = std::fs::read_dir(dir.path().join("cdi"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(specs.len(), 1);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::new();
+    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
+    claims.put(claim_json("b", UID_B, "gpu-2", "node-a"));
+    let r = run(dir.path(), store(), claims.clone()).await;
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    // Two prepares of the same claim racing, and a second claim for the same device.
+    let (a, b) = ([k("a", UID_A)], [k("b", UID_B)]);
+    let (x, y, z) = tokio::join!(
+        kubelet.prepare(&a, None),
+        kubelet.prepare(&a, Some(DraVersion::V1beta1)),
+        kubelet.prepare(&b, None),
+    );
+    let (x, y, z) = (x.unwrap(), y.unwrap(), z.unwrap());
+    let winners = [x[UID_A].is_ok() && y[UID_A].is_ok(), z[UID_B].is_ok()];
+    assert_eq!(
+        winners.iter().filter(|w| **w).count(),
+        1,
+        "{x:?} {y:?} {z:?}"
+    );
+    let (holder, loser) = if z[UID_B].is_ok() {
+        (("b", UID_B), ("a", UID_A))
+    } else {
+        (("a", UID_A), ("b", UID_B))
+    };
+    if z[UID_B].is_err() {
+        assert_eq!(x[UID_A], y[UID_A]);
+    }
+    r.stop().await;
+
+    // SIGKILL-like restart: the checkpoint keeps the holder; the loser is still refused.
+    let r = run(dir.path(), store(), claims.clone()).await;
+    assert_eq!(r.handle.loaded, LoadOutcome::Loaded);
+    assert_eq!(
+        r.handle.driver.prepared_claims().await,
+        [holder.1.to_string()]
+    );
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
+    assert!(
+        again[loser.1]
+            .clone()
+            .unwrap_err()
+            .contains("already prepared")
+    );
+    r.stop().await;
+
+    // A corrupt checkpoint: kept aside, the holder recovered from its spec on disk.
+    std::fs::write(
+        dir.path().join("state/dra-prepared.json"),
+        b"{\"bootId\": \"boot-1\", \"clai",
+    )
+    .unwrap();
+    let r = run(dir.path(), store(), claims.clone()).await;
+    let LoadOutcome::Corrupt { kept_as } = &r.handle.loaded else {
+        panic!("{:?}", r.handle.loaded)
+    };
+    assert!(kept_as.exists());
+    assert_eq!(
+        r.handle.driver.prepared_claims().await,
+        [holder.1.to_string()]
+    );
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
+    assert!(
+        again[loser.1]
+            .clone()
+            .unwrap_err()
+            .contains("already prepared")
+    );
+    // Unprepare (only UID/name/namespace) frees it; then the other claim gets it.
+    assert_eq!(
+        kubelet.unprepare(&[k(holder.0, holder.1)]).await.unwrap()[holder.1],
+        ""
+    );
+    assert!(kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap()[loser.1].is_ok());
+    r.stop().await;
+
+    // Another boot: entries are void.
+    std::fs::write(
+        dir.path().join("proc/sys/kernel/random/boot_id"),
+        "boot-2\n",
+    )
+    .unwrap();
+    let r = run(dir.path(), store(), claims).await;
+    assert_eq!(r.handle.loaded, LoadOutcome::OtherBoot);
+    assert!(r.handle.driver.prepared_claims().await.is_empty());
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn the_health_stream_sends_the_complete_list_and_an_xid() {
+    use tokio_stream::StreamExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let s = store();
+    let r = run(dir.path(), s.clone(), Claims::new()).await;
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    let mut stream = kubelet.watch_health().await.unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first.devices.len(), 7 + 4 + 2, "the complete list");
+    assert!(first.devices.iter().all(|d| d.health == 1));
+    assert!(
+        first
+            .devices
+            .iter()
+            .all(|d| d.device.as_ref().unwrap().pool_name == "node-a")
+    );
+    s.set_health(
+        "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02",
+        Health::Unhealthy,
+        "xid-79",
+    )
+    .unwrap();
+    let next = stream.next().await.unwrap().unwrap();
+    assert_eq!(next.devices.len(), first.devices.len());
+    let sick: Vec<_> = next.devices.iter().filter(|d| d.health == 2).collect();
+    assert_eq!(sick.len(), 1);
+    assert_eq!(sick[0].device.as_ref().unwrap().device_name, "gpu-2");
+    assert_eq!(sick[0].message, "xid-79");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_removed_registration_socket_is_served_again_and_registers_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), store(), Claims::new()).await;
+    register(&reg_socket(dir.path())).await.unwrap();
+    // What a kubelet restart that cleans its plugin directory does.
+    std::fs::remove_file(reg_socket(dir.path())).unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(k) = register(&reg_socket(dir.path())).await {
+                return k;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(back.info.name, DRIVER);
+    r.stop().await;
+}

@@ -1,0 +1,124 @@
+//! `gpu-slicer dra slices`: what a node's DRA driver would publish, checked with the real
+//! `kubernetes-validate --strict` (hack/install-deps.sh puts it in the repository's venv)
+//! for every Kubernetes minor with `resource.k8s.io/v1` (1.34 … 1.37), and the bad-input
+//! exits.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const VERSIONS: [&str; 4] = ["1.34.0", "1.35.0", "1.36.0", "1.37.0"];
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+}
+
+/// A tool of the repository's venv, else from PATH.
+fn tool(name: &str) -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".venv/bin")
+        .join(name);
+    if venv.exists() { venv } else { name.into() }
+}
+
+fn slices(profile: &str, extra: &[&str]) -> std::process::Output {
+    bin()
+        .args(["dra", "slices", "--backend", &format!("sim:{profile}")])
+        .args(["--node-name", "gpu-node-7", "--mig-strategy", "mixed"])
+        .args(extra)
+        .env_remove("NODE_NAME")
+        .env_remove("DRA_DRIVER_NAME")
+        .output()
+        .expect("run gpu-slicer")
+}
+
+#[test]
+fn slices_and_classes_validate_strictly_for_every_dra_v1_release() {
+    let dir = tempfile::tempdir().unwrap();
+    for profile in ["mixed-a100", "dgx-h100"] {
+        let out = slices(profile, &["--classes"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = dir.path().join(format!("{profile}.yaml"));
+        std::fs::write(&file, &out.stdout).unwrap();
+        for v in VERSIONS {
+            let check = Command::new(tool("kubernetes-validate"))
+                .args(["--strict", "-k", v])
+                .arg(&file)
+                .output()
+                .unwrap_or_else(|e| panic!("kubernetes-validate ({e}): run hack/install-deps.sh"));
+            assert!(
+                check.status.success(),
+                "{profile} against {v}: {}{}",
+                String::from_utf8_lossy(&check.stdout),
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn yaml_and_json_carry_the_same_objects_and_the_contract_names() {
+    use serde::Deserialize;
+    let yaml = slices("mixed-a100", &["--classes"]);
+    let text = String::from_utf8(yaml.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde_json::Value::deserialize(d).unwrap())
+        .collect();
+    let json = slices("mixed-a100", &["--classes", "--format", "json"]);
+    let list: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"].as_array().unwrap(), &docs);
+
+    let classes: Vec<&serde_json::Value> =
+        docs.iter().filter(|d| d["kind"] == "DeviceClass").collect();
+    assert_eq!(classes[0]["metadata"]["name"], "gpu.gpu-slicer.io");
+    assert_eq!(classes[0]["spec"]["extendedResourceName"], "nvidia.com/gpu");
+    assert_eq!(classes[1]["metadata"]["name"], "mig.gpu-slicer.io");
+    let slice = docs.iter().find(|d| d["kind"] == "ResourceSlice").unwrap();
+    assert_eq!(slice["spec"]["driver"], "gpu-slicer.io");
+    assert_eq!(slice["spec"]["nodeName"], "gpu-node-7");
+    assert_eq!(slice["spec"]["pool"]["name"], "gpu-node-7");
+    let devices = slice["spec"]["devices"].as_array().unwrap();
+    let gpu2 = devices.iter().find(|d| d["name"] == "gpu-2").unwrap();
+    assert_eq!(gpu2["attributes"]["driverVersion"]["version"], "570.124.6");
+    assert_eq!(
+        gpu2["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+        "0000:47:00.0"
+    );
+    assert_eq!(gpu2["attributes"]["type"]["string"], "gpu");
+    let mig = devices.iter().find(|d| d["name"] == "gpu-1-mig-3g40gb-9-4");
+    assert!(
+        mig.is_some(),
+        "{:?}",
+        devices.iter().map(|d| &d["name"]).collect::<Vec<_>>()
+    );
+    // The PCI address stays a string for YAML 1.1 readers too (base-60 otherwise).
+    assert!(text.contains("string: '0000:47:00.0'"), "{text}");
+}
+
+#[test]
+fn a_bad_driver_or_node_name_exits_2_naming_it() {
+    let out = slices("mixed-a100", &["--dra-driver-name", "GPU_Slicer"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPU_Slicer"));
+    let out = bin()
+        .args([
+            "dra",
+            "slices",
+            "--backend",
+            "sim:mixed-a100",
+            "--node-name",
+            "Node_1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Node_1") && err.contains("--node-name"),
+        "{err}"
+    );
+}
