@@ -6,6 +6,7 @@ pub mod allocate;
 pub mod cdi;
 pub mod config;
 pub mod devnodes;
+pub mod fleet;
 pub mod health;
 pub mod inventory;
 pub mod labels;

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod driver;
 pub mod enforce;
 pub mod fswatch;
+pub mod kube;
 pub mod labels_file;
 pub mod mig;
 pub mod mps_shm;
