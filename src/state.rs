@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::domain::allocate::view::{self, HealthUpdate, Overlay, ResourceView, StateError};
 use crate::domain::inventory::Health;
-pub use crate::domain::snapshot::{Held, HeldDevice, Snapshot};
+pub use crate::domain::snapshot::{Computed, Held, HeldDevice, Snapshot};
 
 /// The shared handle on the state. Cheap to clone; every clone sees the same state.
 #[derive(Debug, Clone)]
@@ -68,11 +68,12 @@ impl Store {
         self.tx.borrow().resource_names()
     }
 
-    /// Apply the snapshot a transition computed. Health and held devices may have moved
-    /// since it ran: the current overlay and held set are kept, and views are recomputed
-    /// under that overlay; unchanged resources keep their view (same `Arc`), so their
-    /// streams stay quiet. Returns the committed snapshot.
-    pub fn commit(&self, next: Snapshot) -> Arc<Snapshot> {
+    /// Apply what a transition computed. Health and held devices may have moved since it
+    /// ran: the current overlay and held set are kept, and views are computed under that
+    /// overlay; unchanged resources keep their view (same `Arc`), so their streams stay
+    /// quiet. The spec it computed is the one written (`spec_written`). Returns the
+    /// committed snapshot.
+    pub fn commit(&self, next: Computed) -> Arc<Snapshot> {
         let mut out = None;
         self.tx.send_modify(|current| {
             let generation = current.generation + 1;
@@ -82,7 +83,15 @@ impl Store {
                 overlay: current.overlay.clone(),
                 views: Arc::new(views),
                 held: current.held.clone(),
-                ..next
+                spec_written: next.spec.is_some(),
+                config: next.config,
+                inventory: next.inventory,
+                plan: next.plan,
+                nodes: next.nodes,
+                spec: next.spec,
+                kept: next.kept,
+                skipped: next.skipped,
+                mps: next.mps,
             });
             out = Some(snapshot.clone());
             *current = snapshot;

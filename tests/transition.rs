@@ -68,11 +68,12 @@ proptest! {
         for s in &steps {
             let config = Arc::new(fixtures::config(CONFIGS[s.config]));
             let before = store.current();
-            let next = transition::next(&before, config, inventory.clone(), &host())
+            let nodes = Arc::new(transition::device_nodes(&inventory, false).expect("nodes"));
+            let next = transition::next(&before, config, inventory.clone(), nodes, &host())
                 .expect("every config fits the node");
             // The diff applied to the old plan gives the new plan's resources.
             let old: BTreeSet<String> = before.plan.resources.iter().map(|r| r.name.clone()).collect();
-            let new: BTreeSet<String> = next.snapshot.plan.resources.iter().map(|r| r.name.clone()).collect();
+            let new: BTreeSet<String> = next.state.plan.resources.iter().map(|r| r.name.clone()).collect();
             let mut applied = old.clone();
             for r in &next.diff.removed { prop_assert!(applied.remove(r), "removed {r} was not served"); }
             for r in &next.diff.added { prop_assert!(applied.insert(r.clone()), "added {r} was served"); }
@@ -80,12 +81,12 @@ proptest! {
             let kept: BTreeSet<String> = next.diff.changed.iter().chain(&next.diff.unchanged).cloned().collect();
             prop_assert_eq!(kept, old.intersection(&new).cloned().collect::<BTreeSet<_>>());
             // Every held device is in the spec written for the new state.
-            let spec = next.spec.clone().expect("a node with GPUs has a spec");
+            let spec = next.state.spec.clone().expect("a node with GPUs has a spec");
             let names: BTreeSet<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
             for held in before.held.cdi_names() {
                 prop_assert!(names.contains(held.as_str()), "held {held} lost");
             }
-            let committed = store.commit(next.snapshot.clone());
+            let committed = store.commit(next.state.clone());
             // Unchanged resources keep their view: no new ListAndWatch frame.
             for r in &next.diff.unchanged {
                 prop_assert!(Arc::ptr_eq(&before.views[r], &committed.views[r]), "{r} got a new view");

@@ -50,6 +50,28 @@ pub struct Snapshot {
     pub spec_written: bool,
 }
 
+/// The part of a [`Snapshot`] a transition computes; the rest (generation, health
+/// overlay, views, held set) is the store's at commit time.
+#[derive(Debug, Clone)]
+pub struct Computed {
+    /// Validated config.
+    pub config: Arc<Config>,
+    /// Discovered GPUs and MIG devices.
+    pub inventory: Arc<Inventory>,
+    /// Resources and their devices.
+    pub plan: Arc<Plan>,
+    /// Device nodes of each physical device.
+    pub nodes: Arc<DeviceNodes>,
+    /// The spec to write before committing; `None`: no devices, write nothing.
+    pub spec: Option<Arc<Spec>>,
+    /// CDI devices carried over from the previous spec because they are still held.
+    pub kept: Arc<Vec<String>>,
+    /// Config entries this node has nothing for.
+    pub skipped: Arc<Vec<crate::domain::plan::Skipped>>,
+    /// The MPS control daemons the plan needs.
+    pub mps: Arc<Vec<DaemonSpec>>,
+}
+
 impl Snapshot {
     /// A snapshot serving `plan` (with no health events and nothing held): what a
     /// transition from the empty snapshot commits, minus the spec. For embedders and tests.

@@ -21,7 +21,7 @@ use crate::domain::devnodes::{DeviceNodes, MissingCapMinor};
 use crate::domain::inventory::Inventory;
 use crate::domain::mps::{DaemonSpec, MpsError};
 use crate::domain::plan::{self, Plan, PlanDiff, PlanError};
-use crate::domain::snapshot::Snapshot;
+use crate::domain::snapshot::{Computed, Snapshot};
 
 /// Why a transition was refused (the current snapshot keeps serving).
 #[derive(Debug, thiserror::Error)]
@@ -65,24 +65,37 @@ pub struct MpsChange {
     pub keep: Vec<String>,
 }
 
-/// What a transition computed.
+/// What a transition computed: the computed part of the next snapshot (commit it with
+/// `Store::commit`, which adds the generation, health overlay, views and held set of the
+/// moment) and the diff.
 #[derive(Debug, Clone)]
 pub struct Next {
-    /// The snapshot to commit (overlay, views and held are re-derived at commit).
-    pub snapshot: Snapshot,
-    /// The spec to write before committing; `None`: no devices, write nothing.
-    pub spec: Option<Spec>,
-    /// CDI devices carried over from the previous spec because they are still held.
-    pub kept: Vec<String>,
+    /// The spec to write before committing is `state.spec`; `state.kept` are the CDI
+    /// devices carried over from the previous spec because they are still held.
+    pub state: Computed,
     /// Per-resource changes against the current plan.
     pub diff: PlanDiff,
 }
 
-/// Compute the next state. Pure: every fact about the host arrives in `host`.
+/// The device nodes of `inventory`, derived once per reload: the platform probes their
+/// paths and [`next`] serves them. None without a working driver.
+pub fn device_nodes(
+    inventory: &Inventory,
+    no_driver: bool,
+) -> Result<DeviceNodes, TransitionError> {
+    if no_driver {
+        return Ok(DeviceNodes::default());
+    }
+    Ok(DeviceNodes::new(inventory)?)
+}
+
+/// Compute the next state. Pure: every fact about the host arrives in `host`; `nodes` are
+/// [`device_nodes`] of `inventory`.
 pub fn next(
     current: &Snapshot,
     config: Arc<Config>,
     inventory: Arc<Inventory>,
+    nodes: Arc<DeviceNodes>,
     host: &Host,
 ) -> Result<Next, TransitionError> {
     // No devices: the config's resources cannot be checked against this node, so serve none.
@@ -91,11 +104,6 @@ pub fn next(
     } else {
         let planned = plan::build_reporting(&inventory, &config)?;
         (planned.plan, planned.skipped)
-    };
-    let nodes = if host.no_driver {
-        DeviceNodes::default()
-    } else {
-        DeviceNodes::new(&inventory)?
     };
     let daemons = crate::domain::mps::daemons_for(&plan, &config)?;
     let (spec, kept) = if host.no_driver || inventory.gpus.is_empty() {
@@ -107,27 +115,17 @@ pub fn next(
         (Some(spec), kept)
     };
     let diff = plan::diff(&current.plan, &plan);
-    let snapshot = Snapshot {
-        generation: current.generation,
+    let state = Computed {
         config,
         inventory,
         plan: Arc::new(plan),
-        nodes: Arc::new(nodes),
-        overlay: current.overlay.clone(),
-        views: current.views.clone(),
-        held: current.held.clone(),
-        spec: spec.clone().map(Arc::new),
-        kept: Arc::new(kept.clone()),
+        nodes,
+        spec: spec.map(Arc::new),
+        kept: Arc::new(kept),
         skipped: Arc::new(skipped),
         mps: Arc::new(daemons),
-        spec_written: spec.is_some(),
     };
-    Ok(Next {
-        snapshot,
-        spec,
-        kept,
-        diff,
-    })
+    Ok(Next { state, diff })
 }
 
 /// The spec of the inventory and the plan's shares (before held devices are carried over).

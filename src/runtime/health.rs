@@ -143,25 +143,15 @@ async fn apply_external(
     }
 }
 
-/// The task body.
-async fn run(
-    settings: HealthSettings,
-    mut inventory_rx: watch::Receiver<Arc<Snapshot>>,
-    health: Store,
-    token: CancellationToken,
-) {
-    let inventory = inventory_rx.borrow_and_update().inventory.clone();
-    let mut inventory_open = true;
-    let gpus = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
-    let mut monitor = Monitor {
-        tracker: Tracker::new(settings.filter.clone(), settings.quiet_period, gpus),
-        inventory,
-        health,
-    };
-    let (tx, mut rx) = mpsc::unbounded_channel();
+/// Start the event source: the NVML watcher (on a blocking thread, sending on `tx`) or the
+/// sim's timeline and events file. `None` when the watcher cannot start (logged).
+async fn open_source(
+    source: Source,
+    tx: mpsc::UnboundedSender<HealthEvent>,
+) -> Option<(Prober, Option<Sim>, tokio::time::Interval)> {
     let mut poll = tokio::time::interval(SIM_POLL_INTERVAL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut probe, mut sim) = match settings.source {
+    let (probe, sim) = match source {
         Source::Nvml {
             lib_path,
             wait_timeout,
@@ -176,11 +166,11 @@ async fn run(
                     // Discovery worked moments ago, so this is rare; devices keep the health
                     // discovery gave them rather than all going down on a monitoring failure.
                     tracing::error!(error = %e, "health watcher not started; device health is not monitored");
-                    return;
+                    return None;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "health watcher start-up did not complete");
-                    return;
+                    return None;
                 }
             }
         }
@@ -211,6 +201,28 @@ async fn run(
                 Some(sim),
             )
         }
+    };
+    Some((probe, sim, poll))
+}
+
+/// The task body.
+async fn run(
+    settings: HealthSettings,
+    mut inventory_rx: watch::Receiver<Arc<Snapshot>>,
+    health: Store,
+    token: CancellationToken,
+) {
+    let inventory = inventory_rx.borrow_and_update().inventory.clone();
+    let mut inventory_open = true;
+    let gpus = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
+    let mut monitor = Monitor {
+        tracker: Tracker::new(settings.filter.clone(), settings.quiet_period, gpus),
+        inventory,
+        health,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let Some((mut probe, mut sim, mut poll)) = open_source(settings.source, tx).await else {
+        return;
     };
     let events_from_nvml = matches!(probe, Prober::Nvml { .. });
     let mut events_open = events_from_nvml;

@@ -183,14 +183,10 @@ pub fn initial(cdi_dir: &Path, kind: &str, held: crate::state::Held) -> Snapshot
 
 /// Stat every node the inventory's devices use under the config's dev root (nothing when
 /// the dev root is `/`: the spec then names container paths only).
-fn probe_nodes(inventory: &Inventory, config: &Config) -> BTreeMap<PathBuf, NodeInfo> {
+fn probe_nodes(nodes: &DeviceNodes, config: &Config) -> BTreeMap<PathBuf, NodeInfo> {
     if config.dev_root == Path::new("/") {
         return BTreeMap::new();
     }
-    let Ok(nodes) = DeviceNodes::new(inventory) else {
-        // The transition reports the missing capability minor.
-        return BTreeMap::new();
-    };
     nodes
         .all_paths()
         .into_iter()
@@ -292,9 +288,10 @@ impl Reloader {
         let mut first_diff = None;
         for _ in 0..MAX_ROUNDS {
             let current = self.store.current();
+            let devices = Arc::new(transition::device_nodes(&inventory, no_driver)?);
             let host = {
-                let (inv, cfg) = (inventory.clone(), config.clone());
-                let nodes = blocking("device node probe", move || probe_nodes(&inv, &cfg)).await?;
+                let (devs, cfg) = (devices.clone(), config.clone());
+                let nodes = blocking("device node probe", move || probe_nodes(&devs, &cfg)).await?;
                 let driver = if no_driver || !equips_driver(&inventory, &config) {
                     None
                 } else {
@@ -322,13 +319,14 @@ impl Reloader {
                     no_driver,
                 }
             };
-            let next = transition::next(&current, config.clone(), inventory.clone(), &host)?;
-            crate::runtime::report::log_skipped(&config.source, &next.snapshot.skipped);
-            if let Some(spec) = next.spec.clone() {
-                let (dir, kept) = (self.cdi_dir.clone(), next.kept.clone());
+            let next =
+                transition::next(&current, config.clone(), inventory.clone(), devices, &host)?;
+            crate::runtime::report::log_skipped(&config.source, &next.state.skipped);
+            if let Some(spec) = next.state.spec.clone() {
+                let (dir, kept) = (self.cdi_dir.clone(), next.state.kept.clone());
                 blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
             }
-            let committed = self.store.commit(next.snapshot);
+            let committed = self.store.commit(next.state);
             self.metrics.record_skipped(&committed.skipped);
             first_diff.get_or_insert(next.diff);
             let missing = missing_held(&committed);

@@ -328,19 +328,7 @@ impl DaemonTask {
         let spec = &self.spec;
         create_dir(&spec.pipe_dir, 0o755)?;
         create_dir(&spec.log_dir, 0o755)?;
-        let out_path = spec.log_dir.join("control.out");
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&out_path)
-            .map_err(|source| MpsError::CreateDir {
-                path: out_path.clone(),
-                source,
-            })?;
-        let err = out.try_clone().map_err(|source| MpsError::CreateDir {
-            path: out_path,
-            source,
-        })?;
+        let (out, err) = control_log(&spec.log_dir)?;
         let bind = mps_shm::ShmBind::check_target()
             .and_then(|()| mps_shm::ShmBind::new(&spec.shm_dir))
             .map_err(|source| MpsError::Namespace {
@@ -576,6 +564,24 @@ async fn set_compute_mode(config: &SupervisorConfig, gpu_uuid: &str, mode: &str)
         Ok(Err(e)) => tracing::warn!(gpu = gpu_uuid, mode, error = %e, "cannot run nvidia-smi"),
         Err(_) => tracing::warn!(gpu = gpu_uuid, mode, "nvidia-smi timed out"),
     }
+}
+
+/// The daemon's stdout and stderr: `control.out` in its log directory, appended to.
+fn control_log(log_dir: &std::path::Path) -> Result<(std::fs::File, std::fs::File)> {
+    let out_path = log_dir.join("control.out");
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&out_path)
+        .map_err(|source| MpsError::CreateDir {
+            path: out_path.clone(),
+            source,
+        })?;
+    let err = out.try_clone().map_err(|source| MpsError::CreateDir {
+        path: out_path,
+        source,
+    })?;
+    Ok((out, err))
 }
 
 #[cfg(test)]
