@@ -75,14 +75,25 @@ fn node_files() -> Vec<PathBuf> {
     files
 }
 
+/// Drop the sim's topology before comparing with NVML, which reads none yet. True when
+/// that is all it does: the sim read one only from a node file with a `topology` section.
+fn nvml_topology_pending(sim: &mut gpu_slicer::domain::inventory::Inventory) -> bool {
+    let had = sim.topology.take().is_some();
+    !had || sim.source.contains("topo-")
+}
+
 #[test]
 fn nvml_over_fake_matches_sim_for_every_node_file() {
     for file in node_files() {
         let text = std::fs::read_to_string(&file).expect("read node file");
-        let sim = SimBackend::from_file(&file)
+        let mut sim = SimBackend::from_file(&file)
             .expect("sim")
             .discover()
             .expect("sim");
+        // The NVML backend does not read the topology yet (issue 23: the fake's topology
+        // calls and their discovery are still to come), so the node files that carry a
+        // `topology` section are compared on everything else; nodes without one have none.
+        assert!(nvml_topology_pending(&mut sim), "{}", file.display());
         let minors: Vec<u32> = sim.gpus.iter().map(|g| g.minor).collect();
         let fake = Fake::new(Some(&text));
         let mut nvml = fake.backend(&minors).discover().expect("nvml discover");
