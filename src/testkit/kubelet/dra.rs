@@ -153,74 +153,45 @@ impl DraPluginConn {
         claims: &[KubeletClaim],
         version: Option<DraVersion>,
     ) -> Result<PrepareAnswer, DraKubeletError> {
+        // The two API versions differ only in their generated types.
+        macro_rules! prepare_with {
+            ($pb:ident) => {{
+                let mut c = $pb::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let req = $pb::NodePrepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|k| $pb::Claim {
+                            namespace: k.namespace.clone(),
+                            uid: k.uid.clone(),
+                            name: k.name.clone(),
+                        })
+                        .collect(),
+                };
+                let resp = c
+                    .node_prepare_resources(req)
+                    .await
+                    .map_err(rpc("NodePrepareResources"))?;
+                Ok(resp
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let v = if r.error.is_empty() {
+                            Ok(r.devices
+                                .into_iter()
+                                .map(|d| (d.device_name, d.cdi_device_ids))
+                                .collect())
+                        } else {
+                            Err(r.error)
+                        };
+                        (uid, v)
+                    })
+                    .collect())
+            }};
+        }
         match version.unwrap_or(self.version) {
-            DraVersion::V1 => {
-                let mut c = dra_v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let req = dra_v1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|k| dra_v1::Claim {
-                            namespace: k.namespace.clone(),
-                            uid: k.uid.clone(),
-                            name: k.name.clone(),
-                        })
-                        .collect(),
-                };
-                let resp = c
-                    .node_prepare_resources(req)
-                    .await
-                    .map_err(rpc("NodePrepareResources"))?;
-                Ok(resp
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let v = if r.error.is_empty() {
-                            Ok(r.devices
-                                .into_iter()
-                                .map(|d| (d.device_name, d.cdi_device_ids))
-                                .collect())
-                        } else {
-                            Err(r.error)
-                        };
-                        (uid, v)
-                    })
-                    .collect())
-            }
-            DraVersion::V1beta1 => {
-                let mut c =
-                    dra_v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let req = dra_v1beta1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|k| dra_v1beta1::Claim {
-                            namespace: k.namespace.clone(),
-                            uid: k.uid.clone(),
-                            name: k.name.clone(),
-                        })
-                        .collect(),
-                };
-                let resp = c
-                    .node_prepare_resources(req)
-                    .await
-                    .map_err(rpc("NodePrepareResources"))?;
-                Ok(resp
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let v = if r.error.is_empty() {
-                            Ok(r.devices
-                                .into_iter()
-                                .map(|d| (d.device_name, d.cdi_device_ids))
-                                .collect())
-                        } else {
-                            Err(r.error)
-                        };
-                        (uid, v)
-                    })
-                    .collect())
-            }
+            DraVersion::V1 => prepare_with!(dra_v1),
+            DraVersion::V1beta1 => prepare_with!(dra_v1beta1),
         }
     }
 
