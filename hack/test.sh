@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 hack/install-deps.sh
 . hack/env.sh
 cargo test --workspace 2>&1
+# The end-to-end scripts take the binaries built with the tests' feature set: a plain
+# `cargo build` resolves features without the dev-dependencies (rustls gains aws-lc-rs, syn
+# more features through them) and would build a second copy of most of the tree.
+cargo build --workspace --lib --bins --tests --quiet
+export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/debug/libnvidia_ml.so \
+  FAKE_CUDA_LIB=$PWD/target/debug/libcuda.so FAKE_SMI_BIN=$PWD/target/debug/fake-nvidia-smi
 hack/validate-manifests.sh
 if [ -x hack/e2e-podman.sh ]; then
   hack/e2e-podman.sh
