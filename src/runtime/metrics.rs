@@ -15,7 +15,8 @@ use crate::domain::allocate::ResourceView;
 use crate::domain::inventory::Health;
 use crate::state::Store;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -178,6 +179,36 @@ pub struct Metrics {
     device_series: Mutex<BTreeMap<String, HashSet<DeviceLabels>>>,
 }
 
+/// Registers metrics so that each family is written (`# HELP`, `# TYPE`) from the first
+/// scrape, series or not: the encoder leaves out a family with no series, and an alert on a
+/// family's absence, or a dashboard query, must find it before the first share is held.
+pub(crate) struct Declare<'a>(&'a mut Registry);
+
+impl Declare<'_> {
+    /// Register `metric` under `name` and hand back the handle the agent records through.
+    pub(crate) fn add<M>(&mut self, name: &str, help: &str, metric: M) -> M
+    where
+        M: EncodeMetric + Clone + Send + Sync + std::fmt::Debug + 'static,
+    {
+        self.0.register(name, help, Declared(metric.clone()));
+        metric
+    }
+}
+
+/// A metric encoded whether or not it has series (see [`Declare`]).
+#[derive(Debug)]
+struct Declared<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for Declared<M> {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 10 µs … ~330 ms: Allocate targets are in the hundreds of microseconds.
     Histogram::new(exponential_buckets(1e-5, 2.0, 16))
@@ -193,103 +224,102 @@ impl Metrics {
     /// Create and register every metric under the `gpu_slicer` prefix.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("gpu_slicer");
-        let allocatable = Family::<ResourceLabels, Gauge>::default();
-        let allocated = Family::<ResourceLabels, Gauge>::default();
-        let unhealthy = Family::<ResourceLabels, Gauge>::default();
-        let device_healthy = Family::<DeviceLabels, Gauge>::default();
-        let pod_allocation = Family::<PodLabels, Gauge>::default();
-        let allocate_seconds = Family::<ResourceLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let preferred_seconds = Family::<ResourceLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let allocate_errors = Family::<RuleLabels, Counter>::default();
-        let reloads = Family::<OutcomeLabels, Counter>::default();
-        let registrations = Family::<ResourceLabels, Counter>::default();
-        let ledger_up = Gauge::default();
-        let ledger_drift = Gauge::default();
-        let config_entries_skipped = Family::<SkipLabels, Gauge>::default();
-        let mig_layout_pending = Family::<GpuLabels, Gauge>::default();
-        let build_info = Family::<BuildLabels, Gauge>::default();
-        registry.register(
-            "allocatable_devices",
-            "Devices advertised to the kubelet as healthy",
-            allocatable.clone(),
-        );
-        registry.register(
-            "allocated_devices",
-            "Devices held by containers",
-            allocated.clone(),
-        );
-        registry.register(
-            "unhealthy_devices",
-            "Devices advertised as unhealthy",
-            unhealthy.clone(),
-        );
-        registry.register(
-            "device_healthy",
-            "1 if the device is healthy, 0 if not; the reason label says why",
-            device_healthy.clone(),
-        );
-        registry.register(
-            "pod_device_allocation",
-            "1 for each device a container holds, from the kubelet's PodResources API",
-            pod_allocation.clone(),
-        );
-        registry.register(
-            "allocate_duration_seconds",
-            "Time to answer Allocate",
-            allocate_seconds.clone(),
-        );
-        registry.register(
-            "preferred_allocation_duration_seconds",
-            "Time to answer GetPreferredAllocation",
-            preferred_seconds.clone(),
-        );
-        registry.register(
-            "allocate_rejections",
-            "Allocate requests refused, by the rule they broke",
-            allocate_errors.clone(),
-        );
-        registry.register(
-            "config_reloads",
-            "Config reloads by outcome",
-            reloads.clone(),
-        );
-        registry.register(
-            "kubelet_registrations",
-            "Registrations with the kubelet",
-            registrations.clone(),
-        );
-        registry.register(
-            "ledger_up",
-            "1 while the PodResources ledger reaches the kubelet",
-            ledger_up.clone(),
-        );
-        registry.register(
-            "ledger_drift_devices",
-            "Devices in drift: held but not planned or unhealthy, or allocatable on one side only",
-            ledger_drift.clone(),
-        );
-        registry.register(
-            "config_entries_skipped",
-            "Config sharing entries or device references this node has nothing for, skipped at the last plan",
-            config_entries_skipped.clone(),
-        );
-        registry.register(
-            "mig_layout_pending",
-            "1 while a GPU waits for its MIG layout (flags.migLayouts): busy, MIG mode differs, or a step failed",
-            mig_layout_pending.clone(),
-        );
-        registry.register(
-            "build_info",
-            "Always 1; labels name the running build",
-            build_info.clone(),
-        );
-        let usage = usage::UsageMetrics::default();
-        usage.register(&mut registry);
-        build_info
+        let mut r = Declare(&mut registry);
+        let metrics = Self {
+            allocatable: r.add(
+                "allocatable_devices",
+                "Devices advertised to the kubelet as healthy",
+                Family::default(),
+            ),
+            allocated: r.add(
+                "allocated_devices",
+                "Devices held by containers",
+                Family::default(),
+            ),
+            unhealthy: r.add(
+                "unhealthy_devices",
+                "Devices advertised as unhealthy",
+                Family::default(),
+            ),
+            device_healthy: r.add(
+                "device_healthy",
+                "1 if the device is healthy, 0 if not; the reason label says why",
+                Family::default(),
+            ),
+            pod_allocation: r.add(
+                "pod_device_allocation",
+                "1 for each device a container holds, from the kubelet's PodResources API",
+                Family::default(),
+            ),
+            allocate_seconds: r.add(
+                "allocate_duration_seconds",
+                "Time to answer Allocate",
+                Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            ),
+            preferred_seconds: r.add(
+                "preferred_allocation_duration_seconds",
+                "Time to answer GetPreferredAllocation",
+                Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            ),
+            allocate_errors: r.add(
+                "allocate_rejections",
+                "Allocate requests refused, by the rule they broke",
+                Family::default(),
+            ),
+            reloads: r.add(
+                "config_reloads",
+                "Config reloads by outcome",
+                Family::default(),
+            ),
+            registrations: r.add(
+                "kubelet_registrations",
+                "Registrations with the kubelet",
+                Family::default(),
+            ),
+            ledger_up: r.add(
+                "ledger_up",
+                "1 while the PodResources ledger reaches the kubelet",
+                Gauge::default(),
+            ),
+            ledger_drift: r.add(
+                "ledger_drift_devices",
+                "Devices in drift: held but not planned or unhealthy, or allocatable on one side only",
+                Gauge::default(),
+            ),
+            config_entries_skipped: r.add(
+                "config_entries_skipped",
+                "Config sharing entries or device references this node has nothing for, skipped at the last plan",
+                Family::default(),
+            ),
+            mig_layout_pending: r.add(
+                "mig_layout_pending",
+                "1 while a GPU waits for its MIG layout (flags.migLayouts): busy, MIG mode differs, or a step failed",
+                Family::default(),
+            ),
+            build_info: r.add(
+                "build_info",
+                "Always 1; labels name the running build",
+                Family::default(),
+            ),
+            usage: {
+                let usage = usage::UsageMetrics::default();
+                usage.register(&mut r);
+                usage
+            },
+            encode_lock: Mutex::new(()),
+            device_series: Mutex::new(BTreeMap::new()),
+            // Last: the declarations above borrow it.
+            registry,
+        };
+        metrics.seed();
+        metrics
+    }
+
+    /// The series present from the start, so an alert on absence (or on a rate of a counter
+    /// that has never moved) can be written; per-resource series appear when the resource is
+    /// first published.
+    fn seed(&self) {
+        self.build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 arch: std::env::consts::ARCH.to_string(),
@@ -300,40 +330,12 @@ impl Metrics {
                 },
             })
             .set(1);
-        // Every family has a series from the start, so an alert on absence (or on a
-        // rate of a counter that has never moved) can be written; per-resource series
-        // appear when the resource is first published.
         for outcome in ["ok", "failed"] {
-            drop(reloads.get_or_create(&OutcomeLabels {
+            drop(self.reloads.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             }));
         }
-        for reason in crate::domain::plan::SkipReason::ALL {
-            drop(config_entries_skipped.get_or_create(&SkipLabels {
-                reason: reason.as_str().into(),
-            }));
-        }
-        Self {
-            mig_layout_pending,
-            registry,
-            allocatable,
-            allocated,
-            unhealthy,
-            device_healthy,
-            pod_allocation,
-            allocate_seconds,
-            preferred_seconds,
-            allocate_errors,
-            reloads,
-            registrations,
-            ledger_up,
-            ledger_drift,
-            config_entries_skipped,
-            build_info,
-            usage,
-            encode_lock: Mutex::new(()),
-            device_series: Mutex::new(BTreeMap::new()),
-        }
+        self.record_skipped(&[]);
     }
 
     /// Record a config reload's outcome (`config_reloads_total{outcome="ok"|"failed"}`).
@@ -692,6 +694,41 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line}: {text}");
         }
+    }
+
+    #[test]
+    fn every_family_is_declared_before_it_has_a_series() {
+        let fresh = Metrics::new().encode_prometheus();
+        for family in [
+            "gpu_slicer_share_memory_used_bytes gauge",
+            "gpu_slicer_share_memory_granted_bytes gauge",
+            "gpu_slicer_mig_layout_pending gauge",
+            "gpu_slicer_device_healthy gauge",
+            "gpu_slicer_allocate_duration_seconds histogram",
+            "gpu_slicer_allocate_rejections_total counter",
+        ] {
+            assert!(
+                fresh.contains(&format!("# TYPE {family}\n")),
+                "{family}: {fresh}"
+            );
+        }
+        // The families a busy agent writes are the ones a fresh one declares.
+        let busy = Metrics::new();
+        busy.record_allocate(
+            "nvidia.com/gpu",
+            Duration::from_micros(40),
+            Some("duplicate"),
+        );
+        busy.record_preferred("nvidia.com/gpu", Duration::from_micros(40));
+        busy.record_registration("nvidia.com/gpu");
+        busy.publish_view(&health().view("nvidia.com/gpu").unwrap());
+        let types = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with("# TYPE "))
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(types(&fresh), types(&busy.encode_prometheus()));
     }
 
     #[test]

@@ -13,7 +13,6 @@ use std::sync::{Mutex, PoisonError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 
 use crate::domain::usage::{Holder, Unattributed, UsageReport};
 
@@ -114,44 +113,44 @@ where
 }
 
 impl UsageMetrics {
-    /// Register every family in `registry` (prefix `gpu_slicer`); reasons start at 0.
-    pub(crate) fn register(&self, registry: &mut Registry) {
-        registry.register(
+    /// Declare every family (prefix `gpu_slicer`); reasons start at 0.
+    pub(crate) fn register(&self, r: &mut super::Declare<'_>) {
+        r.add(
             "device_utilization_ratio",
             "GPU utilisation 0-1 over the driver's last sample period (not reported for GPUs in MIG mode)",
             self.utilization.clone(),
         );
-        registry.register(
+        r.add(
             "device_memory_used_bytes",
             "Memory in use on a GPU (kind=gpu) or MIG device (kind=mig)",
             self.memory_used.clone(),
         );
-        registry.register(
+        r.add(
             "device_memory_total_bytes",
             "Memory of a GPU (kind=gpu) or MIG device (kind=mig)",
             self.memory_total.clone(),
         );
-        registry.register(
+        r.add(
             "share_memory_used_bytes",
             "GPU memory used by the processes of the container holding a share",
             self.share_used.clone(),
         );
-        registry.register(
+        r.add(
             "share_memory_granted_bytes",
             "GPU memory a share grants: its memory limit when enforced, its 1/N split otherwise",
             self.share_granted.clone(),
         );
-        registry.register(
+        r.add(
             "idle_shares",
             "Allocated shares (devices) whose holder used no GPU memory and no compute over the idle window",
             self.idle_shares.clone(),
         );
-        registry.register(
+        r.add(
             "placeable_requests",
             "Requests of `size` replicas that can still be placed on one GPU",
             self.placeable.clone(),
         );
-        registry.register(
+        r.add(
             "unattributed_processes",
             "GPU processes of the last sample that could not be attributed to a share, by reason",
             self.unattributed.clone(),
