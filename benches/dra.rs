@@ -12,11 +12,11 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::allocate::view::Overlay;
 use gpu_slicer::domain::cdi::{GenerateOptions, NoProbe, generate};
 use gpu_slicer::domain::dra::claim::ClaimRef;
 use gpu_slicer::domain::dra::slices;
 use gpu_slicer::domain::snapshot::Snapshot;
+use gpu_slicer::domain::view::Overlay;
 use gpu_slicer::platform::dra_state::{DraFiles, Prepared};
 use gpu_slicer::runtime::dra::Driver;
 use gpu_slicer::state::Store;

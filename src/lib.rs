@@ -10,8 +10,8 @@
 //!            reconciler, ledger, metrics, HTTP
 //! state      the store: one watch<Arc<Snapshot>>, commands that change it
 //! domain     pure values and functions: config, inventory, plan, device nodes, CDI
-//!            (model, generate, validate, YAML), allocate (rules, views, preferred,
-//!            responses), MPS derivation, health policy, node labels, snapshot,
+//!            (model, generate, validate, YAML), views (resources with their
+//!            health), allocate (rules, preferred, responses), MPS derivation, health policy, node labels, snapshot,
 //!            transition::next
 //! platform   the host: NVML (inventory, events, memory limits), sim backend, the
 //!            user-space driver (discovery, hooks), files (spec writer, checkpoint)
@@ -46,12 +46,12 @@
 //! - MIG layouts as code: [`domain::miglayout`] (mig-parted files, selection, step planner),
 //!   [`platform::mig`] (GPU/compute instances through NVML, rollback), [`runtime::miglayout`]
 //!   (live repartitioning of idle GPUs), `gpu-slicer mig apply` in [`cli::mig`].
-//! - Exit codes: [`error`] (the one map). Tests, demo, benches: [`testkit`] (kubelet
+//! - Exit codes: [`cli::error`] (the one map, at the edge where every error is translated
+//!   once; nothing below `cli` names it). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`].
 
 pub mod cli;
 pub mod domain;
-pub mod error;
 pub mod platform;
 pub mod proto;
 pub mod runtime;

@@ -1,5 +1,5 @@
 //! The `gpu-slicer` binary: parse the command line, set up logging, run the library, map
-//! the error to an exit code (the one map, [`gpu_slicer::error::Error::exit_code`]).
+//! the error to an exit code (the one map, [`gpu_slicer::cli::error::Error::exit_code`]).
 //! Everything else lives in the library (`gpu_slicer::cli::logging` holds the output
 //! policy).
 
@@ -11,7 +11,7 @@ use gpu_slicer::cli::logging::{init_tracing, is_broken_pipe, report_fatal};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    init_tracing(cli.log_format, cli.default_log_filter());
     match gpu_slicer::cli::dispatch(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         // `gpu-slicer inventory | head`: the reader left, nothing went wrong.

@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::domain::allocate::view::{self, HealthUpdate, Overlay, ResourceView, StateError};
 use crate::domain::inventory::Health;
 pub use crate::domain::snapshot::{Computed, Held, HeldDevice, Snapshot};
+use crate::domain::view::{self, HealthUpdate, Overlay, ResourceView, StateError};
 
 /// The shared handle on the state. Cheap to clone; every clone sees the same state.
 #[derive(Debug, Clone)]

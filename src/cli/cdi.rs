@@ -115,7 +115,7 @@ pub struct CdiRemoveArgs {
 }
 
 /// Run one `cdi` subcommand.
-pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::error::Result<()> {
+pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::cli::error::Result<()> {
     match cmd {
         CdiCommand::Generate(a) => generate(a, out),
         CdiCommand::Validate(a) => Ok(validate(a, out)?),
@@ -201,7 +201,7 @@ fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
 /// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
 /// check fails, so an existing good spec stays in place.
 /// `cdi generate`: its errors are the spec's ([`CdiError`]) or the driver discovery's.
-pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::error::Result<()> {
+pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::cli::error::Result<()> {
     let overrides = Overrides {
         cdi_kind: args.kind.clone(),
         driver_root: args.driver_root.clone(),

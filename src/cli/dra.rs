@@ -11,10 +11,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::cli::args::{BackendArgs, ConfigArgs};
-use crate::domain::allocate::view::Overlay;
+use crate::cli::error::Result;
 use crate::domain::dra::{self, DraError, classes, slices};
 use crate::domain::plan;
-use crate::error::Result;
+use crate::domain::view::Overlay;
 
 /// Default of `--kubelet-registry-dir`: the kubelet's plugin watcher directory.
 pub const DEFAULT_KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";

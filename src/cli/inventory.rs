@@ -8,9 +8,9 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::cli::args::{InventoryArgs, OutputFormat};
+use crate::cli::error::Result;
 use crate::domain::inventory::{Gpu, Health, Inventory};
 use crate::domain::plan::{self, Plan};
-use crate::error::Result;
 
 /// Run `inventory`.
 pub fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {

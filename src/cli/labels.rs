@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::cli::args::{BackendArgs, ConfigArgs};
+use crate::cli::error::Result;
 use crate::domain::labels;
-use crate::error::Result;
 use crate::platform::labels_file;
 
 /// Arguments of `gpu-slicer labels`.

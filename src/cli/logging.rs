@@ -14,10 +14,10 @@ pub fn use_colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
 }
 
 /// Install the global subscriber writing to stderr in `format`. `RUST_LOG` filters
-/// (default `info`).
-pub fn init_tracing(format: LogFormat) {
+/// (default `default_filter`: [`super::Cli::default_log_filter`]).
+pub fn init_tracing(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let no_color = std::env::var("NO_COLOR").ok();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -77,10 +77,11 @@ mod tests {
     #[test]
     fn broken_pipes_are_found_through_wrapping_errors() {
         let pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
-        let wrapped = crate::error::Error::Output(pipe);
+        let wrapped = crate::cli::error::Error::Output(pipe);
         assert!(is_broken_pipe(&wrapped));
-        let other =
-            crate::error::Error::Output(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        let other = crate::cli::error::Error::Output(std::io::Error::from(
+            std::io::ErrorKind::PermissionDenied,
+        ));
         assert!(!is_broken_pipe(&other));
     }
 }

@@ -7,6 +7,7 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod demo;
 pub mod dra;
+pub mod error;
 pub mod inventory;
 pub mod kube_args;
 pub mod labels;
@@ -20,7 +21,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::error::Error;
+use self::error::Error;
 
 /// gpu-slicer: hand out exactly the GPU share a workload asks for.
 #[derive(Debug, Parser)]
@@ -32,6 +33,17 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The log filter when `RUST_LOG` is unset: `warn` for the demo, whose narrative on stdout
+    /// shares the terminal with the log (a problem still shows), `info` for everything else.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self.command {
+            Command::Demo => "warn",
+            _ => "info",
+        }
+    }
 }
 
 /// Log formats.

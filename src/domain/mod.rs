@@ -19,3 +19,4 @@ pub mod snapshot;
 pub mod topology;
 pub mod transition;
 pub mod usage;
+pub mod view;

@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::allocate::view::{Overlay, ResourceView};
 use crate::domain::cdi::Spec;
 use crate::domain::config::Config;
 use crate::domain::devnodes::DeviceNodes;
 use crate::domain::inventory::Inventory;
 use crate::domain::mps::DaemonSpec;
 use crate::domain::plan::Plan;
+use crate::domain::view::{Overlay, ResourceView};
 
 /// One consistent state of the node.
 #[derive(Debug, Clone, Default)]
@@ -77,7 +77,7 @@ impl Snapshot {
     /// transition from the empty snapshot commits, minus the spec. For embedders and tests.
     pub fn serving(config: Config, inventory: Inventory, plan: Plan) -> Self {
         let overlay = Overlay::default();
-        let views = crate::domain::allocate::view::views(&plan, &overlay, &BTreeMap::new(), 1);
+        let views = crate::domain::view::views(&plan, &overlay, &BTreeMap::new(), 1);
         Self {
             generation: 1,
             nodes: Arc::new(DeviceNodes::new(&inventory).unwrap_or_default()),

@@ -6,6 +6,7 @@ pub mod atomic_file;
 pub mod cdi_host;
 pub mod cdi_writer;
 pub mod checkpoint;
+pub mod claims;
 pub mod config_file;
 pub mod dra_state;
 pub mod driver;

@@ -1,5 +1,5 @@
 //! The runtime's error: what stops the daemon or refuses a reload, translated to an exit
-//! code once in `crate::error`. Also the one helper that runs blocking work (NVML,
+//! code once in `crate::cli::error`. Also the one helper that runs blocking work (NVML,
 //! filesystem) off the async workers.
 
 use std::time::Duration;

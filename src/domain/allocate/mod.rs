@@ -22,15 +22,13 @@ use std::collections::HashSet;
 
 use crate::domain::plan::Device;
 
-pub mod view;
-
 pub use crate::domain::devnodes::DeviceNodes;
+pub use crate::domain::view::{DeviceHealth, HealthUpdate, Overlay, ResourceView, StateError};
 pub use answer::{Answer, GENERATION_ANNOTATION, Holding, answer};
 pub use preferred::preferred;
 pub use response::{
     ContainerAllocation, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
 };
-pub use view::{DeviceHealth, HealthUpdate, Overlay, ResourceView, StateError};
 
 /// Why a container request was refused. Every variant names the device and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

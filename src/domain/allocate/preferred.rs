@@ -26,7 +26,7 @@ use crate::domain::plan::ResourceKind;
 use crate::domain::topology::ResourceLinks;
 use crate::domain::topology::search::best_subset;
 
-use super::view::ResourceView;
+use crate::domain::view::ResourceView;
 
 /// Pick `size` IDs out of `available`, including every ID of `must_include`.
 ///

@@ -7,6 +7,7 @@ use super::*;
 use crate::domain::config::{self, AllocationPolicy, Config, DeviceListStrategy, Overrides};
 use crate::domain::inventory::{Backend, Health};
 use crate::domain::plan::{self, Physical, Plan, Resource, ResourceKind, Share};
+use crate::domain::view;
 use crate::platform::sim::SimBackend;
 
 const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";

@@ -16,9 +16,9 @@ use super::model::{
     Attribute, Capacity, Device, ObjectMeta, OwnerReference, ResourcePool, ResourceSlice,
     ResourceSliceSpec, Taint, bytes_quantity, semver,
 };
-use crate::domain::allocate::view::Overlay;
 use crate::domain::inventory::{Gpu, Health, Inventory, MigDevice};
 use crate::domain::plan::Plan;
+use crate::domain::view::Overlay;
 
 /// Most devices in one slice.
 pub const MAX_DEVICES: usize = 128;

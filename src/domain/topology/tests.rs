@@ -9,10 +9,11 @@ use proptest::prelude::*;
 use super::layouts::{Layout, reference};
 use super::search::{best_subset, pairs_score};
 use super::*;
-use crate::domain::allocate::{Overlay, preferred, view};
+use crate::domain::allocate::{Overlay, preferred};
 use crate::domain::config::{AllocationPolicy, Config};
 use crate::domain::inventory::Backend;
 use crate::domain::plan;
+use crate::domain::view;
 use crate::platform::sim::SimBackend;
 
 fn node(name: &str) -> (crate::domain::inventory::Inventory, view::ResourceView) {

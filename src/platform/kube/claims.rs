@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim as ApiClaim;
 use kube::Api;
 
 use crate::domain::dra::claim::ResourceClaim;
-use crate::runtime::dra::{ClaimSource, ClaimSourceError};
+use crate::platform::claims::{ClaimSource, ClaimSourceError};
 
 /// How long one GET may take (the kubelet gives a whole prepare call 45 s).
 const GET_TIMEOUT: Duration = Duration::from_secs(10);

@@ -14,37 +14,11 @@ use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
-use crate::domain::dra::claim::{ClaimRef, NodeContext, ResourceClaim, resolve};
+use crate::domain::dra::claim::{ClaimRef, NodeContext, resolve};
 use crate::domain::dra::{cdi as dra_cdi, slices};
+use crate::platform::claims::ClaimSource;
 use crate::platform::dra_state::{DraFiles, Prepared, PreparedClaim, PreparedDevice};
 use crate::state::Store;
-
-/// Errors reading a claim from the API, as the claim's error text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClaimSourceError {
-    /// The API has no such claim.
-    #[error("claim {namespace}/{name} not found in the API")]
-    NotFound { namespace: String, name: String },
-    /// The API refused, failed or could not be reached.
-    #[error("cannot read claim {namespace}/{name} from the API: {message}")]
-    Unavailable {
-        namespace: String,
-        name: String,
-        message: String,
-    },
-}
-
-/// Where claims are read from: the Kubernetes API in the daemon, a map in tests.
-pub trait ClaimSource: Send + Sync + std::fmt::Debug {
-    /// GET `resourceclaims/<name>` in `namespace`.
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<ResourceClaim, ClaimSourceError>> + Send + 'a>,
-    >;
-}
 
 /// The outcome of one claim.
 pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;

@@ -22,7 +22,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use driver::{ClaimSource, ClaimSourceError, Driver};
+pub use crate::platform::claims::{ClaimSource, ClaimSourceError};
+pub use driver::Driver;
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
 use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};

@@ -1,4 +1,5 @@
-//! The crate-level error and the one exit-code map.
+//! The crate-level error and the one exit-code map, in the command layer: it names the
+//! errors of every layer below, and none of them names it, so no module cycle runs through it.
 //!
 //! Every command ends in an [`Error`]; [`Error::exit_code`] is the only place that turns an
 //! error into a process exit status. The rule is one table, applied the same way however

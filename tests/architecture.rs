@@ -1,0 +1,253 @@
+//! The layering in `lib.rs`, checked on the source: each layer names only the layers below it,
+//! and no two modules (at `layer::module` depth) name each other, directly or round a loop.
+//!
+//! Read from the `crate::` paths of every non-test source file (comments, `#[cfg(test)]`
+//! modules and `*tests.rs` files left out: tests may reach anywhere). A `use` with braces
+//! counts each name inside them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+/// What each layer may name besides itself.
+const ALLOWED: &[(&str, &[&str])] = &[
+    (
+        "cli",
+        &["runtime", "state", "domain", "platform", "proto", "testkit"],
+    ),
+    (
+        "testkit",
+        &["runtime", "state", "domain", "platform", "proto"],
+    ),
+    ("runtime", &["state", "domain", "platform", "proto"]),
+    ("state", &["domain"]),
+    ("platform", &["domain", "proto"]),
+    ("domain", &[]),
+    ("proto", &[]),
+];
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && !path
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .ends_with("tests.rs")
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The module a file defines, relative to `src/` (`domain/cdi/mod.rs` → `[domain, cdi]`).
+fn module_of(src: &Path, file: &Path) -> Module {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Module = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap().to_string())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The source without comments and without what follows the first `#[cfg(test)]` module.
+fn code(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("#[cfg(test)]")
+            && lines.peek().is_some_and(|next| {
+                let n = next.trim_start();
+                n.starts_with("mod ")
+                    || n.starts_with("pub mod ")
+                    || n.starts_with("pub(crate) mod ")
+            })
+        {
+            break;
+        }
+        let without_comment = match line.find("//") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        out.push_str(without_comment);
+        out.push('\n');
+    }
+    out
+}
+
+/// Every `crate::a::b` a source names, cut to two segments.
+fn references(code: &str) -> BTreeSet<Module> {
+    let mut found = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        let layer = ident(rest);
+        if layer.is_empty() {
+            continue;
+        }
+        let after = &rest[layer.len()..];
+        let Some(tail) = after.strip_prefix("::") else {
+            found.insert(vec![layer]);
+            continue;
+        };
+        if let Some(group) = tail.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            for item in group.split(',') {
+                let name = ident(item.trim());
+                if !name.is_empty() {
+                    found.insert(vec![layer.clone(), name]);
+                }
+            }
+        } else {
+            let name = ident(tail);
+            found.insert(if name.is_empty() {
+                vec![layer]
+            } else {
+                vec![layer, name]
+            });
+        }
+    }
+    found
+}
+
+/// Module graph at `layer::module` depth; an edge to an item of a layer's root module
+/// (`crate::state::Store`) is an edge to the layer.
+fn graph() -> BTreeMap<Module, BTreeSet<Module>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let modules: BTreeSet<Module> = files
+        .iter()
+        .map(|f| module_of(&src, f).into_iter().take(2).collect())
+        .collect();
+    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for file in &files {
+        let from: Module = module_of(&src, file).into_iter().take(2).collect();
+        if from.is_empty() {
+            continue;
+        }
+        for mut to in references(&code(&std::fs::read_to_string(file).unwrap())) {
+            if !modules.contains(&to) {
+                to.truncate(1);
+            }
+            let nested = to.starts_with(&from) || from.starts_with(&to);
+            if !nested {
+                edges.entry(from.clone()).or_default().insert(to);
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn each_layer_names_only_the_layers_below_it() {
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut wrong = Vec::new();
+    for (from, tos) in graph() {
+        let Some(may) = allowed.get(from[0].as_str()) else {
+            wrong.push(format!("{} is not a layer lib.rs names", from.join("::")));
+            continue;
+        };
+        for to in tos {
+            if to[0] != from[0] && !may.contains(&to[0].as_str()) {
+                wrong.push(format!("{} names {}", from.join("::"), to.join("::")));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "imports against the layering: {wrong:#?}");
+}
+
+#[test]
+fn no_two_modules_depend_on_each_other() {
+    let edges = graph();
+    // Tarjan's strongly connected components; any with two or more modules is a cycle.
+    struct Search<'a> {
+        edges: &'a BTreeMap<Module, BTreeSet<Module>>,
+        index: BTreeMap<Module, usize>,
+        low: BTreeMap<Module, usize>,
+        stack: Vec<Module>,
+        cycles: Vec<Vec<String>>,
+    }
+    impl Search<'_> {
+        fn visit(&mut self, v: &Module) {
+            let n = self.index.len();
+            self.index.insert(v.clone(), n);
+            self.low.insert(v.clone(), n);
+            self.stack.push(v.clone());
+            for w in self.edges.get(v).into_iter().flatten() {
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let lw = self.low[w];
+                    let lv = self.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(lw);
+                } else if self.stack.contains(w) {
+                    let iw = self.index[w];
+                    let lv = self.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(iw);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    let done = &w == v;
+                    component.push(w.join("::"));
+                    if done {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.cycles.push(component);
+                }
+            }
+        }
+    }
+    let mut search = Search {
+        edges: &edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        cycles: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !search.index.contains_key(v) {
+            search.visit(v);
+        }
+    }
+    assert!(
+        search.cycles.is_empty(),
+        "module cycles: {:#?}",
+        search.cycles
+    );
+}
+
+#[test]
+fn the_reader_finds_braced_and_nested_paths() {
+    let found = references(&code(
+        "use crate::domain::{config::Config, plan};\n// crate::runtime::x\nfn f() { crate::state::Store::new(); }\n#[cfg(test)]\nmod tests { use crate::testkit::fixtures; }\n",
+    ));
+    let want: BTreeSet<Module> = [
+        vec!["domain".to_string(), "config".to_string()],
+        vec!["domain".to_string(), "plan".to_string()],
+        vec!["state".to_string(), "Store".to_string()],
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(found, want);
+}
