@@ -124,7 +124,7 @@ fn discovery_bench(file: &str, delay: Option<&str>, rounds: usize) {
     }
     let per_round = (calls(&lib) - before) / rounds as u64;
     println!(
-        "FIGURE|NVML discovery on the fake, {gpus} GPUs ({file}), topology delay {}|median {:.1?} ({per_round} topology calls; at 600 ms each: {:.0} s once at start-up)",
+        "FIGURE|NVML discovery on the fake, {gpus} GPUs ({file}), topology delay {}|median {:.1?} ({per_round} topology calls, once per discovery; if each took 600 ms: {:.0} s)",
         delay.unwrap_or("0"),
         pct(&mut times, 50),
         per_round as f64 * 0.6
