@@ -31,6 +31,7 @@ pub fn synthetic_inventory(gpus: u32, migs: u32) -> Inventory {
                 pending: migs > 0,
             },
             mig_compute_slices: 7,
+            fabric_clique: None,
             mig_devices: (0..migs)
                 .map(|j| {
                     let gi = 7 + j;

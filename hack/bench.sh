@@ -13,6 +13,8 @@
 # a no-op RPC, Allocate of 1 and 4 replicas, GetPreferredAllocation, "own cost" = p50(Allocate) -
 # p50(no-op), the daemon's CPU per call (schedstat over a batch), XID written to the fake's event
 # file -> first Unhealthy ListAndWatch frame, and the in-process figures beside them.
+# Topology (benches/topology.rs): in-process GetPreferredAllocation on 8 and 16 GPUs for sizes
+# 1, 2, 3, 4, 8, and topology discovery on the fake NVML with and without a per-call delay.
 # BENCH_CALLGRIND=<dir> cargo bench --bench socket: instructions per Allocate under callgrind.
 # BENCH_QUICK=1 runs fewer calls.
 set -euo pipefail
@@ -21,7 +23,7 @@ cd "$(dirname "$0")/.."
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-for bench in cdi plugin socket reload health scaling usage; do
+for bench in cdi plugin socket reload health scaling usage topology; do
   cargo bench -q --bench "$bench" | tee -a "$wd/figures.log"
 done
 cargo build --release --bin gpu-slicer -q

@@ -257,3 +257,42 @@ fn bad_node_files_fail_clearly() {
     );
     expect_bad(&["inventory", "--backend", "cuda"], &["unknown backend"]);
 }
+
+#[test]
+fn topology_flag_prints_the_matrix_and_its_json() {
+    let node = root().join("hack/nodes/topo-pcie-dual-socket.yaml");
+    let backend = format!("sim:{}", node.display());
+    let out = run(&["inventory", "--backend", &backend, "--topology"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tNUMA Affinity"
+    );
+    assert_eq!(lines[1], "GPU0\t X \tPIX\tPXB\tPXB\tSYS\tSYS\tSYS\tSYS\t0");
+    assert!(text.contains("PIX  = Connection traversing at most a single PCIe bridge"));
+    let v = json(&[
+        "inventory",
+        "--backend",
+        &backend,
+        "--topology",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["gpus"][7]["pciBusId"], "0000:48:00.0");
+    assert_eq!(v["matrix"][7][6], "PIX");
+    let none = json(&[
+        "inventory",
+        "--backend",
+        "sim:dgx-h100",
+        "--topology",
+        "--format",
+        "json",
+    ]);
+    assert!(none.is_null(), "{none}");
+}

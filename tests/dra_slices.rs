@@ -122,3 +122,61 @@ fn a_bad_driver_or_node_name_exits_2_naming_it() {
         "{err}"
     );
 }
+
+fn validate_all(file: &Path) {
+    for v in VERSIONS {
+        let check = Command::new(tool("kubernetes-validate"))
+            .args(["--strict", "-k", v])
+            .arg(file)
+            .output()
+            .unwrap_or_else(|e| panic!("kubernetes-validate ({e}): run hack/install-deps.sh"));
+        assert!(
+            check.status.success(),
+            "{} against {v}: {}{}",
+            file.display(),
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+}
+
+#[test]
+fn gpus_carry_pcie_root_and_nvlink_domain_and_the_example_claim_validates() {
+    use serde::Deserialize;
+    let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/nodes/topo-bridged-pairs.yaml");
+    let out = slices(&node.display().to_string(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("slices.yaml");
+    std::fs::write(&file, &out.stdout).unwrap();
+    validate_all(&file);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde_json::Value::deserialize(d).unwrap())
+        .collect();
+    let devices: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ResourceSlice")
+        .flat_map(|d| d["spec"]["devices"].as_array().unwrap())
+        .collect();
+    let attr = |name: &str, key: &str| -> Option<String> {
+        let d = devices.iter().find(|d| d["name"] == name)?;
+        d["attributes"][key]["string"].as_str().map(str::to_string)
+    };
+    let domain = |n: &str| attr(n, "gpu-slicer.io/nvlinkDomain");
+    // Bridged pairs 0-2, 1-3, 4-5, 6-7 (#546): one domain per pair, named after its lowest bus ID.
+    assert_eq!(domain("gpu-0").as_deref(), Some("nvl-0000:10:00.0"));
+    assert_eq!(domain("gpu-0"), domain("gpu-2"));
+    assert_eq!(domain("gpu-1"), domain("gpu-3"));
+    assert_ne!(domain("gpu-0"), domain("gpu-1"));
+    assert_eq!(domain("gpu-6"), domain("gpu-7"));
+    for i in 0..8 {
+        let root = attr(&format!("gpu-{i}"), "resource.kubernetes.io/pcieRoot");
+        assert!(root.is_some_and(|r| r.starts_with("pci0000:")), "gpu-{i}");
+    }
+    validate_all(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/dra-nvlink-pair.yaml"));
+}

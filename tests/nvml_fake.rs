@@ -75,25 +75,16 @@ fn node_files() -> Vec<PathBuf> {
     files
 }
 
-/// Drop the sim's topology before comparing with NVML, which reads none yet. True when
-/// that is all it does: the sim read one only from a node file with a `topology` section.
-fn nvml_topology_pending(sim: &mut gpu_slicer::domain::inventory::Inventory) -> bool {
-    let had = sim.topology.take().is_some();
-    !had || sim.source.contains("topo-")
-}
-
 #[test]
 fn nvml_over_fake_matches_sim_for_every_node_file() {
     for file in node_files() {
         let text = std::fs::read_to_string(&file).expect("read node file");
-        let mut sim = SimBackend::from_file(&file)
+        // The topology too: the fake answers the topology calls from the same section the
+        // sim reads (node files without one have none on both sides).
+        let sim = SimBackend::from_file(&file)
             .expect("sim")
             .discover()
             .expect("sim");
-        // The NVML backend does not read the topology yet (issue 23: the fake's topology
-        // calls and their discovery are still to come), so the node files that carry a
-        // `topology` section are compared on everything else; nodes without one have none.
-        assert!(nvml_topology_pending(&mut sim), "{}", file.display());
         let minors: Vec<u32> = sim.gpus.iter().map(|g| g.minor).collect();
         let fake = Fake::new(Some(&text));
         let mut nvml = fake.backend(&minors).discover().expect("nvml discover");
@@ -157,6 +148,146 @@ gpus:
         "{device}"
     );
     assert!(message.contains("fell off the bus"), "{message}");
+}
+
+// ------------------------------------------------------------------ topology
+
+fn hack_node(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("hack/nodes")
+            .join(name),
+    )
+    .expect("read node file")
+}
+
+/// The fake's topology-call count (`fakeNvmlTopologyCalls`).
+fn topology_calls(lib: &libloading::Library) -> u64 {
+    // SAFETY: the control symbol's signature is `unsigned long long (void)`.
+    unsafe {
+        let calls: libloading::Symbol<unsafe extern "C" fn() -> u64> =
+            lib.get(b"fakeNvmlTopologyCalls").expect("control symbol");
+        calls()
+    }
+}
+
+#[test]
+fn nvswitch_board_pairs_are_all_nvlink_connected_through_nvml() {
+    let fake = Fake::new(Some(&hack_node("topo-nvswitch-h100.yaml")));
+    let inv = fake.backend(&[]).discover().expect("discover");
+    let t = inv.topology.expect("a topology");
+    assert_eq!(t.len(), 8);
+    for a in 0..8 {
+        for b in (0..8).filter(|&b| b != a) {
+            assert_eq!(t.link(a, b).nvlinks, 18, "pair {a}-{b}");
+        }
+    }
+    assert!(topology_calls(&fake._lib) > 0);
+}
+
+/// Two bridged pairs; GPU 0 reports NV4 to GPU 1, GPU 1 reports NV2 back, and GPU 2's side
+/// of its PCIe link to GPU 3 differs from GPU 3's.
+const ASYMMETRIC: &str = r#"
+gpus:
+  - {index: 0, uuid: GPU-00000000-0000-0000-0000-000000000000, product: NVIDIA H100 NVL, memoryMiB: 95830, pciBusId: "0000:10:00.0", numaNode: 0}
+  - {index: 1, uuid: GPU-00000000-0000-0000-0000-000000000001, product: NVIDIA H100 NVL, memoryMiB: 95830, pciBusId: "0000:18:00.0", numaNode: 0}
+  - {index: 2, uuid: GPU-00000000-0000-0000-0000-000000000002, product: NVIDIA H100 NVL, memoryMiB: 95830, pciBusId: "0000:20:00.0", numaNode: 1}
+  - {index: 3, uuid: GPU-00000000-0000-0000-0000-000000000003, product: NVIDIA H100 NVL, memoryMiB: 95830, pciBusId: "0000:28:00.0", numaNode: 1}
+topology:
+  matrix:
+    - "X   NV4 SYS SYS"
+    - "NV2 X   SYS SYS"
+    - "SYS SYS X   PIX"
+    - "SYS SYS PHB X"
+"#;
+
+#[test]
+fn asymmetric_answers_keep_the_worse_side_and_a_usable_topology() {
+    let fake = Fake::new(Some(ASYMMETRIC));
+    let inv = fake
+        .backend(&[])
+        .discover()
+        .expect("discover, never an error");
+    let t = inv.topology.expect("a topology");
+    let cells: Vec<String> = t.matrix.iter().map(|r| r.join(" ")).collect();
+    assert_eq!(
+        cells,
+        [
+            "X NV2 SYS SYS",
+            "NV2 X SYS SYS",
+            "SYS SYS X PHB",
+            "SYS SYS PHB X"
+        ],
+        "the worse answer of each disagreeing pair"
+    );
+}
+
+#[test]
+fn unsupported_topology_calls_give_a_pcie_only_topology() {
+    let node = ASYMMETRIC.replace("topology:\n", "topology:\n  unsupported: [nvlink]\n");
+    let fake = Fake::new(Some(&node));
+    let t = fake
+        .backend(&[])
+        .discover()
+        .expect("discover")
+        .topology
+        .expect("topology");
+    assert!(
+        (0..4).all(|a| (0..4).all(|b| t.link(a, b).nvlinks == 0)),
+        "no NVLink without the NVLink calls"
+    );
+    assert_eq!(t.matrix[2][3], "PHB");
+    // Neither call: the driver says nothing, so there is no topology at all (as a node file
+    // without a `topology` section), and discovery still succeeds.
+    let node = ASYMMETRIC.replace(
+        "topology:\n",
+        "topology:\n  unsupported: [nvlink, commonAncestor]\n",
+    );
+    let fake = Fake::new(Some(&node));
+    let inv = fake.backend(&[]).discover().expect("discover");
+    assert_eq!(inv.topology, None);
+    assert_eq!(inv.gpus.len(), 4);
+}
+
+#[test]
+fn fabric_attached_gpus_carry_their_clique_through_nvml() {
+    let node = r#"
+gpus:
+  - {index: 0, uuid: GPU-00000000-0000-0000-0000-000000000000, product: NVIDIA H100 80GB HBM3, pciBusId: "0000:10:00.0",
+     fabric: {clusterUuid: 3f1c2a4b-5d6e-4f70-8192-a3b4c5d6e7f8, cliqueId: 32766}}
+  - {index: 1, uuid: GPU-00000000-0000-0000-0000-000000000001, product: NVIDIA H100 80GB HBM3, pciBusId: "0000:18:00.0",
+     fabric: {clusterUuid: 3f1c2a4b-5d6e-4f70-8192-a3b4c5d6e7f8, cliqueId: 32766, state: inProgress}}
+  - {index: 2, uuid: GPU-00000000-0000-0000-0000-000000000002, product: NVIDIA H100 80GB HBM3, pciBusId: "0000:20:00.0"}
+"#;
+    let fake = Fake::new(Some(node));
+    let nvml = fake.backend(&[]).discover().expect("discover");
+    let cliques: Vec<Option<&str>> = nvml
+        .gpus
+        .iter()
+        .map(|g| g.fabric_clique.as_deref())
+        .collect();
+    assert_eq!(
+        cliques,
+        [
+            Some("3f1c2a4b-5d6e-4f70-8192-a3b4c5d6e7f8.32766"),
+            None,
+            None
+        ],
+        "only a completed registration attaches"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("node.yaml");
+    std::fs::write(&file, node).expect("write");
+    let sim = SimBackend::from_file(&file)
+        .expect("sim")
+        .discover()
+        .expect("sim");
+    let sim_cliques: Vec<Option<&str>> = sim
+        .gpus
+        .iter()
+        .map(|g| g.fabric_clique.as_deref())
+        .collect();
+    assert_eq!(sim_cliques, cliques);
 }
 
 // ------------------------------------------------------------------ NVML event watcher
@@ -467,8 +598,14 @@ fn fake_exports_every_symbol_the_agent_calls() {
         "nvmlDeviceGetMemoryLimits_v1",
         "nvmlDeviceGetUtilizationRates",
         "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetTopologyCommonAncestor",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+        "nvmlDeviceGetNvLinkRemoteDeviceType",
+        "nvmlDeviceGetGpuFabricInfoV",
         "fakeNvmlSetNodeJson",
         "fakeNvmlInjectEvent",
+        "fakeNvmlTopologyCalls",
     ];
     let missing: Vec<&str> = symbols
         .iter()

@@ -245,6 +245,10 @@ pub struct InventoryArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub format: OutputFormat,
+    /// Print only the GPU-pair topology: the matrix as `nvidia-smi topo -m` writes it (NV#,
+    /// PIX, PXB, PHB, NODE, SYS) with the NUMA node of each GPU, or its JSON with `--format json`.
+    #[arg(long)]
+    pub topology: bool,
 }
 
 /// `inventory` output formats.

@@ -2,6 +2,7 @@
 //!
 //! The JSON form is a contract for scripts: an object with `gpus` (the inventory) and
 //! `resources` (`name`, `devices[]` with `id`, `health`, `gpu`, …), sorted and stable.
+//! `--topology` prints the GPU-pair matrix instead (`nvidia-smi topo -m` cells).
 
 use std::io::Write;
 
@@ -17,6 +18,9 @@ pub fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {
     let config = args.config.load()?;
     let backend = super::backend::open_backend(&args.backend)?;
     let inventory = backend.discover()?;
+    if args.topology {
+        return write_topology(out, &inventory, args.format);
+    }
     let plan = crate::runtime::report::plan_logged(&inventory, &config)?;
     match args.format {
         OutputFormat::Json => {
@@ -24,6 +28,27 @@ pub fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {
             writeln!(out)?;
         }
         OutputFormat::Table => write_table(out, &inventory, &config, &plan)?,
+    }
+    Ok(())
+}
+
+/// `--topology`: the matrix, or its JSON (`null` without a topology).
+fn write_topology(out: &mut dyn Write, inv: &Inventory, format: OutputFormat) -> Result<()> {
+    let report = inv
+        .topology
+        .as_ref()
+        .map(crate::domain::usage::TopologyReport::new);
+    match (format, &inv.topology) {
+        (OutputFormat::Json, _) => {
+            serde_json::to_writer_pretty(&mut *out, &report)?;
+            writeln!(out)?;
+        }
+        (OutputFormat::Table, Some(t)) => write!(out, "{}", t.render())?,
+        (OutputFormat::Table, None) => writeln!(
+            out,
+            "no topology: {} reports no GPU-pair links (node file without a `topology` section, or a driver that answers no topology call)",
+            inv.source
+        )?,
     }
     Ok(())
 }

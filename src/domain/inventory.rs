@@ -107,6 +107,10 @@ pub struct Gpu {
     pub mig_compute_slices: u32,
     /// MIG devices on this GPU, sorted by GPU instance then compute instance.
     pub mig_devices: Vec<MigDevice>,
+    /// `<cluster UUID>.<clique ID>` when the GPU is attached to a multi-node NVLink fabric
+    /// ([`crate::domain::topology::fabric_clique`]); the `nvidia.com/gpu.clique` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_clique: Option<String>,
 }
 
 fn is_zero(v: &u32) -> bool {

@@ -21,6 +21,8 @@
 //! - `cuda.driver.*` split the *driver* version `X.Y[.Z]` (deprecated names GFD still
 //!   writes, next to `cuda.driver-version.*`); `cuda.runtime.*` are the CUDA version.
 //! - `nvidia.com/gpu.present=true` on any node with a GPU (the GPU Operator's selector).
+//! - `nvidia.com/gpu.clique` when the GPUs are attached to a multi-node NVLink fabric
+//!   (registration completed, SUCCESS, non-zero cluster UUID) and all share one clique.
 //! - `mig.capable` when any GPU can do MIG; `mig.strategy` unless the strategy is `none`;
 //!   under `mixed` every profile present gets `nvidia.com/mig-<profile>.{count,memory,…}`.
 //!
@@ -38,6 +40,9 @@ const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// gpu-slicer's own label: the isolation every share on the node gets.
 pub const ISOLATION_LABEL: &str = "gpu-slicer.io/isolation";
+
+/// GFD's multi-node NVLink clique label (`<cluster UUID>.<clique ID>`).
+pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
 
 /// Longest label value Kubernetes accepts.
 pub const MAX_VALUE_LEN: usize = 63;
@@ -98,6 +103,7 @@ pub fn build(inv: &Inventory, cfg: &Config, plan: &Plan) -> NodeLabels {
             mig_mixed(inv, cfg, &mut out);
         }
     }
+    clique(inv, &mut out);
     out.set(ISOLATION_LABEL, isolation_value(node_isolation(plan)));
     for v in out.labels.values_mut() {
         // Every value above is built from sanitised parts; this only guards the invariant.
@@ -106,6 +112,29 @@ pub fn build(inv: &Inventory, cfg: &Config, plan: &Plan) -> NodeLabels {
         }
     }
     out
+}
+
+/// `nvidia.com/gpu.clique` (GFD `internal/lm/imex.go`): the one clique every fabric-attached
+/// GPU shares; none when no GPU is attached, a warning and none when they disagree.
+fn clique(inv: &Inventory, out: &mut NodeLabels) {
+    let cliques: BTreeSet<&str> = inv
+        .gpus
+        .iter()
+        .filter_map(|g| g.fabric_clique.as_deref())
+        .collect();
+    match cliques.len() {
+        0 => {}
+        1 => {
+            if let Some(c) = cliques.first() {
+                out.set(CLIQUE_LABEL, c);
+            }
+        }
+        _ => out.warnings.push(format!(
+            "fabric-attached GPUs are in {} cliques ({}): no {CLIQUE_LABEL} label",
+            cliques.len(),
+            cliques.iter().copied().collect::<Vec<_>>().join(", ")
+        )),
+    }
 }
 
 /// Driver and CUDA version labels (old and new GFD names).

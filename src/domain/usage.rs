@@ -638,6 +638,52 @@ pub struct UsageReport {
     pub placeable: Vec<PlaceableReport>,
     /// Processes no share could be found for, by reason; every reason is listed.
     pub unattributed_processes: BTreeMap<String, u64>,
+    /// The GPU-pair topology read at discovery, when the backend read one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologyReport>,
+}
+
+/// The node's GPU-pair topology as `nvidia-smi topo -m` cells.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyReport {
+    /// The GPUs, in NVML index order: the matrix's rows and columns.
+    pub gpus: Vec<TopologyGpuReport>,
+    /// `X`, `NV#`, `PIX`, `PXB`, `PHB`, `NODE` or `SYS` per (row, column).
+    pub matrix: Vec<Vec<String>>,
+}
+
+/// One GPU of a [`TopologyReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyGpuReport {
+    /// NVML index.
+    pub index: u32,
+    /// PCI bus ID.
+    pub pci_bus_id: String,
+    /// NUMA node, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i64>,
+}
+
+impl TopologyReport {
+    /// The report of a topology.
+    pub fn new(t: &crate::domain::topology::Topology) -> Self {
+        let mut gpus: Vec<TopologyGpuReport> = t
+            .gpus
+            .iter()
+            .map(|g| TopologyGpuReport {
+                index: g.index,
+                pci_bus_id: g.pci_bus_id.clone(),
+                numa_node: g.numa_node,
+            })
+            .collect();
+        gpus.sort_by_key(|g| g.index);
+        Self {
+            gpus,
+            matrix: t.matrix.clone(),
+        }
+    }
 }
 
 /// Everything [`report`] combines.
@@ -762,6 +808,7 @@ pub fn report(i: &ReportInputs<'_>) -> UsageReport {
         idle_shares,
         placeable,
         unattributed_processes,
+        topology: i.inventory.topology.as_ref().map(TopologyReport::new),
     }
 }
 

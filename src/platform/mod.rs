@@ -18,5 +18,6 @@ pub mod mig;
 pub mod mps_shm;
 pub mod nvml;
 pub mod nvml_events;
+pub(crate) mod nvml_topology;
 pub mod sim;
 pub mod usage;

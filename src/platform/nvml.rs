@@ -7,7 +7,8 @@
 //!
 //! Every call blocks (FFI into the driver), so [`NvmlBackend::discover`] belongs on a blocking
 //! thread. NVML is opened per discovery and closed afterwards; the health watcher owns its own
-//! handle (`crate::platform::nvml_events`). The two raw symbol calls NVML's wrapper lacks (GPU and
+//! handle (`crate::platform::nvml_events`). The GPU-pair topology is read in the same pass
+//! (`crate::platform::nvml_topology`). The two raw symbol calls NVML's wrapper lacks (GPU and
 //! compute instance ids) live here, each with its safety argument.
 //!
 //! MIG profile names come from the device attributes: `<G>g.<GB>gb` via
@@ -162,6 +163,7 @@ impl NvmlBackend {
             mig_mode,
             mig_compute_slices,
             mig_devices,
+            fabric_clique: super::nvml_topology::fabric_clique(nvml, &dev),
         })
     }
 }
@@ -183,13 +185,14 @@ impl Backend for NvmlBackend {
             .map(|i| self.gpu(&nvml, i, minors.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         gpus.sort_by_key(|g| g.index);
+        let topology = super::nvml_topology::read(&nvml, &gpus);
         tracing::debug!(gpus = gpus.len(), "NVML inventory discovered");
         Ok(Inventory {
             source: "nvml".to_string(),
             driver_version,
             cuda_driver_version,
             gpus,
-            topology: None,
+            topology,
         })
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use node_spec::{NodeSpec, TopoCell};
 
-use crate::domain::topology::{PcieLevel, RawGpu, RawPair, Topology};
+use crate::domain::topology::{PcieLevel, RawGpu, RawPair, Topology, fabric_clique};
 
 use crate::domain::inventory::{
     Backend, Gpu, Inventory, InventoryError, MigDevice, MigMode, Result,
@@ -149,6 +149,14 @@ pub fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
                 },
                 mig_compute_slices: product.map_or(0, |p| p.compute_slices),
                 mig_devices,
+                fabric_clique: g.fabric.as_ref().and_then(|f| {
+                    fabric_clique(
+                        f.cluster_uuid_bytes()?,
+                        f.clique_id,
+                        f.state_code()?,
+                        f.status,
+                    )
+                }),
             }
         })
         .collect();
@@ -158,7 +166,13 @@ pub fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
         cuda_driver_version: u32::try_from(spec.cuda_driver_version)
             .ok()
             .filter(|v| *v > 0),
-        topology: spec.topology.as_ref().map(|t| topology_from_spec(spec, t)),
+        // A matrix whose every call is marked unsupported is a driver that answers no
+        // topology call: no topology, as the NVML backend concludes from the same answers.
+        topology: spec
+            .topology
+            .as_ref()
+            .filter(|t| !(t.is_unsupported("nvlink") && t.is_unsupported("commonAncestor")))
+            .map(|t| topology_from_spec(spec, t)),
         gpus,
     }
 }

@@ -215,6 +215,7 @@ pub fn spawn(
         idle_shares: BTreeMap::new(),
         placeable: Vec::new(),
         unattributed_processes: BTreeMap::new(),
+        topology: None,
     };
     let (tx, rx) = watch::channel(Arc::new(StateDocument::new(initial)));
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();

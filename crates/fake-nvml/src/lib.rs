@@ -74,6 +74,12 @@
 //! Utilisation, used memory and compute processes come from the node file's `usage` section
 //! (see [`usage`]).
 //!
+//! # Topology
+//!
+//! Common PCIe ancestor and NVLink links (state, remote PCI info, remote device type) from the
+//! node file's `topology` section, with an optional per-call delay and a call counter: see
+//! [`topology`].
+//!
 //! # MIG instances
 //!
 //! GPU and compute instance create/list/destroy with the products' placement tables, the
@@ -83,6 +89,7 @@
 //! contract of `nvml.h`; the `# Safety` of each export is that contract.
 #![allow(clippy::missing_safety_doc)]
 
+pub mod topology;
 pub mod usage;
 mod wake;
 

@@ -16,7 +16,11 @@
 //! CUDA 0: NVIDIA A100-SXM4-80GB MIG 1g.10gb (UUID: MIG-…) free 10737418240 total 10737418240
 //! ```
 //!
-//! `-L` prints only the `GPU`/`MIG` lines (as `nvidia-smi -L`). Exit codes: 0 success, 2 bad
+//! `-L` prints only the `GPU`/`MIG` lines (as `nvidia-smi -L`). `topo -m` prints the GPU×GPU
+//! matrix of the node file's `topology` section (`FAKE_NVML_NODE`, cut to the GPUs whose
+//! device nodes exist under `FAKE_GPU_DEV_ROOT`, as the fake NVML serves them) in
+//! `nvidia-smi topo -m`'s layout: tab-separated `GPU<i>` columns, `NUMA Affinity`, the legend
+//! (NIC columns and CPU affinity are left out). Exit codes: 0 success, 2 bad
 //! arguments, 9 NVML failed (as `nvidia-smi` when it cannot reach the driver), 12 a library
 //! cannot be loaded, 13 a CUDA call failed. The CUDA UUID is printed with the prefix of the
 //! NVML device whose bytes it equals (`CUDA-` when it matches none).
@@ -372,17 +376,63 @@ impl Nvml<'_> {
     }
 }
 
+/// `topo -m`: the node file's matrix.
+fn topo() -> Result<(), Failure> {
+    let node = fake_view::node_from_env().map_err(|e| fail(9, e.to_string()))?;
+    let Some(t) = &node.topology else {
+        return Err(fail(
+            9,
+            "the node file has no `topology` section (topology not available)",
+        ));
+    };
+    let mut out = String::new();
+    for g in &node.gpus {
+        out.push_str(&format!("\tGPU{}", g.index));
+    }
+    out.push_str("\tNUMA Affinity\n");
+    for (g, row) in node.gpus.iter().zip(&t.matrix) {
+        out.push_str(&format!("GPU{}", g.index));
+        for cell in row.split_whitespace() {
+            if cell == "X" {
+                out.push_str("\t X ");
+            } else {
+                out.push_str(&format!("\t{cell}"));
+            }
+        }
+        match g.numa_node {
+            Some(n) => out.push_str(&format!("\t{n}\n")),
+            None => out.push_str("\tN/A\n"),
+        }
+    }
+    out.push_str(LEGEND);
+    print!("{out}");
+    Ok(())
+}
+
+const LEGEND: &str = "
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let list_only = match args.as_slice() {
-        [] => false,
-        [a] if a == "-L" || a == "--list-gpus" => true,
+    let result = match args.as_slice() {
+        [] => run(false),
+        [a] if a == "-L" || a == "--list-gpus" => run(true),
+        [a, b] if a == "topo" && b == "-m" => topo(),
         _ => {
-            eprintln!("usage: nvidia-smi [-L]   (gpu-slicer's fake nvidia-smi)");
+            eprintln!("usage: nvidia-smi [-L | topo -m]   (gpu-slicer's fake nvidia-smi)");
             return ExitCode::from(2);
         }
     };
-    match run(list_only) {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("nvidia-smi: {}", f.message);

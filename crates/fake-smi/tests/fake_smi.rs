@@ -38,10 +38,14 @@ fn setup(nodes: &[&str]) -> tempfile::TempDir {
 }
 
 fn smi(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    smi_on(NODE, dir, args)
+}
+
+fn smi_on(node: &str, dir: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_fake-nvidia-smi"))
         .args(args)
         .env("LD_LIBRARY_PATH", dir.join("lib"))
-        .env("FAKE_NVML_NODE", NODE)
+        .env("FAKE_NVML_NODE", node)
         .env("FAKE_GPU_DEV_ROOT", dir.join("root"))
         .env_remove("FAKE_NVML_LIMITS_FILE")
         .output()
@@ -121,5 +125,34 @@ fn bad_arguments_are_refused() {
     let dir = setup(&["nvidiactl"]);
     let (rc, _, err) = smi(dir.path(), &["-q"]);
     assert_eq!(rc, 2);
-    assert!(err.starts_with("usage: nvidia-smi [-L]"), "{err}");
+    assert!(err.starts_with("usage: nvidia-smi [-L | topo -m]"), "{err}");
+}
+
+#[test]
+fn topo_m_prints_the_visible_gpus_matrix() {
+    let node = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../hack/nodes/topo-bridged-pairs.yaml"
+    );
+    // GPUs 0 and 2 (an NVLink pair) and GPU 4 (the other socket) are visible.
+    let dir = setup(&["nvidiactl", "nvidia0", "nvidia2", "nvidia4"]);
+    let (rc, out, err) = smi_on(node, dir.path(), &["topo", "-m"]);
+    assert_eq!(rc, 0, "{err}");
+    let head: Vec<&str> = out.lines().take(4).collect();
+    assert_eq!(
+        head,
+        [
+            "\tGPU0\tGPU1\tGPU2\tNUMA Affinity",
+            "GPU0\t X \tNV12\tSYS\t0",
+            "GPU1\tNV12\t X \tSYS\t0",
+            "GPU2\tSYS\tSYS\t X \t1",
+        ]
+    );
+    assert!(
+        out.contains("NV#  = Connection traversing a bonded set of # NVLinks"),
+        "{out}"
+    );
+    let (rc, _, err) = smi(dir.path(), &["topo", "-m"]);
+    assert_eq!(rc, 9, "mixed-a100 has no topology section");
+    assert!(err.contains("no `topology` section"), "{err}");
 }

@@ -100,10 +100,13 @@ pub fn device_view(
     }
     let mut renumber = BTreeMap::new();
     let mut kept = Vec::new();
-    for mut gpu in std::mem::take(&mut node.gpus) {
+    // Matrix positions of the kept GPUs: the topology is cut down with them.
+    let mut kept_rows = Vec::new();
+    for (row, mut gpu) in std::mem::take(&mut node.gpus).into_iter().enumerate() {
         if !present(&gpu_node(root, &gpu)) {
             continue;
         }
+        kept_rows.push(row);
         let new_index = kept.len() as u32;
         renumber.insert(gpu.index, new_index);
         let slots: Vec<(u32, String)> = gpu
@@ -127,6 +130,19 @@ pub fn device_view(
         kept.push(gpu);
     }
     node.gpus = kept;
+    if let Some(t) = &mut node.topology {
+        t.matrix = kept_rows
+            .iter()
+            .filter_map(|&r| {
+                let cells: Vec<&str> = t.matrix.get(r)?.split_whitespace().collect();
+                let row: Vec<&str> = kept_rows
+                    .iter()
+                    .filter_map(|&c| cells.get(c).copied())
+                    .collect();
+                Some(row.join(" "))
+            })
+            .collect();
+    }
     node.events.retain_mut(|ev| match renumber.get(&ev.gpu) {
         Some(&i) => {
             ev.gpu = i;

@@ -116,6 +116,58 @@ pub struct GpuSpec {
     /// e.g. `{"nvmlDeviceGetMinorNumber": 15}` (15 = GPU_IS_LOST).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub nvml_errors: BTreeMap<String, u32>,
+    /// Multi-node NVLink fabric registration (`nvmlDeviceGetGpuFabricInfoV`); absent: the
+    /// GPU is not fabric-capable (NOT_SUPPORTED).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricSpec>,
+}
+
+/// What `nvmlDeviceGetGpuFabricInfoV` reports for a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FabricSpec {
+    /// Cluster UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, all zero on NVLink systems
+    /// that are not multi-node capable).
+    pub cluster_uuid: String,
+    /// Clique ID within the cluster.
+    pub clique_id: u32,
+    /// Registration state: `notSupported`, `notStarted`, `inProgress` or `completed`
+    /// (default).
+    #[serde(default = "default_fabric_state")]
+    pub state: String,
+    /// NVML return code of the registration, meaningful when completed (default 0).
+    #[serde(default)]
+    pub status: u32,
+}
+
+fn default_fabric_state() -> String {
+    "completed".into()
+}
+
+impl FabricSpec {
+    /// `nvmlGpuFabricState_t` of [`FabricSpec::state`] (`None` for an unknown name).
+    pub fn state_code(&self) -> Option<u8> {
+        Some(match self.state.as_str() {
+            "notSupported" => 0,
+            "notStarted" => 1,
+            "inProgress" => 2,
+            "completed" => 3,
+            _ => return None,
+        })
+    }
+
+    /// The cluster UUID's 16 bytes (`None` when it is not 32 hex digits with dashes).
+    pub fn cluster_uuid_bytes(&self) -> Option<[u8; 16]> {
+        let hex: String = self.cluster_uuid.chars().filter(|c| *c != '-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(out)
+    }
 }
 
 /// MIG mode and devices of one GPU.
@@ -317,6 +369,23 @@ impl NodeSpec {
         let mut buses = BTreeSet::new();
         for (pos, gpu) in self.gpus.iter().enumerate() {
             let f = |name: &str| format!("gpus[{pos}].{name}");
+            if let Some(fab) = &gpu.fabric {
+                if fab.cluster_uuid_bytes().is_none() {
+                    return Err(invalid(
+                        f("fabric.clusterUuid"),
+                        format!("`{}` is not a UUID (32 hex digits)", fab.cluster_uuid),
+                    ));
+                }
+                if fab.state_code().is_none() {
+                    return Err(invalid(
+                        f("fabric.state"),
+                        format!(
+                            "`{}`: expected notSupported, notStarted, inProgress or completed",
+                            fab.state
+                        ),
+                    ));
+                }
+            }
             if !indices.insert(gpu.index) {
                 return Err(invalid(
                     f("index"),

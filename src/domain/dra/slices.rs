@@ -18,6 +18,7 @@ use super::model::{
 };
 use crate::domain::inventory::{Gpu, Health, Inventory, MigDevice};
 use crate::domain::plan::Plan;
+use crate::domain::topology::{PlacementAttributes, placement_attributes};
 use crate::domain::view::Overlay;
 
 /// Most devices in one slice.
@@ -32,6 +33,13 @@ pub const TAINT_GPU_LOST: &str = "gpu-slicer.io/gpu-lost";
 pub const TAINT_UNHEALTHY: &str = "gpu-slicer.io/unhealthy";
 /// Standard attribute of the PCI address.
 pub const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// Standard attribute: the GPU's PCIe root complex (`pci<domain>:<bus>`), from the topology
+/// (`crate::domain::topology::placement_attributes`); MIG devices carry their parent's.
+pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// The NVLink-connected group a GPU belongs to (equal for all GPUs of one NVSwitch board or
+/// one bridged pair), so a claim for several GPUs can `matchAttribute` on it. GPUs without
+/// NVLink peers have none (and so never match such a claim).
+pub const ATTR_NVLINK_DOMAIN: &str = "gpu-slicer.io/nvlinkDomain";
 
 /// Whole GPU or MIG device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,20 +118,47 @@ pub fn node_devices(
         .collect();
     let mut out = NodeDevices::default();
     let driver_version = inv.driver_version.as_deref().and_then(semver);
+    let placement: BTreeMap<String, PlacementAttributes> = inv
+        .topology
+        .as_ref()
+        .map(|t| {
+            placement_attributes(t)
+                .into_iter()
+                .map(|p| (p.pci_bus_id.clone(), p))
+                .collect()
+        })
+        .unwrap_or_default();
     for gpu in &inv.gpus {
+        let place = placement.get(&gpu.pci_bus_id);
         if served.contains(gpu.uuid.as_str()) {
-            let nd = gpu_device(gpu, driver_version.as_deref(), health);
+            let mut nd = gpu_device(gpu, driver_version.as_deref(), health);
+            add_placement(&mut nd.device.attributes, place, true);
             out.devices.insert(nd.name.clone(), nd);
         }
         let starts = placements(gpu);
         for mig in &gpu.mig_devices {
             if served.contains(mig.uuid.as_str()) {
-                let nd = mig_device(gpu, mig, &starts, driver_version.as_deref(), health);
+                let mut nd = mig_device(gpu, mig, &starts, driver_version.as_deref(), health);
+                // A MIG slice is not NVLink-placed on its own: only the PCIe root.
+                add_placement(&mut nd.device.attributes, place, false);
                 out.devices.insert(nd.name.clone(), nd);
             }
         }
     }
     out
+}
+
+/// The topology attributes of a device on the GPU placed at `place`.
+fn add_placement(
+    attributes: &mut BTreeMap<String, Attribute>,
+    place: Option<&PlacementAttributes>,
+    nvlink: bool,
+) {
+    let Some(p) = place else { return };
+    attributes.insert(ATTR_PCIE_ROOT.into(), Attribute::String(clip(&p.pcie_root)));
+    if let Some(domain) = p.nvlink_domain.as_deref().filter(|_| nvlink) {
+        attributes.insert(ATTR_NVLINK_DOMAIN.into(), Attribute::String(clip(domain)));
+    }
 }
 
 fn common_attributes(gpu: &Gpu, driver_version: Option<&str>) -> BTreeMap<String, Attribute> {

@@ -337,3 +337,40 @@ fn several_products_warn_and_pick_the_lowest_index() {
         l.warnings
     );
 }
+
+#[test]
+fn clique_label_needs_every_attached_gpu_in_one_clique() {
+    let mut inv = fixtures::inventory("dgx-h100");
+    let l = build(&inv, &Config::default(), &Plan::default());
+    assert!(!l.labels.contains_key(CLIQUE_LABEL), "not fabric-attached");
+    let clique = crate::domain::topology::fabric_clique([0xab; 16], 32766, 3, 0);
+    assert_eq!(
+        clique.as_deref(),
+        Some("abababab-abab-abab-abab-abababababab.32766")
+    );
+    assert_eq!(
+        crate::domain::topology::fabric_clique([0; 16], 1, 3, 0),
+        None
+    );
+    assert_eq!(
+        crate::domain::topology::fabric_clique([1; 16], 1, 2, 0),
+        None
+    );
+    for g in &mut inv.gpus {
+        g.fabric_clique.clone_from(&clique);
+    }
+    let l = build(&inv, &Config::default(), &Plan::default());
+    assert_eq!(
+        get(&l, CLIQUE_LABEL),
+        "abababab-abab-abab-abab-abababababab.32766"
+    );
+    assert_all_valid(&l);
+    inv.gpus[3].fabric_clique = Some("abababab-abab-abab-abab-abababababab.7".into());
+    let l = build(&inv, &Config::default(), &Plan::default());
+    assert!(!l.labels.contains_key(CLIQUE_LABEL));
+    assert!(
+        l.warnings.iter().any(|w| w.contains("2 cliques")),
+        "{:?}",
+        l.warnings
+    );
+}

@@ -473,6 +473,30 @@ pub fn from_cells(gpus: &[RawGpu], cells: &[Vec<Cell>]) -> (Topology, Vec<Topolo
     })
 }
 
+/// The clique a GPU's fabric registration places it in, by go-nvlib's `IsFabricAttached`
+/// rule: registration completed (`state` 3) with status SUCCESS and a non-zero cluster UUID
+/// (NVLink systems that are not multi-node capable report a zero one). The value is GFD's
+/// `nvidia.com/gpu.clique`: `<cluster UUID>.<clique ID in decimal>`.
+pub fn fabric_clique(
+    cluster_uuid: [u8; 16],
+    clique_id: u32,
+    state: u8,
+    status: u32,
+) -> Option<String> {
+    if state != 3 || status != 0 || cluster_uuid == [0; 16] {
+        return None;
+    }
+    let h: String = cluster_uuid.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!(
+        "{}-{}-{}-{}-{}.{clique_id}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+}
+
 pub mod search;
 
 pub mod layouts;

@@ -427,3 +427,34 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_report_carries_the_topology_matrix_when_there_is_one() {
+    fn inputs(inventory: &Inventory) -> UsageReport {
+        report(&ReportInputs {
+            generation: 1,
+            sampled_at_ms: 0,
+            interval: Duration::from_secs(1),
+            idle_window: Duration::from_secs(1),
+            inventory,
+            views: &BTreeMap::new(),
+            sample: &Sample::default(),
+            attribution: &Attribution::default(),
+            idle: &BTreeSet::new(),
+            allocated: &BTreeMap::new(),
+        })
+    }
+    let mut inventory = fixtures::inventory("dgx-h100");
+    let plain = inputs(&inventory);
+    assert_eq!(plain.topology, None);
+    assert!(!serde_json::to_string(&plain).unwrap().contains("topology"));
+    let layouts = crate::domain::topology::layouts::reference();
+    let bridged = layouts.iter().find(|l| l.name == "bridged-pairs").unwrap();
+    inventory.topology = Some(bridged.topology());
+    let r = inputs(&inventory);
+    let t = r.topology.as_ref().expect("topology");
+    assert_eq!(t.matrix[0][2], "NV12");
+    assert_eq!(t.gpus[7].numa_node, Some(1));
+    let back: UsageReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back, r);
+}
