@@ -2,8 +2,8 @@
 # Validate everything in deploy/ with real tools: yamllint on the files, then every
 # kustomization (the base, deploy/ itself and each overlay) built by real `kubectl kustomize`
 # and its output checked by kubernetes-validate --strict for every Kubernetes minor we
-# support (1.28 … 1.34; overlays that use the Kubernetes API, deploy/label-configs/, against
-# 1.34 … 1.37, the releases they target). Components (kind: Component) are built through the overlays that
+# support (1.28 … 1.34; overlays that use the Kubernetes API, deploy/label-configs/ and
+# deploy/dra/ with its examples/, against 1.34 … 1.37, the releases they target). Components (kind: Component) are built through the overlays that
 # use them. The Prometheus rules in deploy/monitoring/ are checked and unit-tested by
 # promtool (tests/monitoring.rs checks their metric names, and the dashboard's, against a
 # real scrape).
@@ -48,7 +48,7 @@ while IFS= read -r k; do
   fi
   pass=$((pass + 1))
   minors=("${versions[@]}")
-  [ "$dir" = deploy/label-configs ] && minors=("${api_versions[@]}")
+  case $dir in deploy/label-configs | deploy/dra | deploy/dra/*) minors=("${api_versions[@]}") ;; esac
   for v in "${minors[@]}"; do
     check "kubernetes-validate $dir $v" kubernetes-validate --strict --quiet -k "$v" "$built"
   done

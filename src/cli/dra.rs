@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use crate::cli::args::{BackendArgs, ConfigArgs};
 use crate::cli::error::Result;
+use crate::domain::config::Config;
 use crate::domain::dra::{self, DraError, classes, slices};
 use crate::domain::plan;
 use crate::domain::view::Overlay;
@@ -78,6 +79,37 @@ pub struct DraArgs {
     /// The kubelet's plugins directory; the DRA service is `<dir>/<driver>/dra.sock`.
     #[arg(long, env = "KUBELET_PLUGINS_DIR", default_value = DEFAULT_KUBELET_PLUGINS_DIR)]
     pub kubelet_plugins_dir: PathBuf,
+}
+
+impl DraArgs {
+    /// The driver name when DRA mode is on, `None` in device-plugin mode: `--dra` /
+    /// `DRA_ENABLED` over `flags.dra.enabled`, `--dra-driver-name` / `DRA_DRIVER_NAME` over
+    /// `flags.dra.driverName`, default [`dra::DEFAULT_DRIVER_NAME`]. Resolved once at start:
+    /// switching front-ends needs a restart. A bad name is blamed on what set it.
+    pub fn mode(&self, config: &Config) -> Result<Option<String>, DraError> {
+        if !self.enabled.or(config.dra.enabled).unwrap_or(false) {
+            return Ok(None);
+        }
+        let (name, source) = match (&self.driver_name, &config.dra.driver_name) {
+            (Some(n), _) => (
+                n.clone(),
+                crate::cli::nvidia::source_of("dra-driver-name", "DRA_DRIVER_NAME", |v| v == n),
+            ),
+            (None, Some(n)) => (
+                n.clone(),
+                format!("{}: flags.dra.driverName", config.source),
+            ),
+            (None, None) => (dra::DEFAULT_DRIVER_NAME.to_string(), "the default".into()),
+        };
+        dra::check_driver_name(&name).map_err(|e| match e {
+            DraError::DriverName { name, rule } => DraError::DriverName {
+                name,
+                rule: format!("{rule} (set by {source})"),
+            },
+            other => other,
+        })?;
+        Ok(Some(name))
+    }
 }
 
 /// The node name: `--node-name` / `NODE_NAME`, else the host name; it must be a DNS
@@ -151,4 +183,61 @@ fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(enabled: Option<bool>, name: Option<&str>) -> DraArgs {
+        DraArgs {
+            enabled,
+            driver_name: name.map(str::to_string),
+            kubelet_registry_dir: DEFAULT_KUBELET_REGISTRY_DIR.into(),
+            kubelet_plugins_dir: DEFAULT_KUBELET_PLUGINS_DIR.into(),
+        }
+    }
+
+    fn config(enabled: Option<bool>, name: Option<&str>) -> Config {
+        let mut c = Config {
+            source: "/etc/gpu-slicer/config.yaml".into(),
+            ..Config::default()
+        };
+        c.dra.enabled = enabled;
+        c.dra.driver_name = name.map(str::to_string);
+        c
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_default_name_applies() {
+        assert_eq!(args(None, None).mode(&config(None, None)).unwrap(), None);
+        assert_eq!(
+            args(None, None).mode(&config(Some(true), None)).unwrap(),
+            Some(dra::DEFAULT_DRIVER_NAME.into())
+        );
+        assert_eq!(
+            args(Some(false), None)
+                .mode(&config(Some(true), None))
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            args(Some(true), Some("a.example.com"))
+                .mode(&config(None, Some("b.example.com")))
+                .unwrap(),
+            Some("a.example.com".into())
+        );
+    }
+
+    #[test]
+    fn a_bad_driver_name_is_blamed_on_what_set_it() {
+        let e = args(Some(true), None)
+            .mode(&config(None, Some("Bad_Name")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Bad_Name") && e.contains("config.yaml: flags.dra.driverName"),
+            "{e}"
+        );
+    }
 }

@@ -141,7 +141,11 @@ impl Error {
             Error::Inventory(e) => inventory(e),
             Error::Cdi(e) => cdi(e),
             Error::Run(e) => match e {
-                RunError::Config(_) => Class::Input,
+                // Kube: the client setup only (no call is made before the daemon runs).
+                RunError::Config(_)
+                | RunError::Dra(_)
+                | RunError::Kube(_)
+                | RunError::DraStateDir => Class::Input,
                 RunError::Backend(e) => inventory(e),
                 RunError::Hook(e) => cdi(e),
                 RunError::Health(e) => monitor(e),

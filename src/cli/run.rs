@@ -34,6 +34,17 @@ pub enum RunError {
     /// Health flags.
     #[error(transparent)]
     Health(#[from] crate::cli::args::MonitorError),
+    /// DRA flags (`--dra`, `--dra-driver-name`, `flags.dra`).
+    #[error(transparent)]
+    Dra(#[from] crate::domain::dra::DraError),
+    /// The Kubernetes API setup (DRA mode).
+    #[error(transparent)]
+    Kube(#[from] crate::platform::kube::KubeError),
+    /// DRA mode without a state directory.
+    #[error(
+        "DRA mode needs --state-dir / STATE_DIR: prepared claims are persisted there (dra-prepared.json)"
+    )]
+    DraStateDir,
 }
 
 /// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
@@ -99,6 +110,12 @@ pub struct RunArgs {
     /// in `gpu_slicer_idle_shares`.
     #[arg(long, env = "IDLE_WINDOW", default_value = "15m", value_parser = crate::cli::args::parse_duration)]
     pub idle_window: std::time::Duration,
+    /// DRA mode (`--dra`, `--dra-driver-name`, the kubelet's plugin directories).
+    #[command(flatten)]
+    pub dra: crate::cli::dra::DraArgs,
+    /// How to reach the Kubernetes API and which Node this is (`--kubeconfig`, `--node-name`).
+    #[command(flatten)]
+    pub kube: crate::cli::kube_args::KubeArgs,
 }
 
 /// Default of `--state-dir`.
@@ -145,6 +162,43 @@ impl RunArgs {
         Ok(settings)
     }
 
+    /// The DRA front-end when DRA mode is on (the API client is built here: nothing is sent
+    /// until the driver's first call, so an API that is down does not stop the start).
+    pub async fn dra_settings(
+        &self,
+        config: &crate::domain::config::Config,
+    ) -> Result<Option<crate::runtime::dra::DraModeSettings>, RunError> {
+        use crate::platform::kube::{KubeClaims, NodeApi, SliceApi};
+        use crate::runtime::dra::{DraModeSettings, DraSettings, publish::PublishSettings};
+        let Some(driver) = self.dra.mode(config)? else {
+            return Ok(None);
+        };
+        let node = crate::cli::dra::node_name(Some(&self.kube.node_name()?))?;
+        if self.state_dir.is_empty() {
+            return Err(RunError::DraStateDir);
+        }
+        let client = crate::platform::kube::connect(&self.kube.source()?).await?;
+        let publish = PublishSettings::new(
+            SliceApi::new(client.clone(), &driver, &node),
+            NodeApi::new(client.clone(), node.clone()),
+        );
+        Ok(Some(DraModeSettings {
+            driver: DraSettings {
+                driver,
+                node,
+                registry_dir: self.dra.kubelet_registry_dir.clone(),
+                plugins_dir: self.dra.kubelet_plugins_dir.clone(),
+                cdi_dir: self.cdi_dir.clone(),
+                state_dir: PathBuf::from(&self.state_dir),
+                proc_root: self.backend.proc_root.clone(),
+                health_resend: crate::runtime::dra::service::HEALTH_RESEND,
+                socket_check: std::time::Duration::from_secs(1),
+            },
+            claims: std::sync::Arc::new(KubeClaims::new(client)),
+            publish: Some(publish),
+        }))
+    }
+
     /// The usage sampler's settings: NVML figures for `nvml`, the node file's `usage`
     /// section for `sim:*`; `None` when `--usage-interval` is 0.
     fn usage_settings(&self) -> Result<Option<crate::runtime::usage::UsageSettings>, RunError> {
@@ -178,7 +232,12 @@ impl RunArgs {
 
 /// Run the daemon until SIGTERM or SIGINT.
 pub async fn run(args: &RunArgs) -> Result<(), RunError> {
-    let settings = args.settings()?;
+    let mut settings = args.settings()?;
+    settings.dra = args.dra_settings(&settings.config).await?;
+    if let Some(dra) = &settings.dra {
+        tracing::info!(driver = %dra.driver.driver, node = %dra.driver.node,
+            "DRA mode: GPUs served through DRA, no device-plugin servers");
+    }
     let backend = super::backend::open_backend(&args.backend)?;
     let shutdown = CancellationToken::new();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

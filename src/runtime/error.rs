@@ -40,6 +40,9 @@ pub enum AppError {
     /// A resource could not be served.
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    /// The DRA driver could not start (its sockets, its checkpoint).
+    #[error(transparent)]
+    Dra(#[from] crate::runtime::dra::DraRuntimeError),
     /// Reload triggers could not be set up.
     #[error(transparent)]
     Reload(#[from] ReloadError),

@@ -6,7 +6,10 @@
 //! by a child of the caller's `CancellationToken`:
 //!
 //! - the reloader (triggers → load/discover → transition → spec → commit);
-//! - the plugin manager (one gRPC server per planned resource, registration);
+//! - the front-end: the plugin manager (one gRPC server per planned resource,
+//!   registration), or in DRA mode ([`RunSettings::dra`]) the DRA driver
+//!   ([`crate::runtime::dra`]: kubelet plugin, ResourceSlice publisher) over the same store,
+//!   and then no device-plugin server at all (one node never offers a resource both ways);
 //! - the MPS reconciler, the health monitor, metrics, the ledger, HTTP and the node-labels
 //!   writer.
 //!
@@ -86,6 +89,8 @@ pub struct Running {
     pub http_addr: Option<std::net::SocketAddr>,
     /// The usage sampler's rounds, when sampling is on.
     pub usage: Option<crate::runtime::usage::UsageWatch>,
+    /// The DRA front-end, in DRA mode.
+    pub dra: Option<crate::runtime::dra::DraRunning>,
 }
 
 /// Settings of [`run`].
@@ -129,6 +134,9 @@ pub struct RunSettings {
     pub usage: Option<crate::runtime::usage::UsageSettings>,
     /// Apply `flags.migLayouts` to idle GPUs through NVML (None: never repartition).
     pub mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
+    /// DRA mode: serve the GPUs through the DRA driver instead of device-plugin servers;
+    /// `None`: device-plugin mode.
+    pub dra: Option<crate::runtime::dra::DraModeSettings>,
 }
 
 impl RunSettings {
@@ -161,6 +169,7 @@ impl RunSettings {
             metrics: Arc::default(),
             usage: None,
             mig_layouts: None,
+            dra: None,
         }
     }
 }
@@ -256,23 +265,40 @@ async fn spawn_actors(
         hook,
     };
     let reloads = reloader::spawn(reloader, ReloaderPeers { fs: fs.clone() }, ctx).await?;
-    let first = ctx.store.current();
-    remove_stale_sockets(&settings.device_plugin_dir, &first.resource_names());
-    let watch = plugin::KubeletWatch::start(&settings.kubelet_socket, &fs)?;
+    let front = match settings.dra {
+        Some(dra) => FrontEnd::Dra(Box::new(dra)),
+        None => {
+            let first = ctx.store.current();
+            remove_stale_sockets(&settings.device_plugin_dir, &first.resource_names());
+            FrontEnd::Plugin(plugin::KubeletWatch::start(&settings.kubelet_socket, &fs)?)
+        }
+    };
     drop(fs);
     crate::runtime::mps::health::spawn(settings.mps, ctx);
     let readiness = Arc::new(Readiness::following(ctx.store.clone()));
-    let plugin_settings = PluginSettings {
-        device_plugin_dir: settings.device_plugin_dir,
-        kubelet_socket: settings.kubelet_socket,
-        backoff: settings.backoff,
+    let (failures, dra) = match front {
+        FrontEnd::Plugin(watch) => {
+            let plugin_settings = PluginSettings {
+                device_plugin_dir: settings.device_plugin_dir,
+                kubelet_socket: settings.kubelet_socket,
+                backoff: settings.backoff,
+            };
+            let peers = PluginPeers {
+                watch,
+                held: held.clone(),
+                readiness: readiness.clone(),
+            };
+            (
+                plugin::spawn(plugin_settings, peers, ctx).into_inner(),
+                None,
+            )
+        }
+        FrontEnd::Dra(dra) => {
+            // No resource servers, so no resource failures: a closed channel never fires.
+            let (_, none) = mpsc::channel(1);
+            (none, Some(spawn_dra(*dra, &readiness, ctx).await?))
+        }
     };
-    let peers = PluginPeers {
-        watch,
-        held: held.clone(),
-        readiness: readiness.clone(),
-    };
-    let failures = plugin::spawn(plugin_settings, peers, ctx).into_inner();
     let followers = Followers {
         labels: settings.labels,
         ledger: settings.ledger,
@@ -282,10 +308,50 @@ async fn spawn_actors(
         health_events: settings.health_events,
         mig_layouts: settings.mig_layouts,
     };
-    let running = followers
+    let mut running = followers
         .spawn(held, readiness, reloads.get().clone(), ctx)
         .await?;
+    running.dra = dra;
     Ok((failures, settings.on_ready, running))
+}
+
+/// How the node's GPUs are offered to the kubelet.
+enum FrontEnd {
+    /// Device-plugin servers, registered through the kubelet socket watched here.
+    Plugin(plugin::KubeletWatch),
+    /// The DRA driver (boxed: its settings dwarf the watch).
+    Dra(Box<crate::runtime::dra::DraModeSettings>),
+}
+
+/// Start the DRA driver and, with an API, the slice publisher; `/readyz` waits for the
+/// kubelet to accept the driver's registration.
+async fn spawn_dra(
+    dra: crate::runtime::dra::DraModeSettings,
+    readiness: &Arc<Readiness>,
+    ctx: &Context,
+) -> Result<crate::runtime::dra::DraRunning, AppError> {
+    let name = dra.driver.driver.clone();
+    readiness.expect_resources([name.clone()]);
+    let handle = crate::runtime::dra::spawn(dra.driver, dra.claims, ctx).await?;
+    let mut verdicts = handle.get().registration.clone();
+    let (readiness, token) = (readiness.clone(), ctx.child_token());
+    ctx.tracker.spawn(async move {
+        loop {
+            let registered = matches!(*verdicts.borrow_and_update(), Some(Ok(())));
+            readiness.mark_registered(&name, registered);
+            tokio::select! {
+                () = token.cancelled() => return,
+                changed = verdicts.changed() => if changed.is_err() { return },
+            }
+        }
+    });
+    let slices = dra
+        .publish
+        .map(|p| crate::runtime::dra::publish::spawn(p, ctx).into_inner());
+    Ok(crate::runtime::dra::DraRunning {
+        driver: handle.into_inner(),
+        slices,
+    })
 }
 
 /// Remove sockets of resources an earlier run served and this plan does not.
@@ -368,6 +434,7 @@ impl Followers {
             ledger,
             http_addr,
             usage,
+            dra: None,
         })
     }
 }

@@ -54,6 +54,10 @@ pub struct FileFlags {
     /// `flags.migLayouts: {file, layout}`: the mig-parted layout the daemon applies to idle GPUs.
     #[serde(default)]
     pub mig_layouts: Option<FileMigLayouts>,
+    /// `flags.dra: {enabled, driverName}`: serve the GPUs through DRA instead of the
+    /// device-plugin API.
+    #[serde(default)]
+    pub dra: Option<FileDra>,
     /// GPU feature discovery flags: not used by a device plugin (the incumbent drops them too).
     #[serde(default)]
     pub gfd: Option<serde_yaml_ng::Value>,
@@ -67,6 +71,16 @@ pub struct FileMigLayouts {
     pub file: Option<String>,
     #[serde(default)]
     pub layout: Option<String>,
+}
+
+/// `flags.dra:`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileDra {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub driver_name: Option<String>,
 }
 
 /// `flags.plugin:`.

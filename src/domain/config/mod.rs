@@ -301,6 +301,30 @@ pub struct Config {
     /// The MIG layout the daemon takes idle GPUs to (`flags.migLayouts`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig_layouts: Option<MigLayouts>,
+    /// `flags.dra` as the file says it; `run` resolves it with `--dra` /
+    /// `--dra-driver-name` once at start (a front-end switch needs a restart).
+    #[serde(skip_serializing_if = "DraFlags::is_unset")]
+    pub dra: DraFlags,
+}
+
+/// `flags.dra`: the file's DRA mode settings (unvalidated: the driver name is checked where
+/// the mode is resolved, with the flags that override it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraFlags {
+    /// `flags.dra.enabled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// `flags.dra.driverName`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_name: Option<String>,
+}
+
+impl DraFlags {
+    /// Nothing set in the file.
+    pub fn is_unset(&self) -> bool {
+        self.enabled.is_none() && self.driver_name.is_none()
+    }
 }
 
 /// `flags.migLayouts`: a mig-parted config file and the layout of it to apply.
@@ -330,6 +354,7 @@ impl Default for Config {
             cdi_kind: DEFAULT_CDI_KIND.to_string(),
             sharing: Vec::new(),
             mig_layouts: None,
+            dra: DraFlags::default(),
         }
     }
 }
@@ -516,6 +541,12 @@ fn from_file_config(
     }
     if let Some(b) = ov.fail_on_init_error.or(flags.fail_on_init_error) {
         cfg.fail_on_init_error = b;
+    }
+    if let Some(dra) = &flags.dra {
+        cfg.dra = DraFlags {
+            enabled: dra.enabled,
+            driver_name: dra.driver_name.clone().filter(|s| !s.is_empty()),
+        };
     }
     let file_layouts = flags.mig_layouts.clone().unwrap_or_default();
     let layout_file = ov

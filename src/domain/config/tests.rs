@@ -322,3 +322,14 @@ fn mig_layouts_from_file_flags_and_env() {
     let e = parse_err("version: v1\nflags:\n  migLayouts: {file: /l, layout: a, colour: red}\n");
     assert!(e.contains("colour"), "{e}");
 }
+
+#[test]
+fn dra_flags_are_read_as_written() {
+    let cfg =
+        parse_ok("version: v1\nflags:\n  dra: {enabled: true, driverName: gpu.example.com}\n");
+    assert_eq!(cfg.dra.enabled, Some(true));
+    assert_eq!(cfg.dra.driver_name.as_deref(), Some("gpu.example.com"));
+    assert!(parse_ok("version: v1\n").dra.is_unset());
+    let e = parse_err("version: v1\nflags:\n  dra: {enabled: true, driver: x}\n");
+    assert!(e.contains("flags.dra") && e.contains("driver"), "{e}");
+}

@@ -1,6 +1,7 @@
 //! The Kubernetes API: one `kube` client for the agent's own Node (labels, Events) and, in DRA
-//! mode, ResourceSlices and ResourceClaims (`resource.k8s.io/v1`, from `k8s-openapi` `v1_37`).
-//! Talks to the API server only; callers in `runtime` own the tasks that use it.
+//! mode, this node's ResourceSlices ([`SliceApi`]) and ResourceClaims (`resource.k8s.io/v1`,
+//! from `k8s-openapi` `v1_37`). Talks to the API server only; callers in `runtime` own the
+//! tasks that use it.
 //!
 //! How to get a client:
 //! ```ignore
@@ -18,6 +19,7 @@
 
 mod claims;
 mod node;
+mod slices;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +28,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub use claims::KubeClaims;
 pub use node::{COMPONENT, EventKind, NodeApi};
+pub use slices::{SliceApi, from_api, to_api};
 
 /// Where the service-account files are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -62,6 +65,9 @@ pub enum KubeError {
         "--node-name / NODE_NAME is required to talk to the Kubernetes API (set it from the downward API: spec.nodeName)"
     )]
     NoNodeName,
+    /// One of our objects did not convert to or from the API's types.
+    #[error("{what}: cannot convert to the API's types: {message}")]
+    Convert { what: String, message: String },
     /// An API call failed.
     #[error("{verb} {what}: {source}")]
     Api {

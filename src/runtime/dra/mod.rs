@@ -8,9 +8,11 @@
 //! daemon or the handle stops it. When the registration socket disappears (the kubelet's plugin
 //! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
 //! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
-//! Kubernetes API in the daemon, a map in tests).
+//! Kubernetes API in the daemon, a map in tests). [`publish`] keeps the node's ResourceSlices
+//! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
 
 pub mod driver;
+pub mod publish;
 pub mod service;
 
 use std::path::PathBuf;
@@ -74,6 +76,26 @@ impl DraSettings {
     pub fn service_socket(&self) -> PathBuf {
         self.plugins_dir.join(&self.driver).join("dra.sock")
     }
+}
+
+/// The DRA front-end as `run --dra` starts it, in place of the device-plugin servers.
+#[derive(Debug)]
+pub struct DraModeSettings {
+    /// The kubelet side (sockets, checkpoint, per-claim specs).
+    pub driver: DraSettings,
+    /// Where Prepare reads claims (the API in the daemon).
+    pub claims: Arc<dyn ClaimSource>,
+    /// ResourceSlice publishing; `None`: slices are not published (tests without an API).
+    pub publish: Option<publish::PublishSettings>,
+}
+
+/// What the DRA front-end exposes to the embedder.
+#[derive(Debug, Clone)]
+pub struct DraRunning {
+    /// The kubelet side.
+    pub driver: DraExposed,
+    /// The publisher's status, when slices are published.
+    pub slices: Option<watch::Receiver<publish::PublishStatus>>,
 }
 
 /// What a started driver exposes.

@@ -1,0 +1,218 @@
+//! `gpu-slicer run --dra` end to end, the built binary on the `mixed-a100` sim node against the
+//! in-process API-server emulator (through `--kubeconfig`) and the kubelet's DRA side
+//! (plugin watcher, NodePrepareResources / NodeUnprepareResources over the real sockets): the
+//! node's ResourceSlice appears and follows a config change, no device-plugin socket is
+//! served, a claim allocated in the emulator is prepared into a per-claim CDI spec that
+//! parses, a SIGKILL and a restart keep the prepared claim (answered again without the API),
+//! and Unprepare removes the spec.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
+use gpu_slicer::testkit::kubelet::dra::{DraPluginConn, KubeletClaim, register};
+use gpu_slicer::testkit::node::wait_until;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceSlice,
+};
+use kube::Api;
+use kube::api::PostParams;
+
+const DRIVER: &str = "gpu-slicer.io";
+const NODE: &str = "node-a";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn spawn_agent(dir: &Path, config: &Path) -> tokio::process::Child {
+    common::run_command(dir, "sim:mixed-a100", config)
+        .args(["--dra", "--node-name", NODE, "--usage-interval", "0"])
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .arg("--kubelet-registry-dir")
+        .arg(dir.join("reg"))
+        .arg("--kubelet-plugins-dir")
+        .arg(dir.join("plugins"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn reg_socket(dir: &Path) -> PathBuf {
+    dir.join("reg").join(format!("{DRIVER}-reg.sock"))
+}
+
+/// Register as the plugin watcher does, once the agent has bound its socket.
+async fn registered(dir: &Path) -> DraPluginConn {
+    let socket = reg_socket(dir);
+    wait_until(WAIT, || async { register(&socket).await.ok() })
+        .await
+        .unwrap_or_else(|| panic!("no registration on {}", socket.display()))
+}
+
+/// The device names of our pool once it is one complete slice, and its generation.
+fn pool(slices: &[ResourceSlice]) -> Option<(i64, Vec<String>)> {
+    let [s] = slices else { return None };
+    (s.spec.driver == DRIVER && s.spec.pool.resource_slice_count == 1).then(|| {
+        let names = s.spec.devices.iter().flatten().map(|d| d.name.clone());
+        (s.spec.pool.generation, names.collect())
+    })
+}
+
+async fn wait_pool(
+    server: &ApiServer,
+    what: &str,
+    mut check: impl FnMut(i64, &[String]) -> bool,
+) -> (i64, Vec<String>) {
+    let mut seen = None;
+    let ok = server
+        .wait_for::<ResourceSlice, _>(WAIT, |all| match pool(all) {
+            Some((g, names)) if check(g, &names) => {
+                seen = Some((g, names));
+                true
+            }
+            _ => false,
+        })
+        .await;
+    assert!(
+        ok,
+        "{what}: slices now {:#?}",
+        server.list::<ResourceSlice>()
+    );
+    seen.unwrap_or_default()
+}
+
+fn allocation(device: &str) -> AllocationResult {
+    AllocationResult {
+        devices: Some(DeviceAllocationResult {
+            results: Some(vec![DeviceRequestAllocationResult {
+                request: "gpu".into(),
+                driver: DRIVER.into(),
+                pool: NODE.into(),
+                device: device.into(),
+                ..Default::default()
+            }]),
+            config: None,
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
+    gpu_slicer::platform::kube::install_crypto_provider();
+    let dir = common::short_tempdir();
+    let server = ApiServer::start().await.unwrap();
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": NODE, "uid": "5e1f6c2a-0000-4000-8000-00000000000a"}
+    }))
+    .unwrap();
+    server.insert(&node).unwrap();
+    std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig(None)).unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "flags: {migStrategy: none}\n").unwrap();
+    let mut agent = spawn_agent(dir.path(), &config);
+
+    // The slice appears: whole GPUs only under migStrategy none.
+    let (first, whole) = wait_pool(&server, "published", |_, names| !names.is_empty()).await;
+    assert!(whole.iter().all(|n| !n.contains("-mig-")), "{whole:?}");
+    let owner = server.list::<ResourceSlice>()[0]
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap();
+    assert_eq!(owner[0].name, NODE);
+    // No device-plugin server in DRA mode.
+    let dp: Vec<_> = std::fs::read_dir(dir.path().join("dp"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        dp.iter().all(|n| !n.to_string_lossy().ends_with(".sock")),
+        "{dp:?}"
+    );
+
+    // A config change (the file is watched) changes the slice: MIG devices appear.
+    std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
+    let (_, mixed) = wait_pool(&server, "slice after the config change", |g, names| {
+        g > first && names.iter().any(|n| n.contains("-mig-"))
+    })
+    .await;
+    let gpu = mixed
+        .iter()
+        .find(|n| !n.contains("-mig-"))
+        .cloned()
+        .expect("a whole GPU under mixed");
+
+    // A claim, allocated as the scheduler would, prepared through the kubelet's side.
+    let claims: Api<ResourceClaim> = Api::namespaced(server.client().unwrap(), "ml");
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu-slicer.io"}}]}}
+    }))
+    .unwrap();
+    let uid = claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    server
+        .allocate_claim("ml", "train", &allocation(&gpu))
+        .unwrap();
+    let kc = [KubeletClaim {
+        namespace: "ml".into(),
+        uid: uid.clone(),
+        name: "train".into(),
+    }];
+    let kubelet = registered(dir.path()).await;
+    let answer = kubelet.prepare(&kc, None).await.unwrap();
+    let devices = answer[&uid].clone().unwrap();
+    let want_id = format!("k8s.{DRIVER}/claim={uid}-{gpu}");
+    assert_eq!(devices, [(gpu.clone(), vec![want_id.clone()])]);
+    let spec_path = dir
+        .path()
+        .join("cdi")
+        .join(format!("k8s.{DRIVER}-claim_{uid}.json"));
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    assert_eq!(spec["kind"], format!("k8s.{DRIVER}/claim"));
+    assert_eq!(spec["devices"][0]["name"], format!("{uid}-{gpu}"));
+    assert!(
+        !spec["devices"][0]["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{spec}"
+    );
+
+    // SIGKILL, restart: the claim is still prepared (answered from the checkpoint, the API
+    // refusing every claim GET meanwhile), and its spec is still there.
+    agent.kill().await.unwrap();
+    server.inject(Fault::status(Verb::Get, "/resourceclaims/", 500));
+    let mut agent = spawn_agent(dir.path(), &config);
+    let kubelet = registered(dir.path()).await;
+    let again = kubelet.prepare(&kc, None).await.unwrap();
+    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id])]));
+    assert!(spec_path.exists());
+    server.clear_faults();
+
+    // Unprepare removes the spec.
+    let gone = kubelet.unprepare(&kc).await.unwrap();
+    assert_eq!(gone[&uid], "");
+    assert!(!spec_path.exists());
+
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(agent.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(WAIT, agent.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!reg_socket(dir.path()).exists());
+    server.stop().await;
+}
