@@ -146,6 +146,8 @@ impl Error {
                 RunError::Health(e) => monitor(e),
                 RunError::App(e) => app(e),
                 RunError::Signal(_) => Class::Runtime,
+                // No API setup (no kubeconfig, no node name) is the operator's to fix.
+                RunError::Kube(_) => Class::Input,
             },
             Error::Demo(DemoError::App(e)) => app(e),
             Error::Top(crate::cli::top::TopError::Endpoint { .. }) => Class::Input,

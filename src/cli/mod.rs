@@ -7,6 +7,7 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod demo;
 pub mod dra;
+pub mod fleet_args;
 pub mod inventory;
 pub mod kube_args;
 pub mod labels;
