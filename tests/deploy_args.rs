@@ -653,3 +653,62 @@ fn node_selector_is_documented_and_replaceable() {
     };
     assert_eq!(args(&own), args(&base));
 }
+
+#[test]
+fn label_configs_overlay_runs_the_config_dir_on_its_configmap() {
+    let objs = kustomize("deploy/label-configs");
+    let ds = object(&objs, "DaemonSet", "gpu-slicer");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(true));
+    let container = &pod["containers"][0];
+    let args = strings(&container["args"]);
+    let argv = std::iter::once("gpu-slicer".to_string()).chain(args.clone());
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("args do not parse: {e}"));
+    let Command::Run(run) = cli.command else {
+        panic!("the container does not run `run`");
+    };
+    assert!(
+        run.config.config.is_none(),
+        "--config is replaced: {args:?}"
+    );
+    let dir = run.fleet.config_dir.expect("--config-dir");
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str() == dir.to_str())
+        .expect("--config-dir is mounted");
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mount's volume");
+    let cm_name = volume["configMap"]["name"]
+        .as_str()
+        .expect("a ConfigMap volume");
+    let cm = object(&objs, "ConfigMap", cm_name);
+    let data = cm["data"].as_mapping().expect("data");
+    for key in ["default", "training", "inference"] {
+        let text = data
+            .get(key)
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("no key {key}"));
+        gpu_slicer::domain::config::parse(
+            text,
+            key,
+            &gpu_slicer::domain::config::Overrides::default(),
+        )
+        .unwrap_or_else(|e| panic!("key {key}: {e}"));
+    }
+    let node_name = container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"].as_str() == Some("NODE_NAME"))
+        .expect("NODE_NAME");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("spec.nodeName")
+    );
+}

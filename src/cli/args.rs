@@ -224,6 +224,15 @@ impl ConfigArgs {
     pub fn load(
         &self,
     ) -> Result<crate::domain::config::Config, crate::domain::config::ConfigError> {
+        self.load_path(self.config.as_deref())
+    }
+
+    /// [`Self::load`] of another file (`--config-dir`: the key the Node's label chose),
+    /// with the same flags over it.
+    pub fn load_path(
+        &self,
+        path: Option<&std::path::Path>,
+    ) -> Result<crate::domain::config::Config, crate::domain::config::ConfigError> {
         let ignored = self.nvidia.check()?;
         if !ignored.is_empty() {
             tracing::warn!(
@@ -231,7 +240,7 @@ impl ConfigArgs {
                 "NVIDIA device-plugin flags accepted and ignored: gpu-slicer writes its own CDI spec and hooks"
             );
         }
-        crate::platform::config_file::load(self.config.as_deref(), &self.overrides())
+        crate::platform::config_file::load(path, &self.overrides())
     }
 }
 

@@ -141,7 +141,8 @@ impl Error {
             Error::Inventory(e) => inventory(e),
             Error::Cdi(e) => cdi(e),
             Error::Run(e) => match e {
-                // Kube: the client setup only (no call is made before the daemon runs).
+                // Kube: the client setup only (no kubeconfig, no node name: the operator's to
+                // fix); no API call is made before the daemon runs.
                 RunError::Config(_)
                 | RunError::Dra(_)
                 | RunError::Kube(_)

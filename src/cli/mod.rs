@@ -8,6 +8,7 @@ pub mod cdi_hook;
 pub mod demo;
 pub mod dra;
 pub mod error;
+pub mod fleet_args;
 pub mod inventory;
 pub mod kube_args;
 pub mod labels;

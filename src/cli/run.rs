@@ -37,7 +37,7 @@ pub enum RunError {
     /// DRA flags (`--dra`, `--dra-driver-name`, `flags.dra`).
     #[error(transparent)]
     Dra(#[from] crate::domain::dra::DraError),
-    /// The Kubernetes API setup (DRA mode).
+    /// The Kubernetes API setup (DRA mode, `--config-dir`).
     #[error(transparent)]
     Kube(#[from] crate::platform::kube::KubeError),
     /// DRA mode without a state directory.
@@ -57,6 +57,12 @@ pub struct RunArgs {
     /// `--config` and the flags that override it.
     #[command(flatten)]
     pub config: ConfigArgs,
+    /// `--config-dir`: the Node's labels choose the config (README "Pools by label").
+    #[command(flatten)]
+    pub fleet: crate::cli::fleet_args::FleetArgs,
+    /// How to reach the Kubernetes API and which Node this is (`--kubeconfig`, `--node-name`).
+    #[command(flatten)]
+    pub kube: crate::cli::kube_args::KubeArgs,
     /// Directory of device-plugin sockets.
     #[arg(long, env = "DEVICE_PLUGIN_DIR", default_value = crate::proto::DEFAULT_DEVICE_PLUGIN_DIR)]
     pub device_plugin_dir: PathBuf,
@@ -113,9 +119,6 @@ pub struct RunArgs {
     /// DRA mode (`--dra`, `--dra-driver-name`, the kubelet's plugin directories).
     #[command(flatten)]
     pub dra: crate::cli::dra::DraArgs,
-    /// How to reach the Kubernetes API and which Node this is (`--kubeconfig`, `--node-name`).
-    #[command(flatten)]
-    pub kube: crate::cli::kube_args::KubeArgs,
 }
 
 /// Default of `--state-dir`.
@@ -124,24 +127,43 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-slicer";
 impl RunArgs {
     /// The daemon settings these flags describe (config loaded and validated).
     pub fn settings(&self) -> Result<RunSettings, RunError> {
-        let config = self.config.load()?;
+        let state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));
+        let selection = self.fleet.selection(&self.config, state_dir.as_deref());
+        let config = match &selection {
+            Some(s) => s.load()?,
+            None => self.config.load()?,
+        };
         let mut settings = RunSettings::new(config, &self.device_plugin_dir, &self.cdi_dir);
         if let Some(socket) = &self.kubelet_socket {
             settings.kubelet_socket.clone_from(socket);
         }
         let flags = self.config.clone();
+        let load: app::ConfigLoader = match selection.clone() {
+            Some(s) => Arc::new(move || s.load()),
+            None => Arc::new(move || flags.load()),
+        };
         settings.reload = app::ReloadSettings {
-            load: Some(Arc::new(move || flags.load())),
+            load: Some(load),
             triggers: TriggerSettings {
                 config_file: self.config.config.clone().filter(|_| !self.no_config_watch),
+                config_dir: self
+                    .fleet
+                    .config_dir
+                    .clone()
+                    .filter(|_| !self.no_config_watch),
                 sighup: true,
                 rescan_interval: Some(self.rescan_interval),
             },
         };
+        settings.fleet = selection.map(|s| {
+            let mut fleet = crate::runtime::fleet::FleetSettings::new(s, None);
+            fleet.state_dir.clone_from(&state_dir);
+            fleet
+        });
         settings.mps = self.mps.supervisor_config();
         let hook = self.hook.settings(self.backend.nvml_lib.as_deref())?;
         settings.hook = Some(hook);
-        settings.state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));
+        settings.state_dir = state_dir;
         settings.health_monitor = Some(self.health.settings(&self.backend)?);
         settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
         settings.mig_layouts = (self.backend.backend == "nvml").then(|| {
@@ -237,6 +259,13 @@ pub async fn run(args: &RunArgs) -> Result<(), RunError> {
     if let Some(dra) = &settings.dra {
         tracing::info!(driver = %dra.driver.driver, node = %dra.driver.node,
             "DRA mode: GPUs served through DRA, no device-plugin servers");
+    }
+    if let Some(fleet) = settings.fleet.as_mut() {
+        // Only a client is built here: an API server that is down shows (and is retried)
+        // in the Node watcher, while the config chosen at start serves.
+        let client = crate::platform::kube::connect(&args.kube.source()?).await?;
+        let api = crate::platform::kube::NodeApi::new(client, args.kube.node_name()?);
+        fleet.node = Some(crate::runtime::node_watch::NodeWatchSettings::new(api));
     }
     let backend = super::backend::open_backend(&args.backend)?;
     let shutdown = CancellationToken::new();

@@ -11,6 +11,7 @@ pub mod config_file;
 pub mod dra_state;
 pub mod driver;
 pub mod enforce;
+pub mod fleet_state;
 pub mod fswatch;
 pub mod kube;
 pub mod labels_file;

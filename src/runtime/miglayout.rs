@@ -27,10 +27,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvml_wrapper::Nvml;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::config::MigLayouts;
+use crate::domain::fleet::MigOutcome;
 use crate::domain::miglayout::{GpuPlan, PlanStatus};
 use crate::platform::mig::{self as ops, MigGpu};
 use crate::runtime::error::blocking;
@@ -61,17 +62,35 @@ pub struct MigLayoutPeers {
     pub rescan: mpsc::Sender<Cause>,
 }
 
-/// Start the actor; it runs until the daemon or the handle stops.
-pub fn spawn(settings: MigLayoutSettings, peers: MigLayoutPeers, ctx: &Context) -> Handle {
+/// Where the layout in force stands after the last round (the Node's
+/// `nvidia.com/mig.config.state`, [`crate::runtime::fleet`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigReport {
+    /// The layout the round applied (`flags.migLayouts.layout`, or the Node's label).
+    pub layout: String,
+    /// Every GPU in it (success), some waiting (pending), or the layout unusable (failed).
+    pub outcome: MigOutcome,
+    /// Why pending or failed.
+    pub detail: Option<String>,
+}
+
+/// Start the actor; it runs until the daemon or the handle stops, and exposes each round's
+/// [`MigReport`] (`None` while no layout is configured).
+pub fn spawn(
+    settings: MigLayoutSettings,
+    peers: MigLayoutPeers,
+    ctx: &Context,
+) -> Handle<watch::Receiver<Option<MigReport>>> {
     let token = ctx.child_token();
+    let (tx, rx) = watch::channel(None);
     ctx.tracker.spawn(run(
         settings,
         ctx.store.clone(),
         peers.rescan,
-        ctx.metrics.clone(),
+        (ctx.metrics.clone(), tx),
         token.clone(),
     ));
-    Handle::new(token, ())
+    Handle::new(token, rx)
 }
 
 /// Run until `token` is cancelled.
@@ -79,7 +98,7 @@ async fn run(
     settings: MigLayoutSettings,
     store: Store,
     rescan: mpsc::Sender<Cause>,
-    metrics: Arc<Metrics>,
+    (metrics, report): (Arc<Metrics>, watch::Sender<Option<MigReport>>),
     token: CancellationToken,
 ) {
     let mut changes = store.subscribe();
@@ -96,6 +115,7 @@ async fn run(
         let Some(layouts) = store.current().config.mig_layouts.clone() else {
             metrics.mig_layout_pending.clear();
             reasons.clear();
+            report.send_if_modified(|r| r.take().is_some());
             continue;
         };
         let round = tokio::select! {
@@ -103,13 +123,29 @@ async fn run(
             () = token.cancelled() => return,
             r = round(&settings, &layouts, &store, &rescan) => r,
         };
+        let publish = |outcome, detail: Option<&String>| {
+            let next = Some(MigReport {
+                layout: layouts.layout.clone(),
+                outcome,
+                detail: detail.cloned(),
+            });
+            report.send_if_modified(|r| std::mem::replace(r, next.clone()) != next);
+        };
         let pending = match round {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, file = %layouts.file.display(), layout = %layouts.layout, "MIG layout not applied");
+                publish(MigOutcome::Failed, Some(&e));
                 continue;
             }
         };
+        match pending
+            .iter()
+            .find_map(|(uuid, r)| r.as_ref().map(|r| (uuid, r)))
+        {
+            Some((uuid, r)) => publish(MigOutcome::Pending, Some(&format!("GPU {uuid}: {r}"))),
+            None => publish(MigOutcome::Success, None),
+        }
         for (uuid, reason) in &pending {
             let value = i64::from(reason.is_some());
             metrics

@@ -42,6 +42,7 @@
 
 pub mod dra;
 pub mod error;
+pub mod fleet;
 pub mod health;
 pub mod held;
 pub mod http;

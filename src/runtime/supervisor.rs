@@ -10,8 +10,8 @@
 //!   registration), or in DRA mode ([`RunSettings::dra`]) the DRA driver
 //!   ([`crate::runtime::dra`]: kubelet plugin, ResourceSlice publisher) over the same store,
 //!   and then no device-plugin server at all (one node never offers a resource both ways);
-//! - the MPS reconciler, the health monitor, metrics, the ledger, HTTP and the node-labels
-//!   writer.
+//! - the MPS reconciler, the health monitor, metrics, the ledger, HTTP, the node-labels
+//!   writer and, with `--config-dir`, the fleet actor (Node labels → config, state back).
 //!
 //! Shutdown and resource failures are watched here and never wait behind a reload: the
 //! reloader is just another task. The stop has a deadline. The CDI spec is left in place on
@@ -137,6 +137,8 @@ pub struct RunSettings {
     /// DRA mode: serve the GPUs through the DRA driver instead of device-plugin servers;
     /// `None`: device-plugin mode.
     pub dra: Option<crate::runtime::dra::DraModeSettings>,
+    /// Fleets as code (`--config-dir`): follow the Node's labels, report on it; `None`: off.
+    pub fleet: Option<crate::runtime::fleet::FleetSettings>,
 }
 
 impl RunSettings {
@@ -170,6 +172,7 @@ impl RunSettings {
             usage: None,
             mig_layouts: None,
             dra: None,
+            fleet: None,
         }
     }
 }
@@ -307,6 +310,7 @@ async fn spawn_actors(
         health_monitor: settings.health_monitor,
         health_events: settings.health_events,
         mig_layouts: settings.mig_layouts,
+        fleet: settings.fleet,
     };
     let mut running = followers
         .spawn(held, readiness, reloads.get().clone(), ctx)
@@ -371,6 +375,7 @@ struct Followers {
     health_monitor: Option<crate::runtime::health::HealthSettings>,
     health_events: Option<mpsc::Receiver<HealthUpdate>>,
     mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
+    fleet: Option<crate::runtime::fleet::FleetSettings>,
 }
 
 impl Followers {
@@ -421,7 +426,15 @@ impl Followers {
         if let Some(events) = self.health_events {
             crate::runtime::health::spawn_external(events, ctx);
         }
-        spawn_mig_layouts(self.mig_layouts, &reloads, ctx);
+        let mig = spawn_mig_layouts(self.mig_layouts, &reloads, ctx);
+        if let Some(settings) = self.fleet {
+            let peers = crate::runtime::fleet::FleetPeers {
+                reload: reloads.requester.clone(),
+                reloads: reloads.status.clone(),
+                mig,
+            };
+            crate::runtime::fleet::spawn(settings, peers, ctx);
+        }
         let first = ctx.store.current();
         Ok(Running {
             store: ctx.store.clone(),
@@ -455,20 +468,21 @@ fn spawn_mig_layouts(
     settings: Option<crate::runtime::miglayout::MigLayoutSettings>,
     reloads: &Reloads,
     ctx: &Context,
-) {
+) -> Option<tokio::sync::watch::Receiver<Option<crate::runtime::miglayout::MigReport>>> {
     match settings {
         Some(settings) => {
             let peers = MigLayoutPeers {
                 rescan: reloads.requester.clone(),
             };
-            crate::runtime::miglayout::spawn(settings, peers, ctx);
+            Some(crate::runtime::miglayout::spawn(settings, peers, ctx).into_inner())
         }
         None if ctx.store.current().config.mig_layouts.is_some() => {
             tracing::warn!(
                 "flags.migLayouts is set but the backend cannot change MIG instances (NVML only): ignored"
             );
+            None
         }
-        None => {}
+        None => None,
     }
 }
 

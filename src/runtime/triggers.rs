@@ -101,6 +101,9 @@ impl Causes {
 pub struct TriggerSettings {
     /// The config file (its directory is watched); `None`: no file to follow.
     pub config_file: Option<PathBuf>,
+    /// `--config-dir` (watched itself): a change to any key or to the ConfigMap's `..data`
+    /// link asks for a reload, which chooses the key again.
+    pub config_dir: Option<PathBuf>,
     /// Reload on SIGHUP.
     pub sighup: bool,
     /// Re-scan the inventory this often; `None` or zero: never on a timer.
@@ -135,6 +138,13 @@ impl Triggers {
                 Some(fs.clone())
             }
             None => None,
+        };
+        let watcher = match &settings.config_dir {
+            Some(dir) => {
+                watch_keys(dir, fs, tx.clone())?;
+                Some(fs.clone())
+            }
+            None => watcher,
         };
         if settings.sighup {
             let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -238,6 +248,31 @@ fn watch_dir(file: &Path, fs: &DirWatch, tx: mpsc::Sender<Cause>) -> Result<(), 
     })
 }
 
+/// Whether `event` in a `--config-dir` may have changed a key: it names a file that is not
+/// hidden (a key) or the `..data` link, or it says events were lost.
+fn concerns_keys(event: &FsEvent) -> bool {
+    if event.kind == FsKind::Lost {
+        return true;
+    }
+    event.path.as_ref().is_some_and(|p| {
+        p.file_name()
+            .is_some_and(|n| n == CONFIGMAP_DATA || !n.to_string_lossy().starts_with('.'))
+    })
+}
+
+/// Watch `dir` itself: events about a key or `..data` are triggers.
+fn watch_keys(dir: &Path, fs: &DirWatch, tx: mpsc::Sender<Cause>) -> Result<(), ReloadError> {
+    let handler: Handler = Box::new(move |event| {
+        if concerns_keys(event) {
+            let _ = tx.try_send(Cause::ConfigFile);
+        }
+    });
+    fs.watch(dir, handler).map_err(|source| ReloadError::Watch {
+        path: dir.display().to_string(),
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +331,14 @@ mod tests {
             path: None,
         };
         assert!(concerns_config(&lost, name));
+        assert!(concerns_keys(&lost));
+        assert!(concerns_keys(&ev(FsKind::Renamed, "/etc/gs/..data")));
+        assert!(concerns_keys(&ev(FsKind::Modified, "/etc/gs/inference")));
+        assert!(!concerns_keys(&ev(FsKind::Created, "/etc/gs/..2026_v2")));
+        assert!(!concerns_keys(&ev(
+            FsKind::Created,
+            "/etc/gs/.inference.swp"
+        )));
     }
 
     #[tokio::test]

@@ -58,6 +58,10 @@ pub enum ConfigError {
         value: String,
         message: String,
     },
+    /// `--config-dir`: the Node's label (or `--config-default`) names no key of the
+    /// directory.
+    #[error(transparent)]
+    Selection(#[from] crate::domain::fleet::FleetError),
 }
 
 /// Result alias for this module.

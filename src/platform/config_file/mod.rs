@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::domain::config::{self, Config, ConfigError, ConfigWarning, Overrides};
 
+pub mod dir;
 pub(crate) mod perms;
 
 /// Load a config file (or defaults when `path` is `None`) and apply overrides.

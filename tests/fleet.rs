@@ -1,0 +1,445 @@
+//! Fleets as code end to end: a daemon on a sim node with `--config-dir`, its Node in the
+//! API-server emulator, the kubelet emulator watching ListAndWatch. Relabelling the Node
+//! switches the config live and the state labels and Events say so; bad choices keep the
+//! last good config; the API down at start serves the recorded choice; a refused patch is
+//! retried; a flapping label is one reload.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{short_tempdir, within};
+use gpu_slicer::domain::config::Overrides;
+use gpu_slicer::domain::fleet::{
+    CONFIG_APPLIED_LABEL, CONFIG_LABEL, CONFIG_STATE_LABEL, MIG_CONFIG_LABEL, MIG_STATE_LABEL,
+};
+use gpu_slicer::platform::kube::NodeApi;
+use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::runtime::fleet::{FleetSettings, Selection};
+use gpu_slicer::runtime::node_watch::NodeWatchSettings;
+use gpu_slicer::runtime::supervisor::{ReloadSettings, RunSettings};
+use gpu_slicer::runtime::triggers::TriggerSettings;
+use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
+use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+const NODE: &str = "gpu-node-1";
+const T: Duration = Duration::from_secs(20);
+
+fn shared(replicas: u32) -> String {
+    format!(
+        "version: v1\nflags: {{migStrategy: mixed}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
+    )
+}
+
+/// `default` (2 replicas per GPU), `inference` (4), `training` (whole GPUs).
+fn write_configs(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("default"), shared(2)).unwrap();
+    std::fs::write(dir.join("inference"), shared(4)).unwrap();
+    std::fs::write(
+        dir.join("training"),
+        "version: v1\nflags: {migStrategy: mixed}\n",
+    )
+    .unwrap();
+}
+
+fn node(labels: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
+/// The daemon with `--config-dir <dir>/configs`, `--state-dir <dir>/state`, on the sim
+/// node `mixed-a100` (2 whole GPUs as `nvidia.com/gpu`).
+async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> common::Harness {
+    let configs = dir.path().join("configs");
+    let state = dir.path().join("state");
+    if !configs.exists() {
+        write_configs(&configs);
+    }
+    let selection = Selection::new(
+        &configs,
+        CONFIG_LABEL,
+        None,
+        gpu_slicer::platform::fleet_state::read(&state),
+        Arc::new(|p: &Path| {
+            gpu_slicer::platform::config_file::load(Some(p), &Overrides::default())
+        }),
+    );
+    let config = selection.load().expect("initial config");
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
+    let loader = selection.clone();
+    settings.reload = ReloadSettings {
+        load: Some(Arc::new(move || loader.load())),
+        triggers: TriggerSettings {
+            config_dir: Some(configs),
+            ..TriggerSettings::default()
+        },
+    };
+    let watch = NodeWatchSettings {
+        api: NodeApi::new(api.client().expect("client"), NODE.into()),
+        backoff_base: Duration::from_millis(20),
+        backoff_cap: Duration::from_millis(200),
+    };
+    let mut fleet = FleetSettings::new(selection, Some(watch));
+    fleet.state_dir = Some(state);
+    settings.fleet = Some(fleet);
+    let backend = Arc::new(SimBackend::open("mixed-a100").expect("node"));
+    common::launch(dir, emulator, settings, backend).await
+}
+
+fn labels_of(api: &ApiServer) -> BTreeMap<String, String> {
+    api.get::<Node>("", NODE)
+        .and_then(|n| n.metadata.labels)
+        .unwrap_or_default()
+}
+
+/// Wait until the Node carries every `(key, value)` of `want`.
+async fn until_labels(api: &ApiServer, want: &[(&str, &str)]) {
+    let ok = api
+        .wait_for::<Node, _>(T, |nodes| {
+            nodes.iter().any(|n| {
+                let l = n.metadata.labels.clone().unwrap_or_default();
+                want.iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            })
+        })
+        .await;
+    assert!(
+        ok,
+        "labels {want:?} never on the Node: {:?}",
+        labels_of(api)
+    );
+}
+
+/// Wait until an Event with `reason` whose message contains `text` exists.
+async fn until_event(api: &ApiServer, reason: &str, text: &str) -> Event {
+    let found = |events: &[Event]| {
+        events
+            .iter()
+            .find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.message.as_deref().is_some_and(|m| m.contains(text))
+            })
+            .cloned()
+    };
+    let ok = api.wait_for::<Event, _>(T, |e| found(e).is_some()).await;
+    let events = api.list::<Event>();
+    assert!(ok, "no {reason} event with {text:?}: {events:#?}");
+    found(&events).expect("found")
+}
+
+async fn gpu_count(d: &common::Harness, n: usize) {
+    let mut gpu = d
+        .emulator
+        .devices("nvidia.com/gpu")
+        .expect("nvidia.com/gpu");
+    within(
+        "the nvidia.com/gpu list",
+        gpu.wait_for(|devices| devices.len() == n),
+    )
+    .await
+    .expect("stream open");
+}
+
+#[tokio::test]
+async fn relabel_switches_the_config_live_and_reports_it() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[("team", "ml")])).unwrap();
+    let dir = short_tempdir();
+    let d = launch(&api, dir).await;
+    gpu_count(&d, 4).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "default"),
+        ],
+    )
+    .await;
+    let registered = |d: &common::Harness| -> Vec<(String, u64)> {
+        d.emulator
+            .registrations()
+            .borrow()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.count))
+            .collect()
+    };
+    let regs = registered(&d);
+
+    // kubectl label node gpu-node-1 nvidia.com/device-plugin.config=inference
+    let patches_before = api.count(Verb::Patch, "/api/v1/nodes/");
+    let t0 = Instant::now();
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("inference"))])
+        .unwrap();
+    gpu_count(&d, 8).await;
+    let to_frame = t0.elapsed();
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "inference"),
+        ],
+    )
+    .await;
+    let to_label = t0.elapsed();
+    println!(
+        "label change -> new ListAndWatch list: {:.0} ms; -> state label: {:.0} ms; node patches: {}",
+        to_frame.as_secs_f64() * 1e3,
+        to_label.as_secs_f64() * 1e3,
+        api.count(Verb::Patch, "/api/v1/nodes/") - patches_before
+    );
+    // Only the changed resource re-served: no re-registration.
+    assert_eq!(registered(&d), regs);
+    let ev = until_event(&api, "ConfigApplied", "config inference applied").await;
+    assert_eq!(ev.involved_object.name.as_deref(), Some(NODE));
+    assert_eq!(ev.type_.as_deref(), Some("Normal"));
+    // Other controllers' labels are never touched.
+    assert_eq!(labels_of(&api).get("team").map(String::as_str), Some("ml"));
+    let recorded = d.dir.path().join("state").join("config-applied");
+    assert_eq!(
+        std::fs::read_to_string(&recorded).unwrap().trim(),
+        "inference"
+    );
+
+    // A MIG layout label on a backend that cannot repartition: failed, said so.
+    api.label_node(NODE, &[(MIG_CONFIG_LABEL, Some("all-1g.10gb"))])
+        .unwrap();
+    until_labels(&api, &[(MIG_STATE_LABEL, "failed")]).await;
+    until_event(&api, "MigLayoutFailed", "all-1g.10gb").await;
+    // Label removed: the MIG state label we wrote goes too.
+    api.label_node(NODE, &[(MIG_CONFIG_LABEL, None)]).unwrap();
+    assert!(
+        api.wait_for::<Node, _>(T, |n| n.iter().all(|n| !n
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(MIG_STATE_LABEL))))
+            .await
+    );
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn bad_choices_keep_the_last_good_config_and_say_why() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[(CONFIG_LABEL, "inference")])).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    write_configs(&configs);
+    std::fs::write(
+        configs.join("broken"),
+        "version: v1\nflags: {migStrategy: [\n",
+    )
+    .unwrap();
+    let d = launch(&api, dir).await;
+    gpu_count(&d, 8).await;
+    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "inference")]).await;
+
+    // A key the directory does not have.
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("infrence"))])
+        .unwrap();
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "failed"),
+            (CONFIG_APPLIED_LABEL, "inference"),
+        ],
+    )
+    .await;
+    let ev = until_event(&api, "ConfigRefused", "no key \"infrence\"").await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert!(ev.message.unwrap().contains(CONFIG_LABEL));
+
+    // A key that does not parse.
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("broken"))])
+        .unwrap();
+    until_event(&api, "ConfigRefused", "broken").await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "failed"),
+            (CONFIG_APPLIED_LABEL, "inference"),
+        ],
+    )
+    .await;
+    // The last good config kept serving throughout.
+    gpu_count(&d, 8).await;
+
+    // Fixing the key in the directory (a ConfigMap update) is enough: the reload chooses again.
+    std::fs::write(d.dir.path().join("configs").join("broken"), shared(3)).unwrap();
+    gpu_count(&d, 6).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "broken"),
+        ],
+    )
+    .await;
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn api_down_at_start_serves_the_recorded_choice_then_catches_up() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[(CONFIG_LABEL, "training")])).unwrap();
+    let dir = short_tempdir();
+    gpu_slicer::platform::fleet_state::write(&dir.path().join("state"), "inference").unwrap();
+    api.go_down();
+    let d = launch(&api, dir).await;
+    // The pool's config from before the restart, not the default.
+    gpu_count(&d, 8).await;
+    api.come_up().await.unwrap();
+    gpu_count(&d, 2).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "training"),
+        ],
+    )
+    .await;
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn refused_patches_are_retried_with_backoff() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    api.inject(Fault::status(Verb::Patch, "/api/v1/nodes/", 403).times(2));
+    api.inject(Fault::status(Verb::Create, "/events", 500).times(1));
+    let d = launch(&api, short_tempdir()).await;
+    until_labels(&api, &[(CONFIG_STATE_LABEL, "success")]).await;
+    until_event(&api, "ConfigApplied", "default").await;
+    let refused = api
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Patch && r.code == 403)
+        .count();
+    assert_eq!(refused, 2);
+    assert!(api.count(Verb::Patch, "/api/v1/nodes/") >= 3);
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_flapping_label_is_one_reload() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    let d = launch(&api, short_tempdir()).await;
+    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "default")]).await;
+    let before = d.running.reloads.borrow().clone();
+    for i in 0..20 {
+        let v = if i % 2 == 0 { "training" } else { "inference" };
+        api.label_node(NODE, &[(CONFIG_LABEL, Some(v))]).unwrap();
+    }
+    gpu_count(&d, 8).await;
+    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "inference")]).await;
+    let after = d.running.reloads.borrow().clone();
+    assert_eq!(after.applied - before.applied, 1, "{after:?}");
+    assert_eq!(after.failed, before.failed);
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn the_binary_follows_its_node_labels() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    write_configs(&configs);
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig(None)).unwrap();
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(["run", "--backend", "sim:mixed-a100", "--config-dir"])
+        .arg(&configs)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--node-name", NODE, "--device-plugin-dir"])
+        .arg(&plugin_dir)
+        .arg("--cdi-dir")
+        .arg(dir.path().join("cdi"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args([
+            "--http-listen=",
+            "--pod-resources-socket=",
+            "--labels-file=",
+        ])
+        .args(["--usage-interval=0", "--rescan-interval=0"])
+        .env_remove("CONFIG_FILE")
+        .env_remove("CONFIG_DEFAULT")
+        .env_remove("CONFIG_LABEL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    within(
+        "registration",
+        emulator.wait_registered(&["nvidia.com/gpu".to_string()], 1),
+    )
+    .await;
+    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "default")]).await;
+    let mut gpu = emulator.devices("nvidia.com/gpu").expect("nvidia.com/gpu");
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("inference"))])
+        .unwrap();
+    within("8 shares", gpu.wait_for(|d| d.len() == 8))
+        .await
+        .unwrap();
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "inference"),
+        ],
+    )
+    .await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = within("exit", child.wait()).await.unwrap();
+    assert!(status.success(), "{status}");
+    emulator.shutdown().await;
+    api.stop().await;
+}
+
+#[test]
+fn config_dir_replaces_config() {
+    use clap::Parser;
+    let Err(e) = gpu_slicer::cli::Cli::try_parse_from([
+        "gpu-slicer",
+        "run",
+        "--config-dir",
+        "/etc/c",
+        "--config",
+        "/etc/c.yaml",
+    ]) else {
+        panic!("--config-dir with --config accepted");
+    };
+    assert!(e.to_string().contains("--config-dir"), "{e}");
+}
