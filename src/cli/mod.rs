@@ -7,6 +7,7 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod demo;
 pub mod dra;
+pub mod dra_args;
 pub mod error;
 pub mod fleet_args;
 pub mod inventory;

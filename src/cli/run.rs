@@ -118,7 +118,7 @@ pub struct RunArgs {
     pub idle_window: std::time::Duration,
     /// DRA mode (`--dra`, `--dra-driver-name`, the kubelet's plugin directories).
     #[command(flatten)]
-    pub dra: crate::cli::dra::DraArgs,
+    pub dra: crate::cli::dra_args::DraArgs,
 }
 
 /// Default of `--state-dir`.
@@ -195,7 +195,7 @@ impl RunArgs {
         let Some(driver) = self.dra.mode(config)? else {
             return Ok(None);
         };
-        let node = crate::cli::dra::node_name(Some(&self.kube.node_name()?))?;
+        let node = crate::cli::dra_args::node_name(Some(&self.kube.node_name()?))?;
         if self.state_dir.is_empty() {
             return Err(RunError::DraStateDir);
         }
