@@ -65,6 +65,19 @@ fn report(name: &str, v: &[Duration], target: &str) {
     );
 }
 
+/// `VmRSS` (KiB) and `Threads` of `pid`, from `/proc/<pid>/status`.
+fn rss_threads(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("Threads:"))
+}
+
 fn figure(name: &str, value: String) {
     println!("{name:<52} {value}");
     println!("FIGURE|{name}|{value}");
@@ -116,8 +129,7 @@ impl Fixture {
 
     /// `gpu-slicer run` with everything it writes under `dir`, as deployed apart from the
     /// paths: HTTP on (ephemeral port), labels on, checkpoint on, no ledger, no usage.
-    fn command(&self, program: &[&str], dir: &Path) -> tokio::process::Command {
-        let exe = self.exe.as_str();
+    fn command(&self, program: &[&str], exe: &str, dir: &Path) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(program.first().copied().unwrap_or(exe));
         if !program.is_empty() {
             cmd.args(&program[1..]).arg(exe);
@@ -144,6 +156,7 @@ impl Fixture {
             ])
             .env("FAKE_NVML_NODE", &self.node)
             .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
+            .env("FAKE_NVML_WAIT_LOG", dir.join("wait.log"))
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -223,11 +236,15 @@ struct Daemon {
 
 impl Daemon {
     async fn start(fx: &Fixture, name: &str, program: &[&str]) -> Self {
+        Self::start_exe(fx, name, program, &fx.exe).await
+    }
+
+    async fn start_exe(fx: &Fixture, name: &str, program: &[&str], exe: &str) -> Self {
         let dir = fx.root.join(name);
         let kubelet = Kubelet::default();
         let token = CancellationToken::new();
         kubelet.serve(&dir.join("dp"), &token);
-        let mut cmd = fx.command(program, &dir);
+        let mut cmd = fx.command(program, exe, &dir);
         let started = Instant::now();
         let child = cmd.spawn().expect("spawn gpu-slicer");
         Self {
@@ -261,15 +278,27 @@ impl Daemon {
     }
 }
 
-/// CPU time of every thread of `pid` so far (`schedstat`: nanoseconds on a CPU).
-fn cpu_ns(pid: u32) -> u64 {
+/// CPU time of each thread of `pid` so far (`schedstat`: nanoseconds on a CPU), by thread id.
+fn cpu_ns(pid: u32) -> std::collections::BTreeMap<String, u64> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return Default::default();
     };
     tasks
         .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            let ns = s.split_whitespace().next()?.parse::<u64>().ok()?;
+            Some((t.file_name().to_string_lossy().into_owned(), ns))
+        })
+        .collect()
+}
+
+/// CPU time spent since `before` by the threads alive now (a blocking thread that exited
+/// meanwhile takes its share with it: slightly under, never negative).
+fn cpu_since(pid: u32, before: &std::collections::BTreeMap<String, u64>) -> u64 {
+    cpu_ns(pid)
+        .iter()
+        .map(|(tid, ns)| ns.saturating_sub(before.get(tid).copied().unwrap_or(0)))
         .sum()
 }
 
@@ -325,14 +354,35 @@ fn four(devices: &[String], i: usize) -> &[String] {
     &devices[base..base + 4]
 }
 
-/// Follows the ListAndWatch stream; the latest frame's unhealthy IDs.
+/// When a frame arrived: monotonic, and wall-clock µs (to compare with the fake's wait log).
+#[derive(Clone, Copy)]
+struct Arrival {
+    at: Instant,
+    wall_us: u128,
+}
+
+fn wall_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros()
+}
+
+/// Follows the ListAndWatch stream; the latest frame's arrival and unhealthy IDs.
 fn follow(
     mut stream: tonic::Streaming<pb::ListAndWatchResponse>,
-) -> tokio::sync::watch::Receiver<(Instant, BTreeSet<String>)> {
-    let (tx, rx) = tokio::sync::watch::channel((Instant::now(), BTreeSet::new()));
+) -> tokio::sync::watch::Receiver<(Arrival, BTreeSet<String>)> {
+    let now = Arrival {
+        at: Instant::now(),
+        wall_us: wall_us(),
+    };
+    let (tx, rx) = tokio::sync::watch::channel((now, BTreeSet::new()));
     tokio::spawn(async move {
         while let Ok(Some(frame)) = stream.message().await {
-            let at = Instant::now();
+            let at = Arrival {
+                at: Instant::now(),
+                wall_us: wall_us(),
+            };
             let down = frame
                 .devices
                 .into_iter()
@@ -378,7 +428,7 @@ async fn rpcs(
     }
     // Daemon CPU per call, batch by batch.
     let batch = calls.max(1000);
-    let per_call = |before: u64| (cpu_ns(pid) - before) as f64 / batch as f64 / 1000.0;
+    let per_call = |before| cpu_since(pid, &before) as f64 / batch as f64 / 1000.0;
     let before = cpu_ns(pid);
     for _ in 0..batch {
         noop(client).await;
@@ -407,8 +457,14 @@ async fn rpcs(
 }
 
 /// XID 79 on GPU `round % 8` written to the fake's event file (temp file + rename) → the
-/// first frame with all its replicas Unhealthy; then wait for the recovery frame.
-async fn xid_latency(daemon: &Daemon, devices: &[String], rounds: usize) -> Vec<Duration> {
+/// first frame with all its replicas Unhealthy; then wait for the recovery frame. Returns the
+/// whole latency and the agent's own part: from the fake's `nvmlEventSetWait` handing out the
+/// event (its `FAKE_NVML_WAIT_LOG`, wall clock) to the frame's arrival.
+async fn xid_latency(
+    daemon: &Daemon,
+    devices: &[String],
+    rounds: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
     let mut client = daemon.client().await;
     let stream = client
         .list_and_watch(pb::Empty {})
@@ -419,7 +475,9 @@ async fn xid_latency(daemon: &Daemon, devices: &[String], rounds: usize) -> Vec<
     frames.changed().await.expect("first frame");
     let events = daemon.dir.join("events");
     let tmp = daemon.dir.join("events.tmp");
+    let wait_log = daemon.dir.join("wait.log");
     let mut out = Vec::with_capacity(rounds);
+    let mut own = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let gpu = round % GPUS;
         let ids: BTreeSet<String> = devices[gpu * REPLICAS..(gpu + 1) * REPLICAS]
@@ -439,14 +497,23 @@ async fn xid_latency(daemon: &Daemon, devices: &[String], rounds: usize) -> Vec<
             .expect("unhealthy frame in time")
             .expect("stream open")
             .0;
-        out.push(at - t);
+        out.push(at.at - t);
+        let log = std::fs::read_to_string(&wait_log).expect("the fake's wait log");
+        let returned: u128 = log
+            .lines()
+            .nth(round)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("one wait-log line per event");
+        own.push(Duration::from_micros(
+            u64::try_from(at.wall_us.saturating_sub(returned)).unwrap_or(u64::MAX),
+        ));
         let recovered = frames.wait_for(|(_, down)| down.is_empty());
         tokio::time::timeout(Duration::from_secs(30), recovered)
             .await
             .expect("recovery frame in time")
             .expect("stream open");
     }
-    out
+    (out, own)
 }
 
 /// Driver discovery on this host's root (`/`, its whole `ld.so.cache`), as start-up runs it
@@ -612,23 +679,45 @@ fn main() {
             "gpu-slicer socket bench: run --backend nvml (fake, dgx-h100), {GPUS} GPUs x {REPLICAS} replicas = {} devices of {RESOURCE}; client: one current-thread runtime, one connection",
             GPUS * REPLICAS
         );
-        let mut start = Vec::with_capacity(starts);
+        // With BENCH_BASELINE=<another build>, its starts alternate with this build's, so
+        // both see the same machine noise.
+        let baseline = std::env::var("BENCH_BASELINE").ok();
+        let (mut start, mut base_start) = (Vec::with_capacity(starts), Vec::new());
         for k in 0..starts {
-            let daemon = Daemon::start(&fx, &format!("start{k}"), &[]).await;
-            let (at, _) = daemon.kubelet.first().await;
-            start.push(at - daemon.started);
-            daemon.stop().await;
+            let runs = std::iter::once((fx.exe.as_str(), &mut start))
+                .chain(baseline.as_deref().map(|b| (b, &mut base_start)));
+            for (which, (exe, out)) in runs.enumerate() {
+                let name = format!("start{k}-{which}");
+                let daemon = Daemon::start_exe(&fx, &name, &[], exe).await;
+                let (at, _) = daemon.kubelet.first().await;
+                out.push(at - daemon.started);
+                daemon.stop().await;
+            }
         }
         let daemon = Daemon::start(&fx, "rpc", &[]).await;
         let mut client = daemon.client().await;
         let devices = device_ids(&mut client).await;
+        // Idle: registered, one ListAndWatch open, blocking threads past their 1 s keep-alive.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (rss, threads) = rss_threads(daemon.pid());
         let r = rpcs(&mut client, &devices, daemon.pid(), calls).await;
-        let xid = xid_latency(&daemon, &devices, rounds).await;
+        let (xid, xid_own) = xid_latency(&daemon, &devices, rounds).await;
         daemon.stop().await;
         let (in1, in4) = in_process(&devices, calls);
         let host = host_driver_discovery(if quick { 5 } else { 20 });
         println!();
+        for line in [
+            format!("socket: `run --backend nvml` on the fake libnvidia-ml (dgx-h100, {GPUS} x {REPLICAS} replicas), usage off, labels/HTTP/checkpoint on; a Rust client on one current-thread runtime"),
+            format!("start: spawn -> first Register on the bench's kubelet.sock, {starts} fresh daemons and directories (p50 = median)"),
+            format!("RPCs: one connection, no-op / Allocate 1 / Allocate 4 / GetPreferredAllocation interleaved, {calls} rounds; own cost = p50(Allocate) - p50(no-op); CPU = daemon threads' schedstat over a batch"),
+            format!("XID: event line renamed into the fake's event file -> first frame with the GPU's replicas Unhealthy, {rounds} rounds; agent's part from the fake's wait return (FAKE_NVML_WAIT_LOG, wall clock)"),
+        ] {
+            println!("METHOD|{line}");
+        }
         report("start -> first Register (process spawn)", &start, "<= 10 ms");
+        if !base_start.is_empty() {
+            report("start -> first Register, BENCH_BASELINE (interleaved)", &base_start, "-");
+        }
         report("no-op RPC (GetDevicePluginOptions)", &r.noop, "-");
         report("Allocate, 1 replica", &r.alloc1, "own cost <= 20 µs");
         report("Allocate, 4 replicas of one GPU", &r.alloc4, "own cost <= 20 µs");
@@ -648,7 +737,16 @@ fn main() {
                 r.cpu_alloc4 - r.cpu_noop
             ),
         );
-        report("XID 79 -> first Unhealthy ListAndWatch frame", &xid, "<= 1 ms");
+        report("XID 79 -> first Unhealthy ListAndWatch frame", &xid, "-");
+        report(
+            "  agent's part: NVML wait returns -> frame",
+            &xid_own,
+            "<= 1 ms",
+        );
+        figure(
+            "idle run RSS / threads (nvml fake, 512 devices, 1 stream)",
+            format!("{rss} KiB / {threads}"),
+        );
         report("  driver discovery on / (whole ld.so.cache, in-process)", &host, "-");
         report("  in-process Allocate answer, 1 replica", &in1, "-");
         report("  in-process Allocate answer, 4 replicas", &in4, "-");

@@ -16,14 +16,22 @@
 # Topology (benches/topology.rs): in-process GetPreferredAllocation on 8 and 16 GPUs for sizes
 # 1, 2, 3, 4, 8, and topology discovery on the fake NVML with and without a per-call delay.
 # BENCH_CALLGRIND=<dir> cargo bench --bench socket: instructions per Allocate under callgrind.
-# BENCH_QUICK=1 runs fewer calls.
+# BENCH_QUICK=1 runs fewer calls, only the socket bench's end-to-end figures and the idle RSS
+# (3 starts), and skips the usage-sampling runs (about a minute instead of several). Each bench's
+# method lines (METHOD|) are printed under the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-for bench in cdi plugin socket reload health scaling usage topology; do
+benches=(cdi plugin socket reload health scaling usage topology)
+starts=5
+if [ -n "${BENCH_QUICK:-}" ]; then
+  benches=(socket topology)
+  starts=3
+fi
+for bench in "${benches[@]}"; do
   cargo bench -q --bench "$bench" | tee -a "$wd/figures.log"
 done
 cargo build --release --bin gpu-slicer -q
@@ -32,7 +40,7 @@ mkdir -p "$wd/dp" "$wd/cdi"
 samples=()
 stops=()
 threads=0
-for _ in 1 2 3 4 5; do
+for _ in $(seq "$starts"); do
   # As deployed: HTTP endpoint on and the ledger running (its socket absent here, so it
   # retries every interval in the background).
   target/release/gpu-slicer run --backend sim:mixed-a100 --config hack/configs/mixed-timeslicing.yaml \
@@ -52,17 +60,18 @@ for _ in 1 2 3 4 5; do
   wait "$pid" || true
   stops+=("$(( ($(date +%s%N) - t0) / 1000000 ))")
 done
-median=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n 3p)
+mid=$(( (starts + 1) / 2 ))
+median=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n "${mid}p")
 {
-  echo "FIGURE|idle run RSS (sim:mixed-a100, median of 5 starts)|${median} KiB"
+  echo "FIGURE|idle run RSS (sim:mixed-a100, median of $starts starts)|${median} KiB"
   echo "FIGURE|idle run threads|${threads}"
-  echo "FIGURE|SIGTERM -> exit of idle run (median of 5)|$(printf '%s\n' "${stops[@]}" | sort -n | sed -n 3p) ms"
+  echo "FIGURE|SIGTERM -> exit of idle run (median of $starts)|$(printf '%s\n' "${stops[@]}" | sort -n | sed -n "${mid}p") ms"
   echo "FIGURE|release binary size|$(stat -c %s target/release/gpu-slicer) bytes"
 } >>"$wd/figures.log"
 
 # Usage sampling: dgx-h100 with 4 processes per GPU (cgroup files shaped like a kubelet's).
 usage_node=$wd/usage-node.yaml
-{
+[ -n "${BENCH_QUICK:-}" ] || {
   sed -n '/^gpus:/,$p' hack/nodes/dgx-h100.yaml | sed '/^events:/,$d'
   echo "usage:"
   echo "  devices:"
@@ -95,6 +104,7 @@ usage_run() { # $1: --usage-interval; prints "ticks-over-10s rss-KiB"
   kill -TERM "$pid"
   wait "$pid" || true
 }
+if [ -z "${BENCH_QUICK:-}" ]; then
 read -r on_ticks on_rss < <(usage_run 100ms)
 read -r off_ticks off_rss < <(usage_run 0)
 hz=$(getconf CLK_TCK)
@@ -102,8 +112,12 @@ hz=$(getconf CLK_TCK)
   echo "FIGURE|usage sampling CPU per round (sim dgx-h100, 32 processes; 100 rounds in 10 s)|$(awk -v a="$on_ticks" -v b="$off_ticks" -v hz="$hz" 'BEGIN { printf "%.2f ms", (a - b) * 1000 / hz / 100 }')"
   echo "FIGURE|run RSS with usage sampling on / off|${on_rss} KiB / ${off_rss} KiB"
 } >>"$wd/figures.log"
+fi
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo
 echo "== gpu-slicer figures: $(nproc) CPUs visible ($cpu), $(uname -sr) =="
 grep '^FIGURE|' "$wd/figures.log" | cut -d'|' -f2- | awk -F'|' '{ printf "%-62s %s\n", $1, $2 }'
+echo
+echo "== method =="
+grep '^METHOD|' "$wd/figures.log" | cut -d'|' -f2- | sed 's/^/- /'

@@ -43,6 +43,9 @@
 //!   every poll of a wait (writers should write a temp file and rename it);
 //! * `fakeNvmlInjectEvent(const char *json) -> int` (one event).
 //!
+//! `FAKE_NVML_WAIT_LOG=<file>`: each wait that hands out an event appends the wall-clock time
+//! it returns (µs since the Unix epoch, one line), for benchmarks of the consumer's own path.
+//!
 //! An event reaches every event set that registered its GPU for its type (XID 0x8,
 //! double-bit ECC 0x2, single-bit ECC 0x1). GI/CI ids are `0xFFFFFFFF` when not given.
 //!
@@ -1286,7 +1289,9 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                             computeInstanceId: ci,
                         };
                         // SAFETY: checked non-null; out-pointer per nvml.h.
-                        return unsafe { put(data, ev) };
+                        let put = unsafe { put(data, ev) };
+                        log_return();
+                        return put;
                     }
                     None => {}
                 }
@@ -1305,6 +1310,28 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
             }
         }
     })
+}
+
+/// With `FAKE_NVML_WAIT_LOG` set, append the wall-clock time (µs since the Unix epoch) at
+/// which a wait hands out an event: where the driver's part of an event's path ends, so a
+/// benchmark can tell the agent's own latency from the fake's (file read, wake-up).
+fn log_return() {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("FAKE_NVML_WAIT_LOG") else {
+        return;
+    };
+    // Best effort: a benchmark aid, never a reason to fail the wait. The time is taken once
+    // the file is open, so only the one write lands in the consumer's share.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let _ = f.write_all(format!("{at}\n").as_bytes());
+    }
 }
 
 #[unsafe(no_mangle)]
