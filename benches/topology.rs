@@ -33,9 +33,9 @@ fn node_file(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-fn pct(v: &mut [Duration], p: usize) -> Duration {
-    v.sort();
-    v[(v.len() - 1) * p / 100]
+/// The benches' one percentile helper.
+fn pct(v: &[Duration], p: u32) -> Duration {
+    gpu_slicer::testkit::stats::percentile(v, f64::from(p) / 100.0)
 }
 
 fn preferred_bench(file: &str, calls: usize) {
@@ -74,8 +74,8 @@ fn preferred_bench(file: &str, calls: usize) {
             assert_eq!(got.len(), size);
             std::hint::black_box(got);
         }
-        let p50 = pct(&mut times, 50);
-        let p99 = pct(&mut times, 99);
+        let p50 = pct(&times, 50);
+        let p99 = pct(&times, 99);
         println!(
             "FIGURE|in-process preferred, {n} GPUs ({file}), size {size}|p50 {p50:.1?} / p99 {p99:.1?} (target {target})"
         );
@@ -126,7 +126,7 @@ fn discovery_bench(file: &str, delay: Option<&str>, rounds: usize) {
     println!(
         "FIGURE|NVML discovery on the fake, {gpus} GPUs ({file}), topology delay {}|median {:.1?} ({per_round} topology calls, once per discovery; if each took 600 ms: {:.0} s)",
         delay.unwrap_or("0"),
-        pct(&mut times, 50),
+        pct(&times, 50),
         per_round as f64 * 0.6
     );
 }
@@ -176,6 +176,6 @@ fn discovery_bench_without_topology(rounds: usize) {
         .collect();
     println!(
         "FIGURE|NVML discovery on the fake, 8 GPUs (dgx-h100.yaml, no topology section)|median {:.1?}",
-        pct(&mut times, 50)
+        pct(&times, 50)
     );
 }
