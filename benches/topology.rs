@@ -167,7 +167,7 @@ fn discovery_bench_without_topology(rounds: usize) {
     }
     let backend = NvmlBackend::new(Some(lib), dir.path().join("no-proc"))
         .with_sys_root(dir.path().join("sys"));
-    let mut times: Vec<Duration> = (0..rounds)
+    let times: Vec<Duration> = (0..rounds)
         .map(|_| {
             let t = Instant::now();
             std::hint::black_box(backend.discover().expect("discover"));
