@@ -19,6 +19,7 @@ use gpu_slicer::domain::fleet::{
 use gpu_slicer::platform::kube::NodeApi;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::fleet::{FleetSettings, Selection};
+use gpu_slicer::runtime::node_labels::NodeLabelsSettings;
 use gpu_slicer::runtime::node_watch::NodeWatchSettings;
 use gpu_slicer::runtime::supervisor::{ReloadSettings, RunSettings};
 use gpu_slicer::runtime::triggers::TriggerSettings;
@@ -67,6 +68,11 @@ fn node(labels: &[(&str, &str)]) -> Node {
 /// The daemon with `--config-dir <dir>/configs`, `--state-dir <dir>/state`, on the sim
 /// node `mixed-a100` (2 whole GPUs as `nvidia.com/gpu`).
 async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> common::Harness {
+    launch_with(api, dir, false).await
+}
+
+/// [`launch`], with `--labels-to-node` when `to_node`.
+async fn launch_with(api: &ApiServer, dir: tempfile::TempDir, to_node: bool) -> common::Harness {
     let configs = dir.path().join("configs");
     let state = dir.path().join("state");
     if !configs.exists() {
@@ -101,6 +107,13 @@ async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> common::Harness {
     let mut fleet = FleetSettings::new(selection, Some(watch));
     fleet.state_dir = Some(state);
     settings.fleet = Some(fleet);
+    if to_node {
+        let mut labeller =
+            NodeLabelsSettings::new(NodeApi::new(api.client().expect("client"), NODE.into()));
+        labeller.backoff_base = Duration::from_millis(20);
+        labeller.backoff_cap = Duration::from_millis(200);
+        settings.node_labels = Some(labeller);
+    }
     let backend = Arc::new(SimBackend::open("mixed-a100").expect("node"));
     common::launch(dir, emulator, settings, backend).await
 }
@@ -157,6 +170,94 @@ async fn gpu_count(d: &common::Harness, n: usize) {
     )
     .await
     .expect("stream open");
+}
+
+/// Wait until the Node has none of `keys`.
+async fn until_absent(api: &ApiServer, keys: &[&str]) {
+    let ok = api
+        .wait_for::<Node, _>(T, |nodes| {
+            nodes.iter().any(|n| {
+                let l = n.metadata.labels.clone().unwrap_or_default();
+                keys.iter().all(|k| !l.contains_key(*k))
+            })
+        })
+        .await;
+    assert!(
+        ok,
+        "labels {keys:?} still on the Node: {:?}",
+        labels_of(api)
+    );
+}
+
+#[tokio::test]
+async fn labels_to_node_sets_removes_owned_and_leaves_foreign_labels() {
+    use gpu_slicer::domain::fleet::OWNED_LABELS_ANNOTATION;
+    let api = ApiServer::start().await.unwrap();
+    let mut n = node(&[
+        ("team", "ml"),
+        // Written by GPU Feature Discovery, not by us: never touched.
+        ("nvidia.com/gpu.product", "written-by-gfd"),
+        // Written by an earlier run of ours (the annotation says so), no longer built.
+        ("nvidia.com/gpu.stale", "1"),
+    ]);
+    n.metadata.annotations = Some(BTreeMap::from([(
+        OWNED_LABELS_ANNOTATION.to_owned(),
+        "nvidia.com/gpu.stale".to_owned(),
+    )]));
+    api.insert(&n).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::write(configs.join("default"), shared(2)).unwrap();
+    std::fs::write(
+        configs.join("plain"),
+        "version: v1\nflags: {migStrategy: none}\n",
+    )
+    .unwrap();
+    let _d = launch_with(&api, dir, true).await;
+    until_labels(
+        &api,
+        &[
+            ("nvidia.com/gpu.present", "true"),
+            ("nvidia.com/gpu.replicas", "2"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+            ("nvidia.com/mig.strategy", "mixed"),
+            ("nvidia.com/gpu.product", "written-by-gfd"),
+            ("team", "ml"),
+        ],
+    )
+    .await;
+    until_absent(&api, &["nvidia.com/gpu.stale"]).await;
+    let owned = |api: &ApiServer| {
+        api.get::<Node>("", NODE)
+            .and_then(|n| n.metadata.annotations)
+            .and_then(|a| a.get(OWNED_LABELS_ANNOTATION).cloned())
+            .unwrap_or_default()
+    };
+    let listed = owned(&api);
+    assert!(listed.contains("nvidia.com/gpu.present"), "{listed}");
+    assert!(listed.contains("nvidia.com/mig.strategy"), "{listed}");
+    assert!(!listed.contains("nvidia.com/gpu.product"), "{listed}");
+
+    // A config with no MIG strategy: the MIG labels leave the set and the Node.
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("plain"))])
+        .unwrap();
+    until_labels(
+        &api,
+        &[
+            (CONFIG_APPLIED_LABEL, "plain"),
+            ("nvidia.com/gpu.replicas", "1"),
+        ],
+    )
+    .await;
+    until_absent(&api, &["nvidia.com/mig.strategy"]).await;
+    let labels = labels_of(&api);
+    assert_eq!(
+        labels.get("nvidia.com/gpu.product").map(String::as_str),
+        Some("written-by-gfd")
+    );
+    assert_eq!(labels.get("team").map(String::as_str), Some("ml"));
+    assert!(!owned(&api).contains("nvidia.com/mig.strategy"));
 }
 
 #[tokio::test]
