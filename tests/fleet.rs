@@ -544,3 +544,112 @@ fn config_dir_replaces_config() {
     };
     assert!(e.to_string().contains("--config-dir"), "{e}");
 }
+
+#[tokio::test]
+async fn a_key_for_other_hardware_skips_its_entries_and_succeeds() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    write_configs(&configs);
+    // Written for a 40 GB A100 pool: 4g.20gb is no profile of this node's 80 GB GPUs.
+    std::fs::write(
+        configs.join("a100-40gb"),
+        "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 3}\n    - {name: nvidia.com/mig-4g.20gb, replicas: 2}\n",
+    )
+    .unwrap();
+    let d = launch(&api, dir).await;
+    gpu_count(&d, 4).await;
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("a100-40gb"))])
+        .unwrap();
+    // The entry this node can serve is served; the other one is skipped, not an error.
+    gpu_count(&d, 6).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "a100-40gb"),
+        ],
+    )
+    .await;
+    until_event(&api, "ConfigApplied", "config a100-40gb applied").await;
+    assert!(
+        !d.emulator
+            .registrations()
+            .borrow()
+            .contains_key("nvidia.com/mig-4g.20gb")
+    );
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+/// A ConfigMap volume as the kubelet lays it out: keys are links through `..data` to a
+/// timestamped directory; an update writes a new directory and renames a new `..data` link
+/// over the old one, then removes the old directory.
+fn configmap_version(dir: &Path, version: &str, files: &[(&str, String)]) {
+    let ts = dir.join(format!("..{version}"));
+    std::fs::create_dir_all(&ts).unwrap();
+    for (k, v) in files {
+        std::fs::write(ts.join(k), v).unwrap();
+        let link = dir.join(k);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(k), &link).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+}
+
+#[tokio::test]
+async fn the_configmap_directory_swapped_mid_read_serves_the_new_content() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[(CONFIG_LABEL, "inference")])).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    configmap_version(
+        &configs,
+        "2026_12_02_07_00_00.1",
+        &[("default", shared(2)), ("inference", shared(4))],
+    );
+    let d = launch(&api, dir).await;
+    gpu_count(&d, 8).await;
+    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "inference")]).await;
+    // Several swaps in a row, each removing the directory the last one pointed at, so a
+    // reload that listed one version may open its files after the next swap.
+    for (i, replicas) in [3u32, 5, 3].into_iter().enumerate() {
+        let version = format!("2026_12_02_07_00_0{}.{i}", i + 1);
+        configmap_version(
+            &configs,
+            &version,
+            &[("default", shared(2)), ("inference", shared(replicas))],
+        );
+        let old = if i == 0 {
+            "..2026_12_02_07_00_00.1".to_owned()
+        } else {
+            format!("..2026_12_02_07_00_0{i}.{}", i - 1)
+        };
+        std::fs::remove_dir_all(configs.join(old)).unwrap();
+    }
+    // The last version is what serves, and no failure was reported on the way.
+    gpu_count(&d, 6).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "inference"),
+        ],
+    )
+    .await;
+    assert!(
+        api.list::<Event>()
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("ConfigRefused")),
+        "{:#?}",
+        api.list::<Event>()
+    );
+    d.stop().await.unwrap();
+    api.stop().await;
+}

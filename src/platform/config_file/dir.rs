@@ -27,6 +27,12 @@ impl ConfigDir {
     }
 }
 
+/// Whether the volume moved on since `listing` was read: `..data` now points at another
+/// version (the old one may already be gone, so a read that failed is worth repeating).
+pub fn swapped(dir: &Path, listing: &ConfigDir) -> bool {
+    std::fs::canonicalize(dir.join(CONFIGMAP_DATA)).is_ok_and(|now| now != listing.root)
+}
+
 /// List the keys of `dir` (through `..data` when it is a ConfigMap volume).
 pub fn read(dir: &Path) -> Result<ConfigDir, ConfigError> {
     let err = |path: &Path| {
