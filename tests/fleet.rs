@@ -653,3 +653,182 @@ async fn the_configmap_directory_swapped_mid_read_serves_the_new_content() {
     d.stop().await.unwrap();
     api.stop().await;
 }
+
+/// The fake NVML driver's node for the MIG tests: GPU 0 with two 3g.20gb, GPU 1 with three
+/// 2g.10gb, both A100-40GB with MIG on (as in tests/mig_daemon.rs).
+const MIG_GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
+fn mig_node() -> String {
+    format!(
+        r#"
+gpus:
+  - index: 0
+    uuid: {MIG_GPU0}
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:10:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0001, profile: 3g.20gb, gpuInstanceId: 1}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0002, profile: 3g.20gb, gpuInstanceId: 2}}
+  - index: 1
+    uuid: GPU-40400000-0000-4000-8000-0000000000a1
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:11:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1001, profile: 2g.10gb, gpuInstanceId: 3}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1002, profile: 2g.10gb, gpuInstanceId: 4}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1003, profile: 2g.10gb, gpuInstanceId: 5}}
+"#
+    )
+}
+
+/// `current` is the layout the GPUs have; `gpu0-small` repartitions GPU 0.
+const MIG_LAYOUTS: &str = "version: v1\nmig-configs:\n  current:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n  gpu0-small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_good_one_applies() {
+    use gpu_slicer::platform::nvml::NvmlBackend;
+    use gpu_slicer::runtime::miglayout::MigLayoutSettings;
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    let dir = short_tempdir();
+    let lib_path = dir.path().join("libnvidia-ml.so.1");
+    std::fs::copy(common::fake_lib(), &lib_path).unwrap();
+    // SAFETY: loading our own fake library; it runs no initialisers with side effects.
+    let lib = unsafe { libloading::Library::new(&lib_path) }.unwrap();
+    let text = std::ffi::CString::new(mig_node()).unwrap();
+    // SAFETY: the fake's control symbol takes one NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        let f: libloading::Symbol<
+            unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int,
+        > = lib.get(b"fakeNvmlSetNodeJson").unwrap();
+        f(text.as_ptr())
+    };
+    assert_eq!(rc, 0);
+    let proc_root = dir.path().join("proc");
+    std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
+    std::fs::write(
+        proc_root.join("driver/nvidia-caps/mig-minors"),
+        node_spec::mig_minors_file(&[0, 1]),
+    )
+    .unwrap();
+    let layouts = dir.path().join("layouts.yaml");
+    std::fs::write(&layouts, MIG_LAYOUTS).unwrap();
+    let driver = common::fake_driver_root(dir.path(), "570.124.06");
+    let configs = dir.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::write(
+        configs.join("default"),
+        format!(
+            "version: v1\nflags:\n  migStrategy: mixed\n  plugin: {{containerDriverRoot: {}}}\n  migLayouts: {{file: {}, layout: current}}\n",
+            driver.display(),
+            layouts.display()
+        ),
+    )
+    .unwrap();
+    let selection = Selection::new(
+        &configs,
+        CONFIG_LABEL,
+        None,
+        None,
+        Arc::new(|p: &Path| {
+            gpu_slicer::platform::config_file::load(Some(p), &Overrides::default())
+        }),
+    );
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let mut settings = RunSettings::new(
+        selection.load().expect("initial config"),
+        &plugin_dir,
+        dir.path().join("cdi"),
+    );
+    let loader = selection.clone();
+    settings.reload = ReloadSettings {
+        load: Some(Arc::new(move || loader.load())),
+        triggers: TriggerSettings {
+            config_dir: Some(configs),
+            ..TriggerSettings::default()
+        },
+    };
+    settings.mig_layouts = Some(MigLayoutSettings {
+        nvml_lib: Some(lib_path.clone()),
+        interval: Duration::from_millis(100),
+    });
+    let watch = NodeWatchSettings {
+        api: NodeApi::new(api.client().expect("client"), NODE.into()),
+        backoff_base: Duration::from_millis(20),
+        backoff_cap: Duration::from_millis(200),
+    };
+    settings.fleet = Some(FleetSettings::new(selection, Some(watch)));
+    let backend = Arc::new(
+        NvmlBackend::new(Some(lib_path.clone()), proc_root).with_sys_root(dir.path().join("sys")),
+    );
+    let d = common::launch(dir, emulator, settings, backend).await;
+    let devices = |resource: &str, n: usize| {
+        let mut rx = d.running.store.subscribe();
+        let resource = resource.to_owned();
+        async move {
+            within(
+                &format!("{n} x {resource}"),
+                rx.wait_for(|s| s.plan.resource(&resource).map_or(0, |r| r.devices.len()) == n),
+            )
+            .await
+            .expect("store alive");
+        }
+    };
+    devices("nvidia.com/mig-3g.20gb", 2).await;
+    until_labels(&api, &[(CONFIG_STATE_LABEL, "success")]).await;
+
+    // kubectl label node gpu-node-1 nvidia.com/mig.config=no-such-layout
+    api.label_node(NODE, &[(MIG_CONFIG_LABEL, Some("no-such-layout"))])
+        .unwrap();
+    until_labels(&api, &[(MIG_STATE_LABEL, "failed")]).await;
+    let ev = until_event(&api, "MigLayoutFailed", "no-such-layout").await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    // The layout the GPUs had is kept, and the config stays applied.
+    devices("nvidia.com/mig-3g.20gb", 2).await;
+    until_labels(&api, &[(CONFIG_STATE_LABEL, "success")]).await;
+
+    // A layout the file has, on an idle GPU: pending while it is applied, then success, as
+    // a watcher of the Node (mig-manager's tools) sees the state label change.
+    let nodes: kube::Api<Node> = kube::Api::all(api.client().expect("client"));
+    let rv = api
+        .get::<Node>("", NODE)
+        .and_then(|n| n.metadata.resource_version)
+        .expect("resourceVersion");
+    let params = kube::api::WatchParams::default().fields(&format!("metadata.name={NODE}"));
+    let mut stream = Box::pin(nodes.watch(&params, &rv).await.expect("watch"));
+    api.label_node(NODE, &[(MIG_CONFIG_LABEL, Some("gpu0-small"))])
+        .unwrap();
+    let states = within("mig.config.state success", async {
+        use tokio_stream::StreamExt as _;
+        // From the state the bad layout left.
+        let mut seen = vec!["failed".to_owned()];
+        while let Some(event) = stream.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(n)) = event {
+                let state = n
+                    .metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get(MIG_STATE_LABEL)
+                    .cloned();
+                if let Some(state) = state.filter(|s| seen.last() != Some(s)) {
+                    seen.push(state);
+                }
+                if seen.last().map(String::as_str) == Some("success") {
+                    break;
+                }
+            }
+        }
+        seen
+    })
+    .await;
+    assert_eq!(states, ["failed", "pending", "success"], "{states:?}");
+    devices("nvidia.com/mig-1g.5gb", 7).await;
+    until_event(&api, "MigLayoutApplied", "gpu0-small").await;
+    d.stop().await.unwrap();
+    drop(lib);
+    api.stop().await;
+}
