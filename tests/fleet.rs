@@ -832,3 +832,30 @@ async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_g
     drop(lib);
     api.stop().await;
 }
+
+#[tokio::test]
+async fn labels_to_node_survives_refused_calls() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    // Both Node writers (state labels, GFD labels) meet these; neither gives up.
+    api.inject(Fault::status(Verb::Patch, "/api/v1/nodes/", 403).times(3));
+    api.inject(Fault::status(Verb::Get, "/api/v1/nodes/", 500).times(1));
+    let d = launch_with(&api, short_tempdir(), true).await;
+    gpu_count(&d, 4).await;
+    until_labels(
+        &api,
+        &[
+            ("nvidia.com/gpu.present", "true"),
+            (CONFIG_STATE_LABEL, "success"),
+        ],
+    )
+    .await;
+    let refused = api
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Patch && r.code == 403)
+        .count();
+    assert_eq!(refused, 3);
+    d.stop().await.unwrap();
+    api.stop().await;
+}
