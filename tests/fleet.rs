@@ -19,6 +19,7 @@ use gpu_slicer::domain::fleet::{
 use gpu_slicer::platform::kube::NodeApi;
 use gpu_slicer::platform::sim::SimBackend;
 use gpu_slicer::runtime::fleet::{FleetSettings, Selection};
+use gpu_slicer::runtime::node_labels::NodeLabelsSettings;
 use gpu_slicer::runtime::node_watch::NodeWatchSettings;
 use gpu_slicer::runtime::supervisor::{ReloadSettings, RunSettings};
 use gpu_slicer::runtime::triggers::TriggerSettings;
@@ -67,6 +68,11 @@ fn node(labels: &[(&str, &str)]) -> Node {
 /// The daemon with `--config-dir <dir>/configs`, `--state-dir <dir>/state`, on the sim
 /// node `mixed-a100` (2 whole GPUs as `nvidia.com/gpu`).
 async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> common::Harness {
+    launch_with(api, dir, false).await
+}
+
+/// [`launch`], with `--labels-to-node` when `to_node`.
+async fn launch_with(api: &ApiServer, dir: tempfile::TempDir, to_node: bool) -> common::Harness {
     let configs = dir.path().join("configs");
     let state = dir.path().join("state");
     if !configs.exists() {
@@ -101,6 +107,13 @@ async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> common::Harness {
     let mut fleet = FleetSettings::new(selection, Some(watch));
     fleet.state_dir = Some(state);
     settings.fleet = Some(fleet);
+    if to_node {
+        let mut labeller =
+            NodeLabelsSettings::new(NodeApi::new(api.client().expect("client"), NODE.into()));
+        labeller.backoff_base = Duration::from_millis(20);
+        labeller.backoff_cap = Duration::from_millis(200);
+        settings.node_labels = Some(labeller);
+    }
     let backend = Arc::new(SimBackend::open("mixed-a100").expect("node"));
     common::launch(dir, emulator, settings, backend).await
 }
@@ -157,6 +170,94 @@ async fn gpu_count(d: &common::Harness, n: usize) {
     )
     .await
     .expect("stream open");
+}
+
+/// Wait until the Node has none of `keys`.
+async fn until_absent(api: &ApiServer, keys: &[&str]) {
+    let ok = api
+        .wait_for::<Node, _>(T, |nodes| {
+            nodes.iter().any(|n| {
+                let l = n.metadata.labels.clone().unwrap_or_default();
+                keys.iter().all(|k| !l.contains_key(*k))
+            })
+        })
+        .await;
+    assert!(
+        ok,
+        "labels {keys:?} still on the Node: {:?}",
+        labels_of(api)
+    );
+}
+
+#[tokio::test]
+async fn labels_to_node_sets_removes_owned_and_leaves_foreign_labels() {
+    use gpu_slicer::domain::fleet::OWNED_LABELS_ANNOTATION;
+    let api = ApiServer::start().await.unwrap();
+    let mut n = node(&[
+        ("team", "ml"),
+        // Written by GPU Feature Discovery, not by us: never touched.
+        ("nvidia.com/gpu.product", "written-by-gfd"),
+        // Written by an earlier run of ours (the annotation says so), no longer built.
+        ("nvidia.com/gpu.stale", "1"),
+    ]);
+    n.metadata.annotations = Some(BTreeMap::from([(
+        OWNED_LABELS_ANNOTATION.to_owned(),
+        "nvidia.com/gpu.stale".to_owned(),
+    )]));
+    api.insert(&n).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::write(configs.join("default"), shared(2)).unwrap();
+    std::fs::write(
+        configs.join("plain"),
+        "version: v1\nflags: {migStrategy: none}\n",
+    )
+    .unwrap();
+    let _d = launch_with(&api, dir, true).await;
+    until_labels(
+        &api,
+        &[
+            ("nvidia.com/gpu.present", "true"),
+            ("nvidia.com/gpu.replicas", "2"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+            ("nvidia.com/mig.strategy", "mixed"),
+            ("nvidia.com/gpu.product", "written-by-gfd"),
+            ("team", "ml"),
+        ],
+    )
+    .await;
+    until_absent(&api, &["nvidia.com/gpu.stale"]).await;
+    let owned = |api: &ApiServer| {
+        api.get::<Node>("", NODE)
+            .and_then(|n| n.metadata.annotations)
+            .and_then(|a| a.get(OWNED_LABELS_ANNOTATION).cloned())
+            .unwrap_or_default()
+    };
+    let listed = owned(&api);
+    assert!(listed.contains("nvidia.com/gpu.present"), "{listed}");
+    assert!(listed.contains("nvidia.com/mig.strategy"), "{listed}");
+    assert!(!listed.contains("nvidia.com/gpu.product"), "{listed}");
+
+    // A config with no MIG strategy: the MIG labels leave the set and the Node.
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("plain"))])
+        .unwrap();
+    until_labels(
+        &api,
+        &[
+            (CONFIG_APPLIED_LABEL, "plain"),
+            ("nvidia.com/gpu.replicas", "1"),
+        ],
+    )
+    .await;
+    until_absent(&api, &["nvidia.com/mig.strategy"]).await;
+    let labels = labels_of(&api);
+    assert_eq!(
+        labels.get("nvidia.com/gpu.product").map(String::as_str),
+        Some("written-by-gfd")
+    );
+    assert_eq!(labels.get("team").map(String::as_str), Some("ml"));
+    assert!(!owned(&api).contains("nvidia.com/mig.strategy"));
 }
 
 #[tokio::test]
@@ -442,4 +543,319 @@ fn config_dir_replaces_config() {
         panic!("--config-dir with --config accepted");
     };
     assert!(e.to_string().contains("--config-dir"), "{e}");
+}
+
+#[tokio::test]
+async fn a_key_for_other_hardware_skips_its_entries_and_succeeds() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    write_configs(&configs);
+    // Written for a 40 GB A100 pool: 4g.20gb is no profile of this node's 80 GB GPUs.
+    std::fs::write(
+        configs.join("a100-40gb"),
+        "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 3}\n    - {name: nvidia.com/mig-4g.20gb, replicas: 2}\n",
+    )
+    .unwrap();
+    let d = launch(&api, dir).await;
+    gpu_count(&d, 4).await;
+    api.label_node(NODE, &[(CONFIG_LABEL, Some("a100-40gb"))])
+        .unwrap();
+    // The entry this node can serve is served; the other one is skipped, not an error.
+    gpu_count(&d, 6).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "a100-40gb"),
+        ],
+    )
+    .await;
+    until_event(&api, "ConfigApplied", "config a100-40gb applied").await;
+    assert!(
+        !d.emulator
+            .registrations()
+            .borrow()
+            .contains_key("nvidia.com/mig-4g.20gb")
+    );
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+/// A ConfigMap volume as the kubelet lays it out: keys are links through `..data` to a
+/// timestamped directory; an update writes a new directory and renames a new `..data` link
+/// over the old one, then removes the old directory.
+fn configmap_version(dir: &Path, version: &str, files: &[(&str, String)]) {
+    let ts = dir.join(format!("..{version}"));
+    std::fs::create_dir_all(&ts).unwrap();
+    for (k, v) in files {
+        std::fs::write(ts.join(k), v).unwrap();
+        let link = dir.join(k);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(k), &link).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+}
+
+#[tokio::test]
+async fn the_configmap_directory_swapped_mid_read_serves_the_new_content() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[(CONFIG_LABEL, "inference")])).unwrap();
+    let dir = short_tempdir();
+    let configs = dir.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    configmap_version(
+        &configs,
+        "2026_12_02_07_00_00.1",
+        &[("default", shared(2)), ("inference", shared(4))],
+    );
+    let d = launch(&api, dir).await;
+    gpu_count(&d, 8).await;
+    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "inference")]).await;
+    // Several swaps in a row, each removing the directory the last one pointed at, so a
+    // reload that listed one version may open its files after the next swap.
+    for (i, replicas) in [3u32, 5, 3].into_iter().enumerate() {
+        let version = format!("2026_12_02_07_00_0{}.{i}", i + 1);
+        configmap_version(
+            &configs,
+            &version,
+            &[("default", shared(2)), ("inference", shared(replicas))],
+        );
+        let old = if i == 0 {
+            "..2026_12_02_07_00_00.1".to_owned()
+        } else {
+            format!("..2026_12_02_07_00_0{i}.{}", i - 1)
+        };
+        std::fs::remove_dir_all(configs.join(old)).unwrap();
+    }
+    // The last version is what serves, and no failure was reported on the way.
+    gpu_count(&d, 6).await;
+    until_labels(
+        &api,
+        &[
+            (CONFIG_STATE_LABEL, "success"),
+            (CONFIG_APPLIED_LABEL, "inference"),
+        ],
+    )
+    .await;
+    assert!(
+        api.list::<Event>()
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("ConfigRefused")),
+        "{:#?}",
+        api.list::<Event>()
+    );
+    d.stop().await.unwrap();
+    api.stop().await;
+}
+
+/// The fake NVML driver's node for the MIG tests: GPU 0 with two 3g.20gb, GPU 1 with three
+/// 2g.10gb, both A100-40GB with MIG on (as in tests/mig_daemon.rs).
+const MIG_GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
+fn mig_node() -> String {
+    format!(
+        r#"
+gpus:
+  - index: 0
+    uuid: {MIG_GPU0}
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:10:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0001, profile: 3g.20gb, gpuInstanceId: 1}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0002, profile: 3g.20gb, gpuInstanceId: 2}}
+  - index: 1
+    uuid: GPU-40400000-0000-4000-8000-0000000000a1
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:11:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1001, profile: 2g.10gb, gpuInstanceId: 3}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1002, profile: 2g.10gb, gpuInstanceId: 4}}
+        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1003, profile: 2g.10gb, gpuInstanceId: 5}}
+"#
+    )
+}
+
+/// `current` is the layout the GPUs have; `gpu0-small` repartitions GPU 0.
+const MIG_LAYOUTS: &str = "version: v1\nmig-configs:\n  current:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n  gpu0-small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_good_one_applies() {
+    use gpu_slicer::platform::nvml::NvmlBackend;
+    use gpu_slicer::runtime::miglayout::MigLayoutSettings;
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    let dir = short_tempdir();
+    let lib_path = dir.path().join("libnvidia-ml.so.1");
+    std::fs::copy(common::fake_lib(), &lib_path).unwrap();
+    // SAFETY: loading our own fake library; it runs no initialisers with side effects.
+    let lib = unsafe { libloading::Library::new(&lib_path) }.unwrap();
+    let text = std::ffi::CString::new(mig_node()).unwrap();
+    // SAFETY: the fake's control symbol takes one NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        let f: libloading::Symbol<
+            unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int,
+        > = lib.get(b"fakeNvmlSetNodeJson").unwrap();
+        f(text.as_ptr())
+    };
+    assert_eq!(rc, 0);
+    let proc_root = dir.path().join("proc");
+    std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
+    std::fs::write(
+        proc_root.join("driver/nvidia-caps/mig-minors"),
+        node_spec::mig_minors_file(&[0, 1]),
+    )
+    .unwrap();
+    let layouts = dir.path().join("layouts.yaml");
+    std::fs::write(&layouts, MIG_LAYOUTS).unwrap();
+    let driver = common::fake_driver_root(dir.path(), "570.124.06");
+    let configs = dir.path().join("configs");
+    std::fs::create_dir_all(&configs).unwrap();
+    std::fs::write(
+        configs.join("default"),
+        format!(
+            "version: v1\nflags:\n  migStrategy: mixed\n  plugin: {{containerDriverRoot: {}}}\n  migLayouts: {{file: {}, layout: current}}\n",
+            driver.display(),
+            layouts.display()
+        ),
+    )
+    .unwrap();
+    let selection = Selection::new(
+        &configs,
+        CONFIG_LABEL,
+        None,
+        None,
+        Arc::new(|p: &Path| {
+            gpu_slicer::platform::config_file::load(Some(p), &Overrides::default())
+        }),
+    );
+    let plugin_dir = dir.path().join("dp");
+    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let mut settings = RunSettings::new(
+        selection.load().expect("initial config"),
+        &plugin_dir,
+        dir.path().join("cdi"),
+    );
+    let loader = selection.clone();
+    settings.reload = ReloadSettings {
+        load: Some(Arc::new(move || loader.load())),
+        triggers: TriggerSettings {
+            config_dir: Some(configs),
+            ..TriggerSettings::default()
+        },
+    };
+    settings.mig_layouts = Some(MigLayoutSettings {
+        nvml_lib: Some(lib_path.clone()),
+        interval: Duration::from_millis(100),
+    });
+    let watch = NodeWatchSettings {
+        api: NodeApi::new(api.client().expect("client"), NODE.into()),
+        backoff_base: Duration::from_millis(20),
+        backoff_cap: Duration::from_millis(200),
+    };
+    settings.fleet = Some(FleetSettings::new(selection, Some(watch)));
+    let backend = Arc::new(
+        NvmlBackend::new(Some(lib_path.clone()), proc_root).with_sys_root(dir.path().join("sys")),
+    );
+    let d = common::launch(dir, emulator, settings, backend).await;
+    let devices = |resource: &str, n: usize| {
+        let mut rx = d.running.store.subscribe();
+        let resource = resource.to_owned();
+        async move {
+            within(
+                &format!("{n} x {resource}"),
+                rx.wait_for(|s| s.plan.resource(&resource).map_or(0, |r| r.devices.len()) == n),
+            )
+            .await
+            .expect("store alive");
+        }
+    };
+    devices("nvidia.com/mig-3g.20gb", 2).await;
+    until_labels(&api, &[(CONFIG_STATE_LABEL, "success")]).await;
+
+    // kubectl label node gpu-node-1 nvidia.com/mig.config=no-such-layout
+    api.label_node(NODE, &[(MIG_CONFIG_LABEL, Some("no-such-layout"))])
+        .unwrap();
+    until_labels(&api, &[(MIG_STATE_LABEL, "failed")]).await;
+    let ev = until_event(&api, "MigLayoutFailed", "no-such-layout").await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    // The layout the GPUs had is kept, and the config stays applied.
+    devices("nvidia.com/mig-3g.20gb", 2).await;
+    until_labels(&api, &[(CONFIG_STATE_LABEL, "success")]).await;
+
+    // A layout the file has, on an idle GPU: pending while it is applied, then success, as
+    // a watcher of the Node (mig-manager's tools) sees the state label change.
+    let nodes: kube::Api<Node> = kube::Api::all(api.client().expect("client"));
+    let rv = api
+        .get::<Node>("", NODE)
+        .and_then(|n| n.metadata.resource_version)
+        .expect("resourceVersion");
+    let params = kube::api::WatchParams::default().fields(&format!("metadata.name={NODE}"));
+    let mut stream = Box::pin(nodes.watch(&params, &rv).await.expect("watch"));
+    api.label_node(NODE, &[(MIG_CONFIG_LABEL, Some("gpu0-small"))])
+        .unwrap();
+    let states = within("mig.config.state success", async {
+        use tokio_stream::StreamExt as _;
+        // From the state the bad layout left.
+        let mut seen = vec!["failed".to_owned()];
+        while let Some(event) = stream.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(n)) = event {
+                let state = n
+                    .metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get(MIG_STATE_LABEL)
+                    .cloned();
+                if let Some(state) = state.filter(|s| seen.last() != Some(s)) {
+                    seen.push(state);
+                }
+                if seen.last().map(String::as_str) == Some("success") {
+                    break;
+                }
+            }
+        }
+        seen
+    })
+    .await;
+    assert_eq!(states, ["failed", "pending", "success"], "{states:?}");
+    devices("nvidia.com/mig-1g.5gb", 7).await;
+    until_event(&api, "MigLayoutApplied", "gpu0-small").await;
+    d.stop().await.unwrap();
+    drop(lib);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn labels_to_node_survives_refused_calls() {
+    let api = ApiServer::start().await.unwrap();
+    api.insert(&node(&[])).unwrap();
+    // Both Node writers (state labels, GFD labels) meet these; neither gives up.
+    api.inject(Fault::status(Verb::Patch, "/api/v1/nodes/", 403).times(3));
+    api.inject(Fault::status(Verb::Get, "/api/v1/nodes/", 500).times(1));
+    let d = launch_with(&api, short_tempdir(), true).await;
+    gpu_count(&d, 4).await;
+    until_labels(
+        &api,
+        &[
+            ("nvidia.com/gpu.present", "true"),
+            (CONFIG_STATE_LABEL, "success"),
+        ],
+    )
+    .await;
+    let refused = api
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Patch && r.code == 403)
+        .count();
+    assert_eq!(refused, 3);
+    d.stop().await.unwrap();
+    api.stop().await;
 }

@@ -244,6 +244,25 @@ async fn spec_and_annotation_changes_are_denied_and_others_are_not_bound() {
     .await
     .unwrap_err();
     assert_eq!(e.0, 403);
+    // Only the annotation that lists the GFD labels it wrote (--labels-to-node).
+    patch(
+        &agent,
+        "n1",
+        json!({"metadata": {
+            "annotations": {"gpu-slicer.io/labels-owned": "nvidia.com/gpu.count"},
+            "labels": {"nvidia.com/gpu.count": "2"}
+        }}),
+    )
+    .await
+    .unwrap();
+    let e = patch(
+        &agent,
+        "n1",
+        json!({"metadata": {"annotations": {"gpu-slicer.io/labels-owned": "", "x": "y"}}}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.0, 403);
     // The policy binds only the agent's service account.
     patch(
         &admin,
@@ -252,6 +271,6 @@ async fn spec_and_annotation_changes_are_denied_and_others_are_not_bound() {
     )
     .await
     .unwrap();
-    assert_eq!(api.count(Verb::Patch, "/api/v1/nodes"), 3);
+    assert_eq!(api.count(Verb::Patch, "/api/v1/nodes"), 5);
     api.stop().await;
 }

@@ -108,6 +108,11 @@ pub struct RunArgs {
     /// are written to, rewritten whenever they change; empty writes no labels.
     #[arg(long, env = "LABELS_FILE", default_value = crate::runtime::labels::DEFAULT_LABELS_FILE)]
     pub labels_file: String,
+    /// Also put those labels straight onto the agent's own Node (for clusters without NFD):
+    /// keys it no longer owns are removed, keys it never wrote are never touched. Needs
+    /// `--node-name` / `NODE_NAME` and API access (README "Pools by label").
+    #[arg(long, env = "LABELS_TO_NODE")]
+    pub labels_to_node: bool,
     /// How often usage is sampled (utilisation, memory, processes → shares); `0` turns
     /// sampling, the usage metrics and `/v1/state` off.
     #[arg(long, env = "USAGE_INTERVAL", default_value = "10s", value_parser = crate::cli::args::parse_duration)]
@@ -260,12 +265,19 @@ pub async fn run(args: &RunArgs) -> Result<(), RunError> {
         tracing::info!(driver = %dra.driver.driver, node = %dra.driver.node,
             "DRA mode: GPUs served through DRA, no device-plugin servers");
     }
-    if let Some(fleet) = settings.fleet.as_mut() {
+    if settings.fleet.is_some() || args.labels_to_node {
         // Only a client is built here: an API server that is down shows (and is retried)
-        // in the Node watcher, while the config chosen at start serves.
+        // in the Node watcher and labeller, while the config chosen at start serves.
         let client = crate::platform::kube::connect(&args.kube.source()?).await?;
         let api = crate::platform::kube::NodeApi::new(client, args.kube.node_name()?);
-        fleet.node = Some(crate::runtime::node_watch::NodeWatchSettings::new(api));
+        if args.labels_to_node {
+            settings.node_labels = Some(crate::runtime::node_labels::NodeLabelsSettings::new(
+                api.clone(),
+            ));
+        }
+        if let Some(fleet) = settings.fleet.as_mut() {
+            fleet.node = Some(crate::runtime::node_watch::NodeWatchSettings::new(api));
+        }
     }
     let backend = super::backend::open_backend(&args.backend)?;
     let shutdown = CancellationToken::new();

@@ -191,6 +191,77 @@ pub fn label_patch(
     patch
 }
 
+/// The Node annotation listing (comma-separated, sorted) the GPU Feature Discovery label keys
+/// `--labels-to-node` put on the Node. Kept on the Node itself rather than in `--state-dir`:
+/// it is set in the same merge patch as the labels, so the record and the labels can never
+/// disagree after a crash between two writes, and it survives a lost or wiped state
+/// directory (a node reinstalled, the agent moved to a new host path), which would otherwise
+/// leave labels nobody removes.
+pub const OWNED_LABELS_ANNOTATION: &str = "gpu-slicer.io/labels-owned";
+
+/// The keys [`OWNED_LABELS_ANNOTATION`] lists (empty when absent).
+pub fn owned_keys(annotation: Option<&str>) -> BTreeSet<String> {
+    annotation
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The GFD labels to own, the patch that puts them on the Node and the annotation value that
+/// records them. `owned` is what the annotation lists now. A key already on the Node that we
+/// do not own (GPU Feature Discovery itself, an operator) is left as it is and not claimed;
+/// keys we own and no longer want are removed.
+pub fn owned_label_patch(
+    on_node: &BTreeMap<String, String>,
+    desired: &BTreeMap<String, String>,
+    owned: &BTreeSet<String>,
+) -> OwnedPatch {
+    let mine: BTreeMap<String, String> = desired
+        .iter()
+        .filter(|(k, _)| owned.contains(*k) || !on_node.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let foreign = desired
+        .keys()
+        .filter(|k| !mine.contains_key(*k))
+        .cloned()
+        .collect();
+    let labels = label_patch(on_node, &mine, owned);
+    let keys: BTreeSet<&String> = mine.keys().collect();
+    let annotation = (keys != owned.iter().collect()).then(|| {
+        keys.into_iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    OwnedPatch {
+        labels,
+        annotation,
+        foreign,
+    }
+}
+
+/// What [`owned_label_patch`] decided.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OwnedPatch {
+    /// Labels to set (`Some`) and remove (`None`).
+    pub labels: BTreeMap<String, Option<String>>,
+    /// The new value of [`OWNED_LABELS_ANNOTATION`], when it changes.
+    pub annotation: Option<String>,
+    /// Desired keys left alone because someone else's label holds them.
+    pub foreign: BTreeSet<String>,
+}
+
+impl OwnedPatch {
+    /// Whether the Node already agrees.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotation.is_none()
+    }
+}
+
 /// The labels a watched Node change is about: a new value of either selecting label means
 /// a decision; anything else (our own state labels echoed back, other controllers' labels)
 /// means nothing.
@@ -224,6 +295,47 @@ mod tests {
         kv.iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn owned_labels_are_set_removed_and_foreign_ones_left() {
+        let on_node = map(&[
+            ("nvidia.com/gpu.product", "GFD-wrote-this"),
+            ("nvidia.com/gpu.count", "2"),
+            ("nvidia.com/gpu.memory", "40960"),
+            ("team", "ml"),
+        ]);
+        let owned = keys(&["nvidia.com/gpu.count", "nvidia.com/gpu.memory"]);
+        let desired = map(&[
+            ("nvidia.com/gpu.product", "A100"),
+            ("nvidia.com/gpu.count", "4"),
+            ("nvidia.com/gpu.present", "true"),
+        ]);
+        let p = owned_label_patch(&on_node, &desired, &owned);
+        assert_eq!(
+            p.labels,
+            BTreeMap::from([
+                ("nvidia.com/gpu.count".to_owned(), Some("4".to_owned())),
+                ("nvidia.com/gpu.memory".to_owned(), None),
+                ("nvidia.com/gpu.present".to_owned(), Some("true".to_owned())),
+            ])
+        );
+        assert_eq!(
+            p.annotation.as_deref(),
+            Some("nvidia.com/gpu.count,nvidia.com/gpu.present")
+        );
+        assert_eq!(p.foreign, keys(&["nvidia.com/gpu.product"]));
+        // Applied: nothing more to do.
+        let after = map(&[
+            ("nvidia.com/gpu.product", "GFD-wrote-this"),
+            ("nvidia.com/gpu.count", "4"),
+            ("nvidia.com/gpu.present", "true"),
+            ("team", "ml"),
+        ]);
+        let owned = owned_keys(p.annotation.as_deref());
+        assert!(owned_label_patch(&after, &desired, &owned).is_empty());
+        assert_eq!(owned_keys(Some(" a, ,b ")), keys(&["a", "b"]));
+        assert!(owned_keys(None).is_empty());
     }
 
     #[test]

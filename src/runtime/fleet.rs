@@ -45,6 +45,9 @@ use crate::state::Store;
 /// Loads one config file with the command line's overrides (`ConfigArgs::load_path`).
 pub type FileLoader = Arc<dyn Fn(&Path) -> Result<Config, ConfigError> + Send + Sync>;
 
+/// How often one load reads the directory again after `..data` moved under it.
+const SWAP_RETRIES: u32 = 3;
+
 /// Most Events kept while the API refuses them (the oldest are dropped).
 const MAX_QUEUED_EVENTS: usize = 32;
 
@@ -179,7 +182,28 @@ impl Selection {
         labels: Option<&BTreeMap<String, String>>,
         recorded: Option<&str>,
     ) -> Result<(Config, Chosen), ConfigError> {
-        let dir = crate::platform::config_file::dir::read(&self.dir)?;
+        use crate::platform::config_file::dir;
+        // The kubelet may swap `..data` (and remove the version we listed) between our listing
+        // and the file read: that is an update, not a bad config, so read the new version.
+        let mut attempts = 0;
+        loop {
+            let listing = dir::read(&self.dir)?;
+            match self.choose_in(&listing, labels, recorded) {
+                Err(e) if attempts < SWAP_RETRIES && dir::swapped(&self.dir, &listing) => {
+                    attempts += 1;
+                    tracing::debug!(dir = %self.dir.display(), error = %e, "config directory swapped while reading: reading the new version");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn choose_in(
+        &self,
+        dir: &crate::platform::config_file::dir::ConfigDir,
+        labels: Option<&BTreeMap<String, String>>,
+        recorded: Option<&str>,
+    ) -> Result<(Config, Chosen), ConfigError> {
         let value = match labels {
             Some(l) => l.get(&self.label).map(String::as_str),
             // The API has not answered yet: the pool's config from before the restart.

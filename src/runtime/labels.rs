@@ -108,14 +108,14 @@ async fn follow(settings: LabelsSettings, store: Store, token: CancellationToken
 
 /// The parts of a snapshot the labels are built from (only these: holding the whole
 /// snapshot would keep its views and held set alive).
-struct LabelInputs {
-    inventory: Arc<crate::domain::inventory::Inventory>,
-    config: Arc<crate::domain::config::Config>,
-    plan: Arc<crate::domain::plan::Plan>,
+pub(crate) struct LabelInputs {
+    pub(crate) inventory: Arc<crate::domain::inventory::Inventory>,
+    pub(crate) config: Arc<crate::domain::config::Config>,
+    pub(crate) plan: Arc<crate::domain::plan::Plan>,
 }
 
 impl LabelInputs {
-    fn of(s: &crate::domain::snapshot::Snapshot) -> Self {
+    pub(crate) fn of(s: &crate::domain::snapshot::Snapshot) -> Self {
         Self {
             inventory: s.inventory.clone(),
             config: s.config.clone(),
@@ -123,7 +123,7 @@ impl LabelInputs {
         }
     }
 
-    fn same(&self, other: &Self) -> bool {
+    pub(crate) fn same(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inventory, &other.inventory)
             && Arc::ptr_eq(&self.config, &other.config)
             && Arc::ptr_eq(&self.plan, &other.plan)

@@ -51,6 +51,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod miglayout;
 pub mod mps;
+pub mod node_labels;
 pub mod node_watch;
 pub mod plugin;
 pub mod reloader;

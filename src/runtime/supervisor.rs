@@ -11,7 +11,7 @@
 //!   ([`crate::runtime::dra`]: kubelet plugin, ResourceSlice publisher) over the same store,
 //!   and then no device-plugin server at all (one node never offers a resource both ways);
 //! - the MPS reconciler, the health monitor, metrics, the ledger, HTTP, the node-labels
-//!   writer and, with `--config-dir`, the fleet actor (Node labels → config, state back).
+//!   writer (file and, with `--labels-to-node`, Node) and, with `--config-dir`, the fleet actor (Node labels → config, state back).
 //!
 //! Shutdown and resource failures are watched here and never wait behind a reload: the
 //! reloader is just another task. The stop has a deadline. The CDI spec is left in place on
@@ -128,6 +128,8 @@ pub struct RunSettings {
     pub ledger: Option<crate::runtime::ledger::LedgerSettings>,
     /// The NFD feature file of node labels (`--labels-file`); `None` writes no labels.
     pub labels: Option<crate::runtime::labels::LabelsSettings>,
+    /// `--labels-to-node`: the same labels patched onto the agent's Node; `None`: off.
+    pub node_labels: Option<crate::runtime::node_labels::NodeLabelsSettings>,
     /// Metrics registry to record into (injected so embedders can read it).
     pub metrics: Arc<crate::runtime::metrics::Metrics>,
     /// Usage sampling; `None`: off (`--usage-interval 0`).
@@ -168,6 +170,7 @@ impl RunSettings {
             http_listen: None,
             ledger: None,
             labels: None,
+            node_labels: None,
             metrics: Arc::default(),
             usage: None,
             mig_layouts: None,
@@ -304,6 +307,7 @@ async fn spawn_actors(
     };
     let followers = Followers {
         labels: settings.labels,
+        node_labels: settings.node_labels,
         ledger: settings.ledger,
         usage: settings.usage,
         http_listen: settings.http_listen,
@@ -369,6 +373,7 @@ fn remove_stale_sockets(dir: &std::path::Path, resources: &[String]) {
 /// The actors that follow the store once resources are served, each optional.
 struct Followers {
     labels: Option<crate::runtime::labels::LabelsSettings>,
+    node_labels: Option<crate::runtime::node_labels::NodeLabelsSettings>,
     ledger: Option<crate::runtime::ledger::LedgerSettings>,
     usage: Option<crate::runtime::usage::UsageSettings>,
     http_listen: Option<String>,
@@ -390,6 +395,9 @@ impl Followers {
         spawn_metrics(ctx);
         if let Some(settings) = self.labels {
             crate::runtime::labels::spawn(settings, ctx);
+        }
+        if let Some(settings) = self.node_labels {
+            crate::runtime::node_labels::spawn(settings, ctx);
         }
         let ledger = self.ledger.map(|settings| {
             let peers = LedgerPeers {

@@ -27,6 +27,12 @@ impl ConfigDir {
     }
 }
 
+/// Whether the volume moved on since `listing` was read: `..data` now points at another
+/// version (the old one may already be gone, so a read that failed is worth repeating).
+pub fn swapped(dir: &Path, listing: &ConfigDir) -> bool {
+    std::fs::canonicalize(dir.join(CONFIGMAP_DATA)).is_ok_and(|now| now != listing.root)
+}
+
 /// List the keys of `dir` (through `..data` when it is a ConfigMap volume).
 pub fn read(dir: &Path) -> Result<ConfigDir, ConfigError> {
     let err = |path: &Path| {
@@ -87,5 +93,24 @@ mod tests {
         );
         let e = read(&vol.path().join("missing")).unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn a_swap_of_data_is_seen_and_a_plain_directory_never_swaps() {
+        let vol = tempfile::tempdir().unwrap();
+        for v in ["..v1", "..v2"] {
+            std::fs::create_dir(vol.path().join(v)).unwrap();
+            std::fs::write(vol.path().join(v).join("default"), "version: v1\n").unwrap();
+        }
+        std::os::unix::fs::symlink("..v1", vol.path().join("..data")).unwrap();
+        let listing = read(vol.path()).unwrap();
+        assert!(!swapped(vol.path(), &listing));
+        std::os::unix::fs::symlink("..v2", vol.path().join("..data_tmp")).unwrap();
+        std::fs::rename(vol.path().join("..data_tmp"), vol.path().join("..data")).unwrap();
+        assert!(swapped(vol.path(), &listing));
+
+        let plain = tempfile::tempdir().unwrap();
+        std::fs::write(plain.path().join("default"), "version: v1\n").unwrap();
+        assert!(!swapped(plain.path(), &read(plain.path()).unwrap()));
     }
 }

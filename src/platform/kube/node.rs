@@ -102,6 +102,24 @@ impl NodeApi {
             .map_err(|e| self.api_error("patch", e))
     }
 
+    /// Sets and removes labels and sets one annotation (when `annotation` is given) in one
+    /// JSON merge patch, so both change together or not at all.
+    pub async fn patch_labels_and_annotation(
+        &self,
+        labels: &BTreeMap<String, Option<String>>,
+        annotation: Option<(&str, &str)>,
+    ) -> Result<Node, KubeError> {
+        let mut metadata = json!({"labels": labels});
+        if let Some((key, value)) = annotation {
+            metadata["annotations"] = json!({ key: value });
+        }
+        let patch = json!({ "metadata": metadata });
+        self.nodes
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.api_error("patch", e))
+    }
+
     /// Records an Event about the Node (`uid` from the last GET or watch event, when known).
     pub async fn event(
         &self,
