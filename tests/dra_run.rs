@@ -6,7 +6,8 @@
 //! parses, a SIGKILL and a restart keep the prepared claim (answered again without the API),
 //! and Unprepare removes the spec. A restarting kubelet (every slice of the node deleted at
 //! once, the registration socket gone) gets the same devices published and a registration
-//! again; MIG devices carry their SM and engine capacities.
+//! again; MIG devices carry their SM and engine capacities; a cut checkpoint is told as an
+//! Event on the Node.
 
 mod common;
 
@@ -232,7 +233,23 @@ async fn a_restarting_kubelet_wipes_the_slices_and_the_registration_and_both_com
     std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig(None)).unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
+    // A checkpoint cut short by a crash: kept aside, and a Warning Event on the Node says so.
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(dir.path().join("state/dra-prepared.json"), "{\"bootId\": ").unwrap();
     let mut agent = spawn_agent(dir.path(), &config);
+    let told = server
+        .wait_for::<k8s_openapi::api::core::v1::Event, _>(WAIT, |events| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some("DraCheckpointRecovered")
+                    && e.involved_object.name.as_deref() == Some(NODE)
+            })
+        })
+        .await;
+    assert!(
+        told,
+        "{:#?}",
+        server.list::<k8s_openapi::api::core::v1::Event>()
+    );
 
     let (_, before) = wait_pool(&server, "published", |_, names| {
         names.iter().any(|n| n.contains("-mig-"))
