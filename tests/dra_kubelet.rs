@@ -66,6 +66,7 @@ fn k(name: &str, uid: &str) -> KubeletClaim {
 
 struct Running {
     handle: DraExposed,
+    metrics: Arc<gpu_slicer::runtime::metrics::Metrics>,
     tracker: TaskTracker,
     stop: CancellationToken,
 }
@@ -79,6 +80,7 @@ async fn run(root: &Path, store: Store, claims: Arc<Claims>) -> Running {
     let handle = spawn(settings(root), claims, &ctx).await.unwrap();
     Running {
         handle: handle.into_inner(),
+        metrics: ctx.metrics.clone(),
         tracker: ctx.tracker,
         stop: ctx.token,
     }
@@ -308,6 +310,25 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
         r.handle.driver.prepared_claims().await,
         [holder.1.to_string()]
     );
+    // Counted, and declared from the start (a fresh registry shows it at 0).
+    let recoveries = "gpu_slicer_dra_checkpoint_recoveries_total";
+    assert!(
+        r.metrics
+            .encode_prometheus()
+            .contains(&format!("{recoveries} 1")),
+        "{}",
+        r.metrics.encode_prometheus()
+    );
+    assert!(
+        gpu_slicer::runtime::metrics::Metrics::new()
+            .encode_prometheus()
+            .contains(&format!("{recoveries} 0"))
+    );
+    // The recovered claims are written back: a new, readable checkpoint holds the holder.
+    let rewritten: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("state/dra-prepared.json")).unwrap())
+            .unwrap();
+    assert!(rewritten.to_string().contains(holder.1), "{rewritten}");
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
     assert!(

@@ -4,7 +4,10 @@
 //! node's ResourceSlice appears and follows a config change, no device-plugin socket is
 //! served, a claim allocated in the emulator is prepared into a per-claim CDI spec that
 //! parses, a SIGKILL and a restart keep the prepared claim (answered again without the API),
-//! and Unprepare removes the spec.
+//! and Unprepare removes the spec. A restarting kubelet (every slice of the node deleted at
+//! once, the registration socket gone) gets the same devices published and a registration
+//! again; MIG devices carry their SM and engine capacities; a cut checkpoint is told as an
+//! Event on the Node.
 
 mod common;
 
@@ -214,5 +217,74 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
         .unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!reg_socket(dir.path()).exists());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarting_kubelet_wipes_the_slices_and_the_registration_and_both_come_back() {
+    gpu_slicer::platform::kube::install_crypto_provider();
+    let dir = common::short_tempdir();
+    let server = ApiServer::start().await.unwrap();
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": NODE, "uid": "5e1f6c2a-0000-4000-8000-00000000000b"}
+    }))
+    .unwrap();
+    server.insert(&node).unwrap();
+    std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig(None)).unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "flags: {migStrategy: mixed}\n").unwrap();
+    // A checkpoint cut short by a crash: kept aside, and a Warning Event on the Node says so.
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(dir.path().join("state/dra-prepared.json"), "{\"bootId\": ").unwrap();
+    let mut agent = spawn_agent(dir.path(), &config);
+    let told = server
+        .wait_for::<k8s_openapi::api::core::v1::Event, _>(WAIT, |events| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some("DraCheckpointRecovered")
+                    && e.involved_object.name.as_deref() == Some(NODE)
+            })
+        })
+        .await;
+    assert!(
+        told,
+        "{:#?}",
+        server.list::<k8s_openapi::api::core::v1::Event>()
+    );
+
+    let (_, before) = wait_pool(&server, "published", |_, names| {
+        names.iter().any(|n| n.contains("-mig-"))
+    })
+    .await;
+    // The MIG devices carry the profile's SMs and engines end to end (A100-80GB 1g.10gb).
+    let slice = serde_json::to_value(&server.list::<ResourceSlice>()[0]).unwrap();
+    let mig = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "gpu-0-mig-1g10gb-19-0")
+        .unwrap_or_else(|| panic!("no gpu-0-mig-1g10gb-19-0 in {before:?}"));
+    assert_eq!(mig["capacity"]["multiprocessors"]["value"], "14", "{mig}");
+    assert_eq!(mig["capacity"]["copyEngines"]["value"], "1", "{mig}");
+    registered(dir.path()).await;
+
+    // The kubelet restarts: it deletes every slice of its node at once and, having cleaned
+    // its plugin registry, no longer sees our registration socket.
+    std::fs::remove_file(reg_socket(dir.path())).unwrap();
+    assert_eq!(server.delete_node_slices(NODE), 1);
+    let (_, after) = wait_pool(&server, "re-published after the kubelet's wipe", |_, _| {
+        true
+    })
+    .await;
+    assert_eq!(after, before);
+    let kubelet = registered(dir.path()).await;
+    assert_eq!(kubelet.info.name, DRIVER);
+
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(agent.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(WAIT, agent.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
     server.stop().await;
 }

@@ -3,7 +3,7 @@
 //!
 //! Both are written with [`super::atomic_file`] before the kubelet gets an answer, so a
 //! SIGKILL never loses a prepared claim. A checkpoint that does not parse is kept aside as
-//! `dra-prepared.json.corrupt-<unix seconds>` and the prepared claims are recovered from the
+//! `dra-prepared.json.corrupt-<unix seconds>[.<n>]` (never over an earlier one) and the prepared claims are recovered from the
 //! per-claim specs still on disk (their device names are `<claimUID>-<device>`), so a bad
 //! file never turns into a crash loop. Used by `crate::runtime::dra`.
 
@@ -150,9 +150,19 @@ impl DraFiles {
                 let secs = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
-                let kept_as = self
-                    .checkpoint
-                    .with_extension(format!("json.corrupt-{secs}"));
+                // Never over an earlier aside file (two bad starts in one second).
+                let kept_as = (0u32..)
+                    .map(|n| {
+                        let tail = if n == 0 {
+                            String::new()
+                        } else {
+                            format!(".{n}")
+                        };
+                        self.checkpoint
+                            .with_extension(format!("json.corrupt-{secs}{tail}"))
+                    })
+                    .find(|p| !p.exists())
+                    .unwrap_or_else(|| self.checkpoint.with_extension("json.corrupt"));
                 std::fs::rename(&self.checkpoint, &kept_as).map_err(|source| {
                     DraStateError::Io {
                         path: self.checkpoint.clone(),
@@ -269,4 +279,54 @@ pub fn boot_id(proc_root: &Path) -> String {
     std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &Path) -> DraFiles {
+        DraFiles {
+            checkpoint: dir.join("state").join(CHECKPOINT_FILE),
+            cdi_dir: dir.join("cdi"),
+            driver: "gpu-slicer.io".into(),
+        }
+    }
+
+    #[test]
+    fn an_empty_or_cut_checkpoint_is_kept_aside_and_never_an_error() {
+        for bytes in [&b""[..], b"{\"bootId\": \"b", b"\0\0\0\0", b"[]"] {
+            let dir = tempfile::tempdir().unwrap();
+            let f = files(dir.path());
+            std::fs::create_dir_all(f.checkpoint.parent().unwrap()).unwrap();
+            std::fs::write(&f.checkpoint, bytes).unwrap();
+            // An earlier aside file from the same second is not overwritten.
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            for s in [secs, secs + 1] {
+                std::fs::write(
+                    f.checkpoint.with_extension(format!("json.corrupt-{s}")),
+                    "old",
+                )
+                .unwrap();
+            }
+            let (prepared, outcome) = f.load("boot-1").unwrap();
+            let LoadOutcome::Corrupt { kept_as } = outcome else {
+                panic!("{bytes:?}: {outcome:?}")
+            };
+            assert_eq!(std::fs::read(&kept_as).unwrap(), bytes);
+            for s in [secs, secs + 1] {
+                let earlier = f.checkpoint.with_extension(format!("json.corrupt-{s}"));
+                assert_eq!(std::fs::read_to_string(earlier).unwrap(), "old");
+            }
+            assert!(!f.checkpoint.exists());
+            assert_eq!(prepared.boot_id, "boot-1");
+            assert!(prepared.claims.is_empty());
+            // What gets written back loads as written.
+            f.save(&prepared).unwrap();
+            assert_eq!(f.load("boot-1").unwrap(), (prepared, LoadOutcome::Loaded));
+        }
+    }
 }

@@ -172,6 +172,9 @@ pub struct Metrics {
     /// 1 for a GPU whose `flags.migLayouts` layout is not applied yet (busy, MIG mode, a
     /// failed step), 0 once it is; only GPUs the layout has been planned for have a series.
     pub mig_layout_pending: Family<GpuLabels, Gauge>,
+    /// DRA checkpoints (`dra-prepared.json`) found unreadable at start, kept aside and
+    /// rebuilt from the per-claim CDI specs on disk.
+    pub dra_checkpoint_recoveries: Counter,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
     /// Per-device series published for each resource, so a device whose reason changed,
@@ -295,6 +298,11 @@ impl Metrics {
                 "mig_layout_pending",
                 "1 while a GPU waits for its MIG layout (flags.migLayouts): busy, MIG mode differs, or a step failed",
                 Family::default(),
+            ),
+            dra_checkpoint_recoveries: r.add(
+                "dra_checkpoint_recoveries",
+                "DRA checkpoints found unreadable at start, kept aside and rebuilt from the per-claim CDI specs",
+                Counter::default(),
             ),
             build_info: r.add(
                 "build_info",

@@ -353,6 +353,31 @@ async fn spawn_dra(
             }
         }
     });
+    if let (crate::platform::dra_state::LoadOutcome::Corrupt { kept_as }, Some(p)) =
+        (&handle.get().loaded, &dra.publish)
+    {
+        // Told once on the Node too, so an operator sees it without the agent's logs; the API
+        // may be down, then the log line and the counter are all there is.
+        let (node, token) = (p.node.clone(), ctx.child_token());
+        let message = format!(
+            "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from the CDI specs",
+            kept_as.display()
+        );
+        ctx.tracker.spawn(async move {
+            let sent = tokio::select! {
+                () = token.cancelled() => return,
+                sent = node.event(
+                    None,
+                    crate::platform::kube::EventKind::Warning,
+                    "DraCheckpointRecovered",
+                    &message,
+                ) => sent,
+            };
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "DRA checkpoint recovery Event not recorded");
+            }
+        });
+    }
     let slices = dra
         .publish
         .map(|p| crate::runtime::dra::publish::spawn(p, ctx).into_inner());

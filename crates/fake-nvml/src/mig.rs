@@ -412,19 +412,28 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
             .iter()
             .find(|p| p.index == profile)
             .ok_or(code::NOT_SUPPORTED)?;
+        // The figures the DRA slices publish (node-spec's table); a rough rule where the
+        // table has none (H100 PCIe).
+        let media = p.name.contains("+me") || p.memory_slices == product.memory_slices;
+        let e = node_spec::mig_engines(&gpu.product, p.name).unwrap_or(node_spec::MigEngines {
+            multiprocessors: p.compute_slices * 16,
+            copy_engines: p.compute_slices,
+            decoders: p.compute_slices.div_ceil(2),
+            encoders: 0,
+            jpeg_engines: u32::from(media),
+            ofa_engines: u32::from(media),
+        });
         let v = nvmlGpuInstanceProfileInfo_t {
             id: p.id,
             isP2pSupported: 0,
             sliceCount: p.compute_slices,
             instanceCount: p.instance_count,
-            multiprocessorCount: p.compute_slices * 16,
-            copyEngineCount: p.compute_slices,
-            decoderCount: p.compute_slices.div_ceil(2),
-            encoderCount: 0,
-            jpegCount: u32::from(
-                p.name.contains("+me") || p.memory_slices == product.memory_slices,
-            ),
-            ofaCount: u32::from(p.name.contains("+me") || p.memory_slices == product.memory_slices),
+            multiprocessorCount: e.multiprocessors,
+            copyEngineCount: e.copy_engines,
+            decoderCount: e.decoders,
+            encoderCount: e.encoders,
+            jpegCount: e.jpeg_engines,
+            ofaCount: e.ofa_engines,
             memorySizeMB: gpu.memory_mib() * u64::from(p.memory_slices)
                 / u64::from(product.memory_slices),
         };

@@ -16,11 +16,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod engines;
 mod placements;
 mod products;
 mod topology;
 mod usage;
 
+pub use engines::{MigEngines, mig_engines};
 pub use placements::{
     GiProfile, PlaceError, Placed, check_place, gi_profile, gi_profiles, search_placements,
 };

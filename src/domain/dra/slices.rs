@@ -250,6 +250,20 @@ fn mig_device(
     if let Some(p) = gi_profile {
         capacity.insert("memorySlices".into(), count(p.memory_slices));
     }
+    // NVIDIA's capacity names, so CEL written for its driver ports; left out where the
+    // product's figures are not known rather than guessed.
+    if let Some(e) = node_spec::mig_engines(&gpu.product, &mig.profile) {
+        for (name, n) in [
+            ("multiprocessors", e.multiprocessors),
+            ("copyEngines", e.copy_engines),
+            ("decoders", e.decoders),
+            ("encoders", e.encoders),
+            ("jpegEngines", e.jpeg_engines),
+            ("ofaEngines", e.ofa_engines),
+        ] {
+            capacity.insert(name.into(), count(n));
+        }
+    }
     // A sick parent makes every MIG device on it unusable.
     let unhealthy = health
         .get(&mig.uuid)

@@ -46,6 +46,13 @@ fn mixed_a100_publishes_mig_devices_and_whole_gpus_with_stable_names() {
     );
     assert_eq!(a["architecture"], Attribute::String("Ampere".into()));
     assert_eq!(mig.device.capacity["computeSlices"].value, "1");
+    // A100-80GB 1g.10gb per `nvidia-smi mig -lgip`: 14 SMs, one copy engine, no media engines.
+    let c = &mig.device.capacity;
+    assert_eq!(c["multiprocessors"].value, "14");
+    assert_eq!(c["copyEngines"].value, "1");
+    for engine in ["decoders", "encoders", "jpegEngines", "ofaEngines"] {
+        assert_eq!(c[engine].value, "0", "{engine}");
+    }
     let gpu = devs.get("gpu-2").unwrap();
     assert_eq!(
         gpu.device.attributes[ATTR_PCI_BUS_ID],

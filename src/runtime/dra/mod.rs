@@ -124,6 +124,7 @@ pub async fn spawn(
         settings,
         ctx.store.clone(),
         claims,
+        &ctx.metrics,
         &ctx.tracker,
         stop.clone(),
     )
@@ -135,6 +136,7 @@ async fn start(
     settings: DraSettings,
     store: Store,
     claims: Arc<dyn ClaimSource>,
+    metrics: &crate::runtime::metrics::Metrics,
     tracker: &TaskTracker,
     stop: CancellationToken,
 ) -> Result<DraExposed, DraRuntimeError> {
@@ -154,11 +156,24 @@ async fn start(
             message: format!("load task failed: {e}"),
         })??;
     match &loaded {
-        LoadOutcome::Corrupt { kept_as } => tracing::error!(
-            kept_as = %kept_as.display(),
-            recovered = prepared.claims.len(),
-            "DRA checkpoint unreadable: kept aside, prepared claims recovered from the CDI specs"
-        ),
+        LoadOutcome::Corrupt { kept_as } => {
+            metrics.dra_checkpoint_recoveries.inc();
+            tracing::error!(
+                checkpoint = %files.checkpoint.display(),
+                kept_as = %kept_as.display(),
+                recovered = prepared.claims.len(),
+                "DRA checkpoint unreadable: kept aside, prepared claims recovered from the CDI specs"
+            );
+            // Written back at once, so the next start reads the recovered claims instead of
+            // recovering again; a failure here is not fatal, the next prepare writes it too.
+            let save_files = files.clone();
+            let recovered = prepared.clone();
+            match tokio::task::spawn_blocking(move || save_files.save(&recovered)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
+                Err(e) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
+            }
+        }
         LoadOutcome::OtherBoot => {
             tracing::info!("DRA checkpoint from an earlier boot: entries void")
         }

@@ -397,6 +397,31 @@ impl ApiServer {
         removed
     }
 
+    /// Deletes every ResourceSlice of Node `node` in one step, whoever wrote it, and returns
+    /// how many: what a kubelet does when it starts (a DeleteCollection with the field selector
+    /// `spec.nodeName=<node>`), so drivers publish again from scratch.
+    pub fn delete_node_slices(&self, node: &str) -> usize {
+        let Some(kind) = Kind::of::<k8s_openapi::api::resource::v1::ResourceSlice>() else {
+            return 0;
+        };
+        let mut store = self.shared.store();
+        let keys: Vec<Key> = store
+            .objects
+            .iter()
+            .filter(|(k, v)| {
+                k.kind == kind && v.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &keys {
+            store.remove(key);
+        }
+        let rv = store.rv;
+        drop(store);
+        self.shared.notify(rv);
+        keys.len()
+    }
+
     /// Changes the stored labels of Node `name` (`None` removes a key), as `kubectl label`.
     pub fn label_node(
         &self,
