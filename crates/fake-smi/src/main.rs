@@ -385,41 +385,24 @@ fn topo() -> Result<(), Failure> {
             "the node file has no `topology` section (topology not available)",
         ));
     };
-    let mut out = String::new();
-    for g in &node.gpus {
-        out.push_str(&format!("\tGPU{}", g.index));
-    }
-    out.push_str("\tNUMA Affinity\n");
-    for (g, row) in node.gpus.iter().zip(&t.matrix) {
-        out.push_str(&format!("GPU{}", g.index));
-        for cell in row.split_whitespace() {
-            if cell == "X" {
-                out.push_str("\t X ");
-            } else {
-                out.push_str(&format!("\t{cell}"));
-            }
-        }
-        match g.numa_node {
-            Some(n) => out.push_str(&format!("\t{n}\n")),
-            None => out.push_str("\tN/A\n"),
-        }
-    }
-    out.push_str(LEGEND);
-    print!("{out}");
+    let cells: Vec<Vec<&str>> = t
+        .matrix
+        .iter()
+        .map(|row| row.split_whitespace().collect())
+        .collect();
+    let rows: Vec<node_spec::TopoRow<'_>> = node
+        .gpus
+        .iter()
+        .zip(&cells)
+        .map(|(g, cells)| node_spec::TopoRow {
+            index: g.index,
+            cells,
+            numa_node: g.numa_node,
+        })
+        .collect();
+    print!("{}", node_spec::render_topo_matrix(&rows));
     Ok(())
 }
-
-const LEGEND: &str = "
-Legend:
-
-  X    = Self
-  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
-  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
-  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
-  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
-  PIX  = Connection traversing at most a single PCIe bridge
-  NV#  = Connection traversing a bonded set of # NVLinks
-";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -27,7 +27,9 @@ pub use placements::{
     GiProfile, PlaceError, Placed, check_place, gi_profile, gi_profiles, search_placements,
 };
 pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
-pub use topology::{TopoCell, TopologySpec, parse_cell as parse_topology_cell};
+pub use topology::{
+    TopoCell, TopoRow, TopologySpec, parse_cell as parse_topology_cell, render_topo_matrix,
+};
 pub use usage::{DeviceUsageSpec, ProcessSpec, UsageSpec};
 
 /// Errors reading or validating a node description.

@@ -3,7 +3,61 @@
 //! Read by the sim backend (inventory topology), the fake NVML (topology calls) and
 //! `fake-nvidia-smi topo -m`.
 
+use std::fmt::Write;
+
 use serde::{Deserialize, Serialize};
+
+/// One GPU's row of the printed matrix: its NVML index, its cells (columns in index order)
+/// and its NUMA node.
+#[derive(Debug, Clone, Copy)]
+pub struct TopoRow<'a> {
+    /// NVML index (`GPU<i>`).
+    pub index: u32,
+    /// Cells, one per GPU, as written (`X`, `NV12`, `SYS`, …).
+    pub cells: &'a [&'a str],
+    /// NUMA node, `N/A` when unknown.
+    pub numa_node: Option<i64>,
+}
+
+/// The matrix laid out as `nvidia-smi topo -m` prints it, legend included; one layout for
+/// `gpu-slicer inventory --topology` and `fake-nvidia-smi topo -m`.
+pub fn render_topo_matrix(rows: &[TopoRow<'_>]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        let _ = write!(out, "\tGPU{}", r.index);
+    }
+    out.push_str("\tNUMA Affinity\n");
+    for r in rows {
+        let _ = write!(out, "GPU{}", r.index);
+        for cell in r.cells {
+            if *cell == "X" {
+                out.push_str("\t X ");
+            } else {
+                let _ = write!(out, "\t{cell}");
+            }
+        }
+        match r.numa_node {
+            Some(n) => {
+                let _ = writeln!(out, "\t{n}");
+            }
+            None => out.push_str("\tN/A\n"),
+        }
+    }
+    out.push_str(LEGEND);
+    out
+}
+
+const LEGEND: &str = "
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+";
 
 /// GPU-pair topology of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

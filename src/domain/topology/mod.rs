@@ -6,7 +6,6 @@
 //! the [`TopologyWarning`]s to log. The placement code (`crate::domain::allocate::preferred`)
 //! reads pair scores from it through the plan; the DRA driver can read [`placement_attributes`].
 
-use std::fmt::Write as _;
 
 use serde::Serialize;
 
@@ -304,43 +303,23 @@ impl Topology {
     pub fn render(&self) -> String {
         let mut by_index: Vec<usize> = (0..self.len()).collect();
         by_index.sort_by_key(|&i| self.gpus[i].index);
-        let mut out = String::new();
-        for &i in &by_index {
-            let _ = write!(out, "\tGPU{}", self.gpus[i].index);
-        }
-        out.push_str("\tNUMA Affinity\n");
-        for (r, &i) in by_index.iter().enumerate() {
-            let _ = write!(out, "GPU{}", self.gpus[i].index);
-            for cell in &self.matrix[r] {
-                if cell == "X" {
-                    out.push_str("\t X ");
-                } else {
-                    let _ = write!(out, "\t{cell}");
-                }
-            }
-            match self.gpus[i].numa_node {
-                Some(n) => {
-                    let _ = writeln!(out, "\t{n}");
-                }
-                None => out.push_str("\tN/A\n"),
-            }
-        }
-        out.push_str(LEGEND);
-        out
+        let cells: Vec<Vec<&str>> = self
+            .matrix
+            .iter()
+            .map(|row| row.iter().map(String::as_str).collect())
+            .collect();
+        let rows: Vec<node_spec::TopoRow<'_>> = by_index
+            .iter()
+            .zip(&cells)
+            .map(|(&i, cells)| node_spec::TopoRow {
+                index: self.gpus[i].index,
+                cells,
+                numa_node: self.gpus[i].numa_node,
+            })
+            .collect();
+        node_spec::render_topo_matrix(&rows)
     }
 }
-
-const LEGEND: &str = "
-Legend:
-
-  X    = Self
-  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
-  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
-  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
-  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
-  PIX  = Connection traversing at most a single PCIe bridge
-  NV#  = Connection traversing a bonded set of # NVLinks
-";
 
 /// A resource's devices placed in the topology (built by the planner).
 #[derive(Debug, Clone, PartialEq, Eq)]
