@@ -8,11 +8,9 @@
 
 mod common;
 
-use std::ffi::{CString, c_char, c_int};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::{fake_lib, launch, short_tempdir, within};
+use common::{PrivateFake, launch, short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::nvml::NvmlBackend;
 use gpu_slicer::runtime::supervisor::RunSettings;
@@ -34,43 +32,6 @@ topology:
     - "PIX X   SYS"
     - "SYS SYS X"
 "#;
-
-/// A private instance of the fake, configured with [`NODE`].
-struct Fake {
-    path: PathBuf,
-    lib: libloading::Library,
-}
-
-impl Fake {
-    fn new(dir: &Path) -> Self {
-        let path = dir.join("libnvidia-ml.so.1");
-        std::fs::copy(fake_lib(), &path).expect("copy fake");
-        // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
-        let text = CString::new(NODE).expect("no NUL");
-        // SAFETY: the control symbol's signature is `int (const char*)`; `text` lives across
-        // the call.
-        let rc = unsafe {
-            let set: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> =
-                lib.get(b"fakeNvmlSetNodeJson").expect("control symbol");
-            set(text.as_ptr())
-        };
-        assert_eq!(rc, 0, "fake rejected the node");
-        Self { path, lib }
-    }
-
-    /// Topology calls this instance answered so far.
-    fn topology_calls(&self) -> u64 {
-        // SAFETY: the control symbol's signature is `unsigned long long (void)`.
-        unsafe {
-            let calls: libloading::Symbol<unsafe extern "C" fn() -> u64> = self
-                .lib
-                .get(b"fakeNvmlTopologyCalls")
-                .expect("control symbol");
-            calls()
-        }
-    }
-}
 
 #[test]
 fn allocation_rounds_make_no_topology_call_with_a_slow_driver() {
@@ -107,7 +68,8 @@ fn delayed_child() {
 
 async fn delayed_round() {
     let dir = short_tempdir();
-    let fake = Fake::new(dir.path());
+    let fake = PrivateFake::new(dir.path());
+    fake.set_node(NODE);
     let emulator = KubeletEmulator::start(dir.path().join("dp"))
         .await
         .expect("emulator");

@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::ffi::{CString, c_char, c_int};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{fake_lib, launch, short_tempdir, within};
+use common::{PrivateFake, launch, short_tempdir, within};
 use gpu_slicer::domain::config::{self, Overrides};
 use gpu_slicer::platform::nvml::NvmlBackend;
 use gpu_slicer::platform::sim::SimBackend;
@@ -54,36 +53,6 @@ async fn metrics_with(addr: std::net::SocketAddr, want: &[String]) -> String {
         }
     })
     .await
-}
-
-/// A fake NVML instance of this test's own (see tests/nvml_fake.rs).
-struct Fake {
-    path: PathBuf,
-    lib: libloading::Library,
-}
-
-impl Fake {
-    fn new(dir: &Path) -> Self {
-        let path = dir.join("libnvidia-ml.so.1");
-        std::fs::copy(fake_lib(), &path).expect("copy fake");
-        // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
-        Self { path, lib }
-    }
-
-    fn set_node(&self, text: &str) {
-        let text = CString::new(text).expect("no NUL");
-        // SAFETY: the control symbol's signature is `int (const char*)`; `text` lives across
-        // the call.
-        let rc = unsafe {
-            let set: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> = self
-                .lib
-                .get(b"fakeNvmlSetNodeJson")
-                .expect("control symbol");
-            set(text.as_ptr())
-        };
-        assert_eq!(rc, 0, "fake rejected the node");
-    }
 }
 
 fn systemd_cgroup(uid: &str) -> String {
@@ -135,7 +104,7 @@ async fn usage_end_to_end(nvml: bool) {
         interval: Duration::from_millis(100),
     });
     let fake = nvml.then(|| {
-        let f = Fake::new(dir.path());
+        let f = PrivateFake::new(dir.path());
         f.set_node(&node(""));
         f
     });
@@ -425,7 +394,7 @@ fn nvml_usage_over_fake_matches_sim_with_mig() {
     );
     let spec = node_spec::NodeSpec::parse(&text, "mixed-a100 + usage").expect("valid");
     let dir = tempfile::tempdir().expect("tempdir");
-    let fake = Fake::new(dir.path());
+    let fake = PrivateFake::new(dir.path());
     fake.set_node(&text);
     let mut nvml = NvmlUsage::new(Some(fake.path.clone()));
     let over_nvml = nvml.sample().expect("nvml sample");

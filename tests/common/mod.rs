@@ -92,6 +92,52 @@ pub(crate) fn fake_lib() -> std::path::PathBuf {
     panic!("libnvidia_ml.so not found near {}", exe.display());
 }
 
+/// A private copy of the fake NVML library: its own state, configured through its control
+/// symbols, and opened by `path` by the backend under test (another copy's state is not
+/// shared).
+pub(crate) struct PrivateFake {
+    pub(crate) path: std::path::PathBuf,
+    lib: libloading::Library,
+}
+
+impl PrivateFake {
+    pub(crate) fn new(dir: &std::path::Path) -> Self {
+        let path = dir.join("libnvidia-ml.so.1");
+        std::fs::copy(fake_lib(), &path).expect("copy fake");
+        // SAFETY: loading our own fake library; it runs no initialisers with side effects.
+        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
+        Self { path, lib }
+    }
+
+    /// Serve the node `text` (a node file, YAML or JSON).
+    pub(crate) fn set_node(&self, text: &str) {
+        let text = std::ffi::CString::new(text).expect("no NUL");
+        type SetNode = unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int;
+        // SAFETY: the control symbol's signature is `int (const char*)`; `text` lives across
+        // the call.
+        let rc = unsafe {
+            let set: libloading::Symbol<SetNode> = self
+                .lib
+                .get(b"fakeNvmlSetNodeJson")
+                .expect("control symbol");
+            set(text.as_ptr())
+        };
+        assert_eq!(rc, 0, "fake rejected the node");
+    }
+
+    /// Topology calls this copy answered so far.
+    pub(crate) fn topology_calls(&self) -> u64 {
+        // SAFETY: the control symbol's signature is `unsigned long long (void)`.
+        unsafe {
+            let calls: libloading::Symbol<unsafe extern "C" fn() -> u64> = self
+                .lib
+                .get(b"fakeNvmlTopologyCalls")
+                .expect("control symbol");
+            calls()
+        }
+    }
+}
+
 /// `gpu-slicer run` on `backend` with `config`, everything it writes in `dir` (`dp/`
 /// sockets, `cdi/` spec, `state/` checkpoint, `features.d/gpu-slicer` labels), HTTP on an ephemeral loopback port (never
 /// the default :9400: tests run in parallel) and no ledger. Callers add flags and spawn.

@@ -6,7 +6,6 @@
 //! the [`TopologyWarning`]s to log. The placement code (`crate::domain::allocate::preferred`)
 //! reads pair scores from it through the plan; the DRA driver can read [`placement_attributes`].
 
-
 use serde::Serialize;
 
 /// Errors reading a topology matrix written as `nvidia-smi topo -m` rows.
