@@ -5,34 +5,58 @@
 #     brk heap, anonymous mappings (thread stacks, allocator arenas) and the main stack;
 #  2. a heap profile of the same start under valgrind massif (the peak, the tree kept for
 #     ms_print), when valgrind is installed.
-# Usage: hack/rss-breakdown.sh [binary]   (default target/release/gpu-slicer, built if absent)
+# Usage: hack/rss-breakdown.sh [--dra] [binary]   (default target/release/gpu-slicer, built if
+# absent). --dra starts `run --dra` instead, its kubeconfig pointing at a closed local port (the
+# slice publisher waits in its retry backoff), for the DRA mode's cost against plain `run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dra=()
+if [ "${1:-}" = --dra ]; then
+  dra=(--dra)
+  shift
+fi
 bin=${1:-target/release/gpu-slicer}
 if [ "$bin" = target/release/gpu-slicer ] && [ ! -x "$bin" ]; then
   cargo build --release --bin gpu-slicer -q
 fi
 wd=$(mktemp -d)
 trap 'rm -rf "$wd"' EXIT
+if [ ${#dra[@]} -gt 0 ]; then
+  cat >"$wd/kubeconfig" <<'YAML'
+apiVersion: v1
+kind: Config
+clusters: [{name: closed, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: closed, context: {cluster: closed, user: none}}]
+current-context: closed
+YAML
+  dra=(--dra --node-name node-a --kubeconfig "$wd/kubeconfig"
+    --kubelet-registry-dir "$wd/registry" --kubelet-plugins-dir "$wd/plugins")
+fi
 
 start() { # $@: a prefix command (empty, or valgrind ...); leaves the pid in $pid
   mkdir -p "$wd/dp" "$wd/cdi"
-  rm -f "$wd"/dp/*
+  rm -rf "$wd"/dp/* "$wd/registry"
   "$@" "$bin" run --backend sim:mixed-a100 --config hack/configs/mixed-timeslicing.yaml \
     --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --state-dir "$wd/state" \
     --labels-file "$wd/labels" --http-listen 127.0.0.1:0 \
-    --pod-resources-socket "$wd/pod-resources.sock" >"$wd/run.log" 2>&1 &
+    --pod-resources-socket "$wd/pod-resources.sock" ${dra[@]+"${dra[@]}"} >"$wd/run.log" 2>&1 &
   pid=$!
-  # Every plugin socket bound: the daemon then idles waiting for kubelet.sock.
+  # Every plugin socket bound (under --dra: the registration socket): the daemon then idles
+  # waiting for the kubelet.
   for _ in $(seq 600); do
-    [ "$(ls "$wd/dp" | wc -l)" -ge 4 ] && break
+    if [ ${#dra[@]} -gt 0 ]; then
+      [ -S "$wd/registry/gpu-slicer.io-reg.sock" ] && break
+    else
+      [ "$(ls "$wd/dp" | wc -l)" -ge 4 ] && break
+    fi
     sleep 0.05
   done
   sleep 1
 }
 
 start
-echo "== $bin: VmRSS $(awk '/VmRSS/ {print $2}' /proc/$pid/status) KiB," \
+echo "== $bin ${dra[*]:0:1}: VmRSS $(awk '/VmRSS/ {print $2}' /proc/$pid/status) KiB," \
   "threads $(awk '/Threads/ {print $2}' /proc/$pid/status)"
 awk -v exe="$(readlink -f "$bin")" '
   /^[0-9a-f]+-[0-9a-f]+ / {
