@@ -21,6 +21,7 @@
 # method lines (METHOD|) are printed under the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/idle-run.sh
 
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
@@ -41,17 +42,8 @@ samples=()
 stops=()
 threads=0
 for _ in $(seq "$starts"); do
-  # As deployed: HTTP endpoint on and the ledger running (its socket absent here, so it
-  # retries every interval in the background).
-  target/release/gpu-slicer run --backend sim:mixed-a100 --config hack/configs/mixed-timeslicing.yaml \
-    --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --state-dir "$wd/state" --labels-file "$wd/labels" --http-listen 127.0.0.1:0 \
-    --pod-resources-socket "$wd/pod-resources.sock" >"$wd/run.log" 2>&1 &
-  pid=$!
-  # Wait until every socket is bound (the daemon then idles waiting for kubelet.sock).
-  for _ in $(seq 100); do
-    [ "$(ls "$wd/dp" | wc -l)" -ge 4 ] && break
-    sleep 0.05
-  done
+  # As deployed: HTTP endpoint on and the ledger running (hack/idle-run.sh).
+  idle_run target/release/gpu-slicer "$wd"
   sleep 1
   samples+=("$(awk '/VmRSS/ {print $2}' /proc/$pid/status)")
   threads=$(awk '/Threads/ {print $2}' /proc/$pid/status)

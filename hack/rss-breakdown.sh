@@ -10,6 +10,7 @@
 # slice publisher waits in its retry backoff), for the DRA mode's cost against plain `run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/idle-run.sh
 dra=()
 if [ "${1:-}" = --dra ]; then
   dra=(--dra)
@@ -34,28 +35,8 @@ YAML
     --kubelet-registry-dir "$wd/registry" --kubelet-plugins-dir "$wd/plugins")
 fi
 
-start() { # $@: a prefix command (empty, or valgrind ...); leaves the pid in $pid
-  mkdir -p "$wd/dp" "$wd/cdi"
-  rm -rf "$wd"/dp/* "$wd/registry"
-  "$@" "$bin" run --backend sim:mixed-a100 --config hack/configs/mixed-timeslicing.yaml \
-    --device-plugin-dir "$wd/dp" --cdi-dir "$wd/cdi" --state-dir "$wd/state" \
-    --labels-file "$wd/labels" --http-listen 127.0.0.1:0 \
-    --pod-resources-socket "$wd/pod-resources.sock" ${dra[@]+"${dra[@]}"} >"$wd/run.log" 2>&1 &
-  pid=$!
-  # Every plugin socket bound (under --dra: the registration socket): the daemon then idles
-  # waiting for the kubelet.
-  for _ in $(seq 600); do
-    if [ ${#dra[@]} -gt 0 ]; then
-      [ -S "$wd/registry/gpu-slicer.io-reg.sock" ] && break
-    else
-      [ "$(ls "$wd/dp" | wc -l)" -ge 4 ] && break
-    fi
-    sleep 0.05
-  done
-  sleep 1
-}
-
-start
+idle_run "$bin" "$wd" ${dra[@]+"${dra[@]}"}
+sleep 1
 echo "== $bin ${dra[*]:0:1}: VmRSS $(awk '/VmRSS/ {print $2}' /proc/$pid/status) KiB," \
   "threads $(awk '/Threads/ {print $2}' /proc/$pid/status)"
 awk -v exe="$(readlink -f "$bin")" '
@@ -81,7 +62,9 @@ if ! command -v valgrind >/dev/null; then
   echo "valgrind not installed: no heap profile" >&2
   exit 0
 fi
-start valgrind --tool=massif --massif-out-file="$wd/massif.out" --threshold=2 --depth=30
+IDLE_RUN_PREFIX="valgrind --tool=massif --massif-out-file=$wd/massif.out --threshold=2 --depth=30" \
+  idle_run "$bin" "$wd" ${dra[@]+"${dra[@]}"}
+sleep 1
 kill -TERM "$pid"
 wait "$pid" || true
 cp "$wd/massif.out" "${MASSIF_OUT:-/tmp/gpu-slicer-massif.out}"
