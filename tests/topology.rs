@@ -77,7 +77,8 @@ async fn delayed_round() {
         container_driver_root: Some(
             common::fake_driver_root(dir.path(), "570.124.06")
                 .display()
-                .to_string(),
+                .to_string()
+                .into(),
         ),
         ..Overrides::default()
     };

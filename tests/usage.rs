@@ -93,6 +93,7 @@ async fn usage_end_to_end(nvml: bool) {
             common::fake_driver_root(dir.path(), "570.124.06")
                 .display()
                 .to_string()
+                .into()
         }),
         ..Overrides::default()
     };

@@ -5,14 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::builder::BoolishValueParser;
 use clap::{Args, ValueEnum};
 
+use super::given::{self, IntoSlot};
 use super::nvidia;
 
 use crate::domain::cdi::CdiError;
 use crate::domain::cdi::shares::HookSettings;
-use crate::domain::config::Overrides;
+use crate::domain::config::{Given, Overrides};
 use crate::domain::health::XidFilter;
 use crate::domain::inventory::InventoryError;
 use crate::runtime::health::{HealthSettings, NVML_WAIT_TIMEOUT, SIM_POLL_INTERVAL, Source};
@@ -37,186 +37,97 @@ pub struct ConfigArgs {
     /// Config file (NVIDIA k8s-device-plugin `version: v1` format, YAML or JSON).
     #[arg(long = "config", visible_alias = "config-file", env = "CONFIG_FILE")]
     pub config: Option<PathBuf>,
-    /// `none`, `single` or `mixed`.
-    #[arg(long, env = "MIG_STRATEGY")]
-    pub mig_strategy: Option<String>,
-    /// mig-parted config file whose `--mig-layout` the daemon applies to idle GPUs
-    /// (`flags.migLayouts.file`).
-    #[arg(long, env = "MIG_LAYOUT_FILE")]
-    pub mig_layout_file: Option<String>,
-    /// The layout of `--mig-layout-file` to apply (`flags.migLayouts.layout`).
-    #[arg(long, env = "MIG_LAYOUT")]
-    pub mig_layout: Option<String>,
-    /// Exit if the backend cannot start (false: run with no devices). A bare
-    /// `--fail-on-init-error` means true, as in NVIDIA's CLI.
-    #[arg(long, env = "FAIL_ON_INIT_ERROR", num_args = 0..=1,
-          default_missing_value = "true", value_parser = BoolishValueParser::new())]
-    pub fail_on_init_error: Option<bool>,
-    /// Allocate response formats: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list).
-    #[arg(long, env = "DEVICE_LIST_STRATEGY", value_delimiter = ',')]
-    pub device_list_strategy: Option<Vec<String>>,
-    /// `uuid` or `index`: how devices are named in env/mount responses.
-    #[arg(long, env = "DEVICE_ID_STRATEGY")]
-    pub device_id_strategy: Option<String>,
-    /// `distributed` or `packed` placement of replicas and MIG devices.
-    #[arg(long, env = "SHARED_DEVICES_ALLOCATION_POLICY")]
-    pub shared_devices_allocation_policy: Option<String>,
-    /// Root of the MPS pipe and log directories.
-    #[arg(long, env = "MPS_ROOT")]
-    pub mps_root: Option<String>,
-    /// Host driver root.
-    #[arg(long = "driver-root", env = "NVIDIA_DRIVER_ROOT")]
-    pub driver_root: Option<String>,
-    /// Host root of `/dev` (default: the driver root), NVIDIA's `--nvidia-dev-root`.
-    #[arg(
-        long = "dev-root",
-        visible_alias = "nvidia-dev-root",
-        env = "NVIDIA_DEV_ROOT"
-    )]
-    pub dev_root: Option<String>,
-    /// Also return DeviceSpecs in Allocate responses (bare `--pass-device-specs` = true).
-    #[arg(long, env = "PASS_DEVICE_SPECS", num_args = 0..=1,
-          default_missing_value = "true", value_parser = BoolishValueParser::new())]
-    pub pass_device_specs: Option<bool>,
-    /// Prefix of CDI container annotations.
-    #[arg(long, env = "CDI_ANNOTATION_PREFIX")]
-    pub cdi_annotation_prefix: Option<String>,
-    /// CDI kind (`vendor/class`) of the generated spec.
-    #[arg(long, env = "CDI_KIND")]
-    pub cdi_kind: Option<String>,
+    /// The file's settings a flag or an environment variable overrides.
+    #[command(flatten)]
+    pub settings: SettingArgs,
     /// NVIDIA plugin flags without a gpu-slicer counterpart (accepted for drop-in use).
     #[command(flatten)]
     pub nvidia: nvidia::NvidiaArgs,
 }
 
+/// Declares [`SettingArgs`] from one list of clap fields, each named as the setting's slot
+/// in [`Overrides`] (the settings table, `domain::config::settings`): a setting's flag and
+/// variable are written once, and [`SettingArgs::overrides`] follows the list.
+macro_rules! setting_args {
+    ($( $(#[$meta:meta])* $field:ident: $ty:ty, )*) => {
+        /// The config file's settings as flags, each also an environment variable.
+        #[derive(Debug, Clone, Default, Args)]
+        pub struct SettingArgs {
+            $( $(#[$meta])* pub $field: $ty, )*
+        }
+
+        impl SettingArgs {
+            /// The overrides these flags express, each naming the flag or variable that
+            /// set it.
+            pub fn overrides(&self) -> Overrides {
+                #[allow(clippy::needless_update)] // when every slot has a flag
+                Overrides {
+                    $( $field: IntoSlot::into_slot(self.$field.clone()), )*
+                    ..Overrides::default()
+                }
+            }
+        }
+    };
+}
+
+setting_args! {
+    /// `none`, `single` or `mixed`.
+    #[arg(long, env = "MIG_STRATEGY", value_parser = given::text())]
+    mig_strategy: Option<Given<String>>,
+    /// mig-parted config file whose `--mig-layout` the daemon applies to idle GPUs
+    /// (`flags.migLayouts.file`).
+    #[arg(long, env = "MIG_LAYOUT_FILE", value_parser = given::text())]
+    mig_layout_file: Option<Given<String>>,
+    /// The layout of `--mig-layout-file` to apply (`flags.migLayouts.layout`).
+    #[arg(long, env = "MIG_LAYOUT", value_parser = given::text())]
+    mig_layout: Option<Given<String>>,
+    /// Exit if the backend cannot start (false: run with no devices). A bare
+    /// `--fail-on-init-error` means true, as in NVIDIA's CLI.
+    #[arg(long, env = "FAIL_ON_INIT_ERROR", num_args = 0..=1,
+          default_missing_value = "true", value_parser = given::boolish())]
+    fail_on_init_error: Option<Given<bool>>,
+    /// Allocate response formats: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list).
+    #[arg(long, env = "DEVICE_LIST_STRATEGY", value_delimiter = ',', value_parser = given::text())]
+    device_list_strategy: Option<Vec<Given<String>>>,
+    /// `uuid` or `index`: how devices are named in env/mount responses.
+    #[arg(long, env = "DEVICE_ID_STRATEGY", value_parser = given::text())]
+    device_id_strategy: Option<Given<String>>,
+    /// `distributed` or `packed` placement of replicas and MIG devices.
+    #[arg(long = "shared-devices-allocation-policy", env = "SHARED_DEVICES_ALLOCATION_POLICY",
+          value_name = "SHARED_DEVICES_ALLOCATION_POLICY", value_parser = given::text())]
+    allocation_policy: Option<Given<String>>,
+    /// Root of the MPS pipe and log directories.
+    #[arg(long, env = "MPS_ROOT", value_parser = given::text())]
+    mps_root: Option<Given<String>>,
+    /// Host driver root.
+    #[arg(long = "driver-root", env = "NVIDIA_DRIVER_ROOT", value_parser = given::text())]
+    driver_root: Option<Given<String>>,
+    /// Host root of `/dev` (default: the driver root), NVIDIA's `--nvidia-dev-root`.
+    #[arg(long = "dev-root", visible_alias = "nvidia-dev-root", env = "NVIDIA_DEV_ROOT",
+          value_parser = given::text())]
+    dev_root: Option<Given<String>>,
+    /// Also return DeviceSpecs in Allocate responses (bare `--pass-device-specs` = true).
+    #[arg(long, env = "PASS_DEVICE_SPECS", num_args = 0..=1,
+          default_missing_value = "true", value_parser = given::boolish())]
+    pass_device_specs: Option<Given<bool>>,
+    /// Prefix of CDI container annotations.
+    #[arg(long, env = "CDI_ANNOTATION_PREFIX", value_parser = given::text())]
+    cdi_annotation_prefix: Option<Given<String>>,
+    /// CDI kind (`vendor/class`) of the generated spec.
+    #[arg(long, env = "CDI_KIND", value_parser = given::text())]
+    cdi_kind: Option<Given<String>>,
+    /// Where this container sees the driver root (`flags.plugin.containerDriverRoot`): the
+    /// agent reads the driver's files there and writes their host paths into the spec.
+    /// NVIDIA's name for it.
+    #[arg(long = "driver-root-ctr-path", visible_alias = "container-driver-root",
+          env = "DRIVER_ROOT_CTR_PATH", hide = true, value_parser = given::text())]
+    container_driver_root: Option<Given<String>>,
+}
+
 impl ConfigArgs {
     /// The overrides these flags express.
     pub fn overrides(&self) -> Overrides {
-        Overrides {
-            mig_strategy: self.mig_strategy.clone(),
-            fail_on_init_error: self.fail_on_init_error,
-            mps_root: self.mps_root.clone(),
-            driver_root: self.driver_root.clone(),
-            dev_root: self.dev_root.clone(),
-            container_driver_root: self.nvidia.driver_root_ctr_path.clone(),
-            pass_device_specs: self.pass_device_specs,
-            device_list_strategy: self.device_list_strategy.clone(),
-            device_id_strategy: self.device_id_strategy.clone(),
-            cdi_annotation_prefix: self.cdi_annotation_prefix.clone(),
-            allocation_policy: self.shared_devices_allocation_policy.clone(),
-            cdi_kind: self.cdi_kind.clone(),
-            mig_layout_file: self.mig_layout_file.clone(),
-            mig_layout: self.mig_layout.clone(),
-            sources: self.sources(),
-        }
-    }
-
-    /// Which flag or environment variable set each override, by config field path.
-    fn sources(&self) -> std::collections::BTreeMap<String, String> {
-        use nvidia::{boolish, source_of};
-        let text = |v: &Option<String>| v.clone();
-        let list = |v: &Option<Vec<String>>| v.as_ref().map(|l| l.join(","));
-        let flag = |v: &Option<bool>| v.map(|b| b.to_string());
-        let entries: [(&str, &str, &str, Option<String>, bool); 12] = [
-            (
-                "flags.migLayouts.file",
-                "mig-layout-file",
-                "MIG_LAYOUT_FILE",
-                text(&self.mig_layout_file),
-                false,
-            ),
-            (
-                "flags.migLayouts.layout",
-                "mig-layout",
-                "MIG_LAYOUT",
-                text(&self.mig_layout),
-                false,
-            ),
-            (
-                "flags.migStrategy",
-                "mig-strategy",
-                "MIG_STRATEGY",
-                text(&self.mig_strategy),
-                false,
-            ),
-            (
-                "flags.failOnInitError",
-                "fail-on-init-error",
-                "FAIL_ON_INIT_ERROR",
-                flag(&self.fail_on_init_error),
-                true,
-            ),
-            (
-                "flags.mpsRoot",
-                "mps-root",
-                "MPS_ROOT",
-                text(&self.mps_root),
-                false,
-            ),
-            (
-                "flags.nvidiaDriverRoot",
-                "driver-root",
-                "NVIDIA_DRIVER_ROOT",
-                text(&self.driver_root),
-                false,
-            ),
-            (
-                "flags.plugin.passDeviceSpecs",
-                "pass-device-specs",
-                "PASS_DEVICE_SPECS",
-                flag(&self.pass_device_specs),
-                true,
-            ),
-            (
-                "flags.plugin.deviceListStrategy",
-                "device-list-strategy",
-                "DEVICE_LIST_STRATEGY",
-                list(&self.device_list_strategy),
-                false,
-            ),
-            (
-                "flags.plugin.deviceIDStrategy",
-                "device-id-strategy",
-                "DEVICE_ID_STRATEGY",
-                text(&self.device_id_strategy),
-                false,
-            ),
-            (
-                "flags.plugin.cdiAnnotationPrefix",
-                "cdi-annotation-prefix",
-                "CDI_ANNOTATION_PREFIX",
-                text(&self.cdi_annotation_prefix),
-                false,
-            ),
-            (
-                "flags.plugin.sharedDevicesAllocationPolicy",
-                "shared-devices-allocation-policy",
-                "SHARED_DEVICES_ALLOCATION_POLICY",
-                text(&self.shared_devices_allocation_policy),
-                false,
-            ),
-            (
-                "flags.plugin.cdiKind",
-                "cdi-kind",
-                "CDI_KIND",
-                text(&self.cdi_kind),
-                false,
-            ),
-        ];
-        entries
-            .into_iter()
-            .filter_map(|(field, flag, env, value, is_bool)| {
-                let value = value?;
-                let from_env = |v: &str| {
-                    if is_bool {
-                        boolish(v).map(|b| b.to_string()).as_deref() == Some(value.as_str())
-                    } else {
-                        v.split(',').map(str::trim).collect::<Vec<_>>().join(",") == value
-                    }
-                };
-                Some((field.to_string(), source_of(flag, env, from_env)))
-            })
-            .collect()
+        self.settings.overrides()
     }
 
     /// Load and validate the config. NVIDIA flags gpu-slicer cannot honour are refused;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 
 use crate::domain::cdi::{self, CdiError, Format, GenerateOptions, Result, spec_file_name};
-use crate::domain::config::{Config, Overrides};
+use crate::domain::config::{Config, Given, Overrides};
 use crate::domain::inventory::Inventory;
 use crate::platform::cdi_host::HostProbe;
 use crate::platform::cdi_writer::WriteOutcome;
@@ -39,8 +39,8 @@ pub struct CdiGenerateArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// CDI kind `vendor/class` (overrides the config).
-    #[arg(long)]
-    pub kind: Option<String>,
+    #[arg(long, value_parser = crate::cli::given::text())]
+    pub kind: Option<Given<String>>,
     /// A spec file (`PATH.yaml` / `PATH.json`, the extension sets the encoding), a
     /// directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
@@ -51,12 +51,12 @@ pub struct CdiGenerateArgs {
     /// HOST path of the driver root: `/` for a host-installed driver, `/run/nvidia/driver`
     /// for a containerised one (overrides `flags.nvidiaDriverRoot`). Its libraries,
     /// firmware, binaries and sockets go into the spec's container edits.
-    #[arg(long = "driver-root", visible_alias = "nvidia-driver-root")]
-    pub driver_root: Option<String>,
+    #[arg(long = "driver-root", visible_alias = "nvidia-driver-root", value_parser = crate::cli::given::text())]
+    pub driver_root: Option<Given<String>>,
     /// Where this process sees the driver root when it runs in a container, e.g. `/host`
     /// (overrides `flags.plugin.containerDriverRoot`).
-    #[arg(long)]
-    pub container_driver_root: Option<String>,
+    #[arg(long, value_parser = crate::cli::given::text())]
+    pub container_driver_root: Option<Given<String>>,
     /// Extra folder (inside the driver root) to look for driver libraries in; repeatable.
     #[arg(long = "library-search-path")]
     pub library_search_path: Vec<PathBuf>,
@@ -104,8 +104,8 @@ pub struct CdiRemoveArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// CDI kind `vendor/class` (overrides the config).
-    #[arg(long)]
-    pub kind: Option<String>,
+    #[arg(long, value_parser = crate::cli::given::text())]
+    pub kind: Option<Given<String>>,
     /// Directory holding the spec.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub output: PathBuf,
@@ -124,10 +124,9 @@ pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::cli::error::Result<(
     }
 }
 
-fn load_config(path: Option<&Path>, kind: Option<&String>) -> Result<Config> {
+fn load_config(path: Option<&Path>, kind: Option<&Given<String>>) -> Result<Config> {
     let overrides = Overrides {
         cdi_kind: kind.cloned(),
-        sources: [("flags.plugin.cdiKind".into(), "flag `--kind`".into())].into(),
         ..Overrides::default()
     };
     Ok(crate::platform::config_file::load(path, &overrides)?)

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::domain::config::Config;
+use crate::domain::config::{Config, Given, Origin};
 use crate::domain::dra::{self, DraError};
 
 /// Default of `--kubelet-registry-dir`: the kubelet's plugin watcher directory.
@@ -22,8 +22,8 @@ pub struct DraArgs {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub enabled: Option<bool>,
     /// The DRA driver name (`flags.dra.driverName`; default `gpu-slicer.io`).
-    #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME")]
-    pub driver_name: Option<String>,
+    #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME", value_parser = crate::cli::given::text())]
+    pub driver_name: Option<Given<String>>,
     /// The kubelet's plugin watcher directory; the registration socket is
     /// `<dir>/<driver>-reg.sock`.
     #[arg(long, env = "KUBELET_REGISTRY_DIR", default_value = DEFAULT_KUBELET_REGISTRY_DIR)]
@@ -43,15 +43,12 @@ impl DraArgs {
             return Ok(None);
         }
         let (name, source) = match (&self.driver_name, &config.dra.driver_name) {
-            (Some(n), _) => (
-                n.clone(),
-                crate::cli::nvidia::source_of("dra-driver-name", "DRA_DRIVER_NAME", |v| v == n),
-            ),
+            (Some(n), _) => (n.value.clone(), n.origin.clone()),
             (None, Some(n)) => (
                 n.clone(),
-                format!("{}: flags.dra.driverName", config.source),
+                Origin::file(&config.source, "flags.dra.driverName"),
             ),
-            (None, None) => (dra::DEFAULT_DRIVER_NAME.to_string(), "the default".into()),
+            (None, None) => (dra::DEFAULT_DRIVER_NAME.to_string(), Origin::Default),
         };
         dra::check_driver_name(&name).map_err(|e| match e {
             DraError::DriverName { name, rule } => DraError::DriverName {
@@ -96,7 +93,7 @@ mod tests {
     fn args(enabled: Option<bool>, name: Option<&str>) -> DraArgs {
         DraArgs {
             enabled,
-            driver_name: name.map(str::to_string),
+            driver_name: name.map(Given::from),
             kubelet_registry_dir: DEFAULT_KUBELET_REGISTRY_DIR.into(),
             kubelet_plugins_dir: DEFAULT_KUBELET_PLUGINS_DIR.into(),
         }

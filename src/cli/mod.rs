@@ -10,6 +10,7 @@ pub mod dra;
 pub mod dra_args;
 pub mod error;
 pub mod fleet_args;
+pub(crate) mod given;
 pub mod inventory;
 pub mod kube_args;
 pub mod labels;

@@ -1,8 +1,12 @@
 //! The config file as written: NVIDIA k8s-device-plugin `version: v1` plus gpu-slicer's
 //! additive extensions. Every struct denies unknown keys so a typo is an error, not a
-//! silently ignored setting. Validation and defaults live in the parent module.
+//! silently ignored setting. The `flags` and `flags.plugin` sections are generated from
+//! the settings table ([`super::settings`]); validation and defaults live in the parent
+//! module and that table.
 
 use serde::{Deserialize, Serialize};
+
+pub use super::settings::{FileFlags, FilePluginFlags};
 
 /// Top level of a config file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -25,44 +29,6 @@ pub struct FileConfig {
     pub imex: Option<FileImex>,
 }
 
-/// `flags:`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileFlags {
-    #[serde(default)]
-    pub mig_strategy: Option<String>,
-    #[serde(default)]
-    pub fail_on_init_error: Option<bool>,
-    #[serde(default)]
-    pub mps_root: Option<String>,
-    #[serde(default)]
-    pub nvidia_driver_root: Option<String>,
-    #[serde(default)]
-    pub nvidia_dev_root: Option<String>,
-    #[serde(default)]
-    pub gdrcopy_enabled: Option<bool>,
-    #[serde(default)]
-    pub gds_enabled: Option<bool>,
-    #[serde(default)]
-    pub mofed_enabled: Option<bool>,
-    #[serde(default)]
-    pub device_discovery_strategy: Option<String>,
-    #[serde(default, rename = "useNodeFeatureAPI")]
-    pub use_node_feature_api: Option<bool>,
-    #[serde(default)]
-    pub plugin: FilePluginFlags,
-    /// `flags.migLayouts: {file, layout}`: the mig-parted layout the daemon applies to idle GPUs.
-    #[serde(default)]
-    pub mig_layouts: Option<FileMigLayouts>,
-    /// `flags.dra: {enabled, driverName}`: serve the GPUs through DRA instead of the
-    /// device-plugin API.
-    #[serde(default)]
-    pub dra: Option<FileDra>,
-    /// GPU feature discovery flags: not used by a device plugin (the incumbent drops them too).
-    #[serde(default)]
-    pub gfd: Option<serde_yaml_ng::Value>,
-}
-
 /// `flags.migLayouts:`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -81,30 +47,6 @@ pub struct FileDra {
     pub enabled: Option<bool>,
     #[serde(default)]
     pub driver_name: Option<String>,
-}
-
-/// `flags.plugin:`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FilePluginFlags {
-    #[serde(default)]
-    pub pass_device_specs: Option<bool>,
-    /// A string or a list of strings.
-    #[serde(default)]
-    pub device_list_strategy: Option<StringOrList>,
-    #[serde(default, rename = "deviceIDStrategy")]
-    pub device_id_strategy: Option<String>,
-    #[serde(default)]
-    pub cdi_annotation_prefix: Option<String>,
-    #[serde(default, rename = "nvidiaCTKPath")]
-    pub nvidia_ctk_path: Option<String>,
-    #[serde(default)]
-    pub container_driver_root: Option<String>,
-    #[serde(default)]
-    pub shared_devices_allocation_policy: Option<String>,
-    /// gpu-slicer extension: CDI kind (`vendor/class`) of the generated spec.
-    #[serde(default)]
-    pub cdi_kind: Option<String>,
 }
 
 /// A YAML value that is either one string or a list of strings.
@@ -225,6 +167,16 @@ impl std::fmt::Display for Quantity {
         match self {
             Quantity::Bytes(n) => write!(f, "{n}"),
             Quantity::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl std::fmt::Display for StringOrList {
+    /// As a flag writes a list: comma-separated.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StringOrList::One(s) => f.write_str(s),
+            StringOrList::Many(v) => f.write_str(&v.join(",")),
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Config parser tests on real NVIDIA-format files.
 
+use std::path::PathBuf;
+
 use super::*;
 
 fn parse_ok(text: &str) -> Config {
@@ -241,10 +243,10 @@ fn bad_override_values_are_blamed_on_their_flag_not_the_file() {
         err,
         "invalid command-line setting = `serial`: expected uuid or index"
     );
-    ov.sources.insert(
-        "flags.plugin.deviceIDStrategy".into(),
-        "env var `DEVICE_ID_STRATEGY`".into(),
-    );
+    ov.device_id_strategy = Some(Given::new(
+        "serial",
+        Origin::Env("DEVICE_ID_STRATEGY".into()),
+    ));
     let err = defaults(&ov).unwrap_err().to_string();
     assert_eq!(
         err,
@@ -308,10 +310,7 @@ fn mig_layouts_from_file_flags_and_env() {
         mig_layout: Some("x".into()),
         ..Overrides::default()
     };
-    ov.sources.insert(
-        "flags.migLayouts.layout".into(),
-        "flag `--mig-layout`".into(),
-    );
+    ov.mig_layout = Some(Given::new("x", Origin::Flag("mig-layout".into())));
     let e = parse("version: v1\n", "t.yaml", &ov)
         .unwrap_err()
         .to_string();
