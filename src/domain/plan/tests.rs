@@ -1,6 +1,6 @@
 //! Planner tests: the worked examples, error cases, and property tests.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
