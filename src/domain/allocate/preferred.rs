@@ -39,102 +39,181 @@ pub fn preferred<S: AsRef<str>>(
     must_include: &[S],
     size: usize,
 ) -> Vec<String> {
-    let n = view.resource.devices.len();
-    let mut out: Vec<String> = Vec::with_capacity(size.max(must_include.len()));
-    // Known devices already in the answer or queued, by index; unknown IDs by name.
-    let mut taken = vec![false; n];
-    let mut taken_unknown: HashSet<&str> = HashSet::new();
-    let mut must: Vec<usize> = Vec::with_capacity(must_include.len());
-    for id in must_include {
-        let id = id.as_ref();
-        let fresh = match view.index_of(id) {
-            Some(i) => {
-                must.push(i);
-                !std::mem::replace(&mut taken[i], true)
-            }
-            None => taken_unknown.insert(id),
+    let mut answer = Answer::new(view, must_include, size);
+    if answer.out.len() >= size {
+        return answer.out;
+    }
+    let offered = answer.offered(view, available);
+    let mut load = offered.load(view, &answer.must);
+    let need = size - answer.out.len();
+    let picks = pick(
+        view,
+        policy,
+        &offered.known,
+        &answer.must,
+        &mut load,
+        need,
+        size,
+    );
+    answer.finish(view, picks, &offered, size)
+}
+
+/// The answer being built: the IDs in order, and which are in it (or queued) already.
+struct Answer<'a> {
+    out: Vec<String>,
+    /// Known devices in the answer or queued, by index.
+    taken: Vec<bool>,
+    /// IDs the view does not know, in the answer or queued.
+    taken_unknown: HashSet<&'a str>,
+    /// The must-include devices the view knows, by index.
+    must: Vec<usize>,
+}
+
+/// What the kubelet offered, read against the view.
+struct Offered<'a> {
+    /// Healthy known candidates not in the answer, in index (= ID) order.
+    known: Vec<usize>,
+    /// Offered IDs to use only when nothing better is left: unhealthy or unknown ones.
+    fallback: Vec<&'a str>,
+    /// Known devices offered, by index.
+    seen: Vec<bool>,
+    /// Offered devices per group (physical device).
+    free_in_group: Vec<usize>,
+}
+
+impl<'a> Answer<'a> {
+    /// The answer that starts with `must_include`, each ID once.
+    fn new<S: AsRef<str>>(view: &ResourceView, must_include: &'a [S], size: usize) -> Self {
+        let mut answer = Answer {
+            out: Vec::with_capacity(size.max(must_include.len())),
+            taken: vec![false; view.resource.devices.len()],
+            taken_unknown: HashSet::new(),
+            must: Vec::with_capacity(must_include.len()),
         };
-        if fresh {
-            out.push(id.to_string());
-        }
-    }
-    if out.len() >= size {
-        return out;
-    }
-    // Healthy candidates (index order = ID order), in-use counts, and fallbacks.
-    let grouping = &view.grouping;
-    let mut free_in_group = vec![0usize; grouping.sizes.len()];
-    let mut known: Vec<usize> = Vec::with_capacity(available.len());
-    let mut fallback: Vec<&str> = Vec::new();
-    let mut seen = vec![false; n];
-    for id in available {
-        let id = id.as_ref();
-        match view.index_of(id) {
-            Some(i) if !std::mem::replace(&mut seen[i], true) => {
-                free_in_group[grouping.of_device[i]] += 1;
-                if !taken[i] && view.unhealthy_reason(i).is_none() {
-                    known.push(i);
-                } else if !taken[i] {
-                    fallback.push(id);
+        for id in must_include {
+            let id = id.as_ref();
+            let fresh = match view.index_of(id) {
+                Some(i) => {
+                    answer.must.push(i);
+                    !std::mem::replace(&mut answer.taken[i], true)
                 }
-            }
-            Some(_) => {}
-            None => {
-                if taken_unknown.insert(id) {
-                    fallback.push(id);
-                }
+                None => answer.taken_unknown.insert(id),
+            };
+            if fresh {
+                answer.out.push(id.to_string());
             }
         }
+        answer
     }
-    known.sort_unstable();
-    // Load of a group: units allocated elsewhere plus the must-include ones.
-    let mut load: Vec<usize> = grouping
-        .sizes
-        .iter()
-        .zip(&free_in_group)
-        .map(|(size, free)| size.saturating_sub(*free))
-        .collect();
-    for &i in &must {
-        if !seen[i] {
-            // Not listed as available: it was counted as allocated already.
-            continue;
+
+    /// Read `available`: healthy candidates, fallbacks and what each group has free.
+    fn offered<S: AsRef<str>>(&mut self, view: &ResourceView, available: &'a [S]) -> Offered<'a> {
+        let n = view.resource.devices.len();
+        let mut offered = Offered {
+            known: Vec::with_capacity(available.len()),
+            fallback: Vec::new(),
+            seen: vec![false; n],
+            free_in_group: vec![0usize; view.grouping.sizes.len()],
+        };
+        for id in available {
+            let id = id.as_ref();
+            match view.index_of(id) {
+                Some(i) if !std::mem::replace(&mut offered.seen[i], true) => {
+                    offered.free_in_group[view.grouping.of_device[i]] += 1;
+                    if !self.taken[i] && view.unhealthy_reason(i).is_none() {
+                        offered.known.push(i);
+                    } else if !self.taken[i] {
+                        offered.fallback.push(id);
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    if self.taken_unknown.insert(id) {
+                        offered.fallback.push(id);
+                    }
+                }
+            }
         }
-        load[grouping.of_device[i]] += 1;
+        offered.known.sort_unstable();
+        offered
     }
-    let need = size - out.len();
+
+    /// Add the picks, then the other healthy candidates, then the fallbacks, up to `size`.
+    fn finish(
+        mut self,
+        view: &ResourceView,
+        picks: Vec<usize>,
+        offered: &Offered<'a>,
+        size: usize,
+    ) -> Vec<String> {
+        for i in picks.into_iter().chain(offered.known.iter().copied()) {
+            if self.out.len() >= size {
+                break;
+            }
+            if !std::mem::replace(&mut self.taken[i], true) {
+                self.out.push(view.resource.devices[i].id.clone());
+            }
+        }
+        for id in &offered.fallback {
+            if self.out.len() >= size {
+                break;
+            }
+            self.out.push((*id).to_string());
+        }
+        self.out
+    }
+}
+
+impl Offered<'_> {
+    /// Load of each group: units allocated elsewhere plus the must-include ones.
+    fn load(&self, view: &ResourceView, must: &[usize]) -> Vec<usize> {
+        let grouping = &view.grouping;
+        let mut load: Vec<usize> = grouping
+            .sizes
+            .iter()
+            .zip(&self.free_in_group)
+            .map(|(size, free)| size.saturating_sub(*free))
+            .collect();
+        for &i in must {
+            if !self.seen[i] {
+                // Not listed as available: it was counted as allocated already.
+                continue;
+            }
+            load[grouping.of_device[i]] += 1;
+        }
+        load
+    }
+}
+
+/// The policy for this resource: links or NUMA for whole GPUs, linked replicas across GPUs,
+/// one physical device for replicas that may not spread, else packed / distributed.
+fn pick(
+    view: &ResourceView,
+    policy: AllocationPolicy,
+    known: &[usize],
+    must: &[usize],
+    load: &mut [usize],
+    need: usize,
+    size: usize,
+) -> Vec<usize> {
     let resource = &view.resource;
-    let picks: Vec<usize> = match (&resource.sharing, resource.kind) {
+    match (&resource.sharing, resource.kind) {
         (None, ResourceKind::Gpu) => match &resource.links {
-            Some(links) => linked_pick(links, &known, &must, need)
-                .unwrap_or_else(|| numa_pick(view, &known, &must, need)),
-            None => numa_pick(view, &known, &must, need),
+            Some(links) => linked_pick(links, known, must, need)
+                .unwrap_or_else(|| numa_pick(view, known, must, need)),
+            None => numa_pick(view, known, must, need),
         },
         (Some(sharing), ResourceKind::Gpu)
             if sharing.allow_multi_gpu && size > 1 && resource.links.is_some() =>
         {
-            linked_replica_pick(view, policy, &known, &must, &mut load, need)
+            linked_replica_pick(view, policy, known, must, load, need)
         }
         (Some(sharing), _) if !sharing.allow_multi_gpu && size > 1 => {
-            one_group_pick(view, policy, &known, &must, &load, need)
-                .unwrap_or_else(|| greedy_pick(view, policy, &known, &mut load, need))
+            one_group_pick(view, policy, known, must, load, need)
+                .unwrap_or_else(|| greedy_pick(view, policy, known, load, need))
         }
-        _ => greedy_pick(view, policy, &known, &mut load, need),
-    };
-    for i in picks.into_iter().chain(known.iter().copied()) {
-        if out.len() >= size {
-            break;
-        }
-        if !std::mem::replace(&mut taken[i], true) {
-            out.push(resource.devices[i].id.clone());
-        }
+        _ => greedy_pick(view, policy, known, load, need),
     }
-    for id in fallback {
-        if out.len() >= size {
-            break;
-        }
-        out.push(id.to_string());
-    }
-    out
 }
 
 /// Whole GPUs: stay on one NUMA node where possible.
