@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use super::{CdiError, ContainerEdits, Device, DeviceNode, Result, Spec, VISIBLE_DEVICES_VOID};
 use crate::domain::devnodes::{CONTROL_NODES, cap_minors};
 pub use crate::domain::devnodes::{cap_node_path, gpu_node_path};
-use crate::domain::inventory::{Inventory, MigDevice};
+use crate::domain::inventory::{Gpu, Inventory, MigDevice};
 
 /// What the generator needs to know besides the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,73 +99,108 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
         return Err(CdiError::NoDevices);
     }
     let nodes = NodeMaker { opts, probe };
-    let mut devices = Vec::new();
-    let mut all_gpu_nodes = Vec::new();
-    let mut all_cap_nodes = Vec::new();
+    let mut named = Named::default();
     for gpu in &inv.gpus {
-        let gpu_node = nodes.required(&gpu_node_path(gpu));
-        let edits = ContainerEdits {
-            device_nodes: vec![gpu_node.clone()],
-            ..ContainerEdits::default()
-        };
-        devices.push(Device {
-            name: gpu.uuid.clone(),
-            container_edits: edits.clone(),
-        });
-        devices.push(Device {
-            name: gpu.index.to_string(),
-            container_edits: edits,
-        });
-        all_gpu_nodes.push((gpu.minor, gpu_node.clone()));
-        for mig in &gpu.mig_devices {
-            let caps = cap_minors(mig).map_err(|e| CdiError::MissingCapMinor {
-                device: e.device,
-                which: e.which,
-            })?;
-            let mut device_nodes = vec![gpu_node.clone()];
-            for cap in caps {
-                let node = nodes.required(&cap_node_path(cap));
-                all_cap_nodes.push((cap, node.clone()));
-                device_nodes.push(node);
-            }
-            let edits = ContainerEdits {
-                device_nodes,
-                ..ContainerEdits::default()
-            };
-            devices.push(Device {
-                name: mig.uuid.clone(),
-                container_edits: edits.clone(),
-            });
-            devices.push(Device {
-                name: mig_index_name(mig),
-                container_edits: edits,
-            });
-        }
+        named.gpu(gpu, &nodes)?;
     }
+    let all = named.all();
+    let mut devices = named.devices;
     if let Some(shares) = &opts.shares {
         let extra = super::shares::share_devices(shares, &devices)?;
         devices.extend(extra);
     }
-    // `all` is not implicit in CDI: it resolves only because we define it. GPU nodes first,
-    // then capability nodes, each by minor, so the order is stable.
-    all_gpu_nodes.sort_by_key(|(m, _)| *m);
-    all_gpu_nodes.dedup_by_key(|(m, _)| *m);
-    all_cap_nodes.sort_by_key(|(m, _)| *m);
-    all_cap_nodes.dedup_by_key(|(m, _)| *m);
-    devices.push(Device {
-        name: "all".into(),
-        container_edits: ContainerEdits {
-            device_nodes: all_gpu_nodes
-                .into_iter()
-                .chain(all_cap_nodes)
-                .map(|(_, n)| n)
-                .collect(),
-            ..ContainerEdits::default()
-        },
-    });
+    devices.push(all);
     devices.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut spec = Spec {
+        cdi_version: super::SUPPORTED_VERSIONS[0].to_string(),
+        kind: opts.kind.clone(),
+        devices,
+        container_edits: spec_edits(&nodes, opts.driver.as_ref()),
+    };
+    spec.cdi_version = super::minimum_version(&spec).to_string();
+    super::validate(&spec)?;
+    Ok(spec)
+}
 
-    let mut spec_edits = ContainerEdits {
+/// The devices named after GPUs and MIG devices (each by UUID and by index), and the nodes
+/// `all` takes, by minor.
+#[derive(Default)]
+struct Named {
+    devices: Vec<Device>,
+    gpu_nodes: Vec<(u32, DeviceNode)>,
+    cap_nodes: Vec<(u32, DeviceNode)>,
+}
+
+impl Named {
+    /// A GPU's devices (its node), then its MIG devices'.
+    fn gpu(&mut self, gpu: &Gpu, nodes: &NodeMaker<'_>) -> Result<()> {
+        let gpu_node = nodes.required(&gpu_node_path(gpu));
+        self.push(
+            [gpu.uuid.clone(), gpu.index.to_string()],
+            vec![gpu_node.clone()],
+        );
+        self.gpu_nodes.push((gpu.minor, gpu_node.clone()));
+        for mig in &gpu.mig_devices {
+            self.mig(mig, &gpu_node, nodes)?;
+        }
+        Ok(())
+    }
+
+    /// A MIG device's devices: its GPU's node and its two capability nodes.
+    fn mig(&mut self, mig: &MigDevice, gpu_node: &DeviceNode, nodes: &NodeMaker<'_>) -> Result<()> {
+        let caps = cap_minors(mig).map_err(|e| CdiError::MissingCapMinor {
+            device: e.device,
+            which: e.which,
+        })?;
+        let mut device_nodes = vec![gpu_node.clone()];
+        for cap in caps {
+            let node = nodes.required(&cap_node_path(cap));
+            self.cap_nodes.push((cap, node.clone()));
+            device_nodes.push(node);
+        }
+        self.push([mig.uuid.clone(), mig_index_name(mig)], device_nodes);
+        Ok(())
+    }
+
+    /// One device per name, each with `device_nodes`.
+    fn push(&mut self, names: [String; 2], device_nodes: Vec<DeviceNode>) {
+        let edits = ContainerEdits {
+            device_nodes,
+            ..ContainerEdits::default()
+        };
+        for name in names {
+            self.devices.push(Device {
+                name,
+                container_edits: edits.clone(),
+            });
+        }
+    }
+
+    /// `all` is not implicit in CDI: it resolves only because we define it. GPU nodes
+    /// first, then capability nodes, each by minor, so the order is stable.
+    fn all(&self) -> Device {
+        let by_minor = |nodes: &[(u32, DeviceNode)]| {
+            let mut nodes = nodes.to_vec();
+            nodes.sort_by_key(|(m, _)| *m);
+            nodes.dedup_by_key(|(m, _)| *m);
+            nodes.into_iter().map(|(_, n)| n)
+        };
+        Device {
+            name: "all".into(),
+            container_edits: ContainerEdits {
+                device_nodes: by_minor(&self.gpu_nodes)
+                    .chain(by_minor(&self.cap_nodes))
+                    .collect(),
+                ..ContainerEdits::default()
+            },
+        }
+    }
+}
+
+/// The spec-level edits: [`VISIBLE_DEVICES_VOID`], the control nodes, and the driver's
+/// edits when discovery found one.
+fn spec_edits(nodes: &NodeMaker<'_>, driver: Option<&ContainerEdits>) -> ContainerEdits {
+    let mut edits = ContainerEdits {
         env: vec![VISIBLE_DEVICES_VOID.to_string()],
         device_nodes: CONTROL_NODES
             .iter()
@@ -173,24 +208,16 @@ pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) 
             .collect(),
         ..ContainerEdits::default()
     };
-    if let Some(driver) = &opts.driver {
+    if let Some(driver) = driver {
         // The `void` entry stays first: the legacy NVIDIA hook must never widen access.
-        spec_edits.env.extend(driver.env.iter().cloned());
-        spec_edits
+        edits.env.extend(driver.env.iter().cloned());
+        edits
             .device_nodes
             .extend(driver.device_nodes.iter().cloned());
-        spec_edits.mounts.extend(driver.mounts.iter().cloned());
-        spec_edits.hooks.extend(driver.hooks.iter().cloned());
+        edits.mounts.extend(driver.mounts.iter().cloned());
+        edits.hooks.extend(driver.hooks.iter().cloned());
     }
-    let mut spec = Spec {
-        cdi_version: super::SUPPORTED_VERSIONS[0].to_string(),
-        kind: opts.kind.clone(),
-        devices,
-        container_edits: spec_edits,
-    };
-    spec.cdi_version = super::minimum_version(&spec).to_string();
-    super::validate(&spec)?;
-    Ok(spec)
+    edits
 }
 
 /// Turns container paths into device nodes under the options' dev root.
