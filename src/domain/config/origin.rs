@@ -1,7 +1,7 @@
 //! Where a setting's value came from, carried with the value.
 //!
 //! A flag, an environment variable, the config file or the built-in default: the command
-//! line (`cli`) wraps what clap parsed in a [`Given`] naming its flag or variable, the
+//! line (`cli`) wraps what it parsed in a [`Given`] naming its flag or variable, the
 //! resolver in [`super::settings`] wraps file values with the file and field, and a value
 //! that breaks a rule is blamed on that [`Origin`] ([`Given::parse`]), as the user wrote it.
 

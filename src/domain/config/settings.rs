@@ -5,11 +5,11 @@
 //! file's section structs ([`FileFlags`], [`FilePluginFlags`], serde, unknown keys refused),
 //! the command line's [`Overrides`] (one slot per setting, each value a [`Given`] that names
 //! its flag or variable) and one `resolve` per section that applies the incumbent's
-//! precedence (flag > env > file > default; clap has already put a flag over its
-//! variable) and blames a bad value on where it was written. The command line (`cli::args`)
-//! declares each setting's flag and variable once, in a clap field named as its slot here.
+//! precedence (flag > env > file > default; the command line has already put a flag
+//! over its variable) and blames a bad value on where it was written. The command line (`cli::args`)
+//! declares each setting's flag and variable once, in a field named as its slot here.
 //!
-//! Adding a setting: one entry here, one clap field in `cli::args`, a test, a README line.
+//! Adding a setting: one entry here, one field of `SettingArgs` in `cli::args`, a test, a README line.
 //! Sections with rules across fields (`flags.migLayouts`, `flags.dra`, `sharing`) have
 //! their own functions in the parent module.
 

@@ -159,7 +159,7 @@ pub(super) fn word<T: std::str::FromStr<Err = String>>(text: &str) -> Result<T, 
     text.parse().map_err(Refusal::from)
 }
 
-/// A flag as written (the file and clap have already read the boolean).
+/// A flag as written (the file and the command line have already read the boolean).
 pub(super) fn boolean(value: &bool) -> Result<bool, Refusal> {
     Ok(*value)
 }
