@@ -198,7 +198,7 @@ pub fn discover(opts: &DiscoverOptions) -> Result<Driver> {
         found: Vec::new(),
         searched: Vec::new(),
     };
-    let has_cache = libraries.from_cache()?;
+    let has_cache = libraries.search_cache()?;
     // The standard folders only without a cache; --library-search-path always.
     let mut dirs: Vec<PathBuf> = Vec::new();
     if !has_cache {
@@ -206,7 +206,7 @@ pub fn discover(opts: &DiscoverOptions) -> Result<Driver> {
     }
     dirs.extend(opts.library_search_paths.iter().cloned());
     for dir in &dirs {
-        libraries.from_folder(dir)?;
+        libraries.search_folder(dir)?;
     }
     let Libraries {
         found: mut libraries,
@@ -261,7 +261,7 @@ struct Libraries<'a> {
 impl Libraries<'_> {
     /// The root's ld cache: soname -> soname link; the link resolves to the versioned file.
     /// Whether the root has a cache.
-    fn from_cache(&mut self) -> Result<bool> {
+    fn search_cache(&mut self) -> Result<bool> {
         let find = self.find;
         let (_, cache_path) = find.resolve(Path::new("/etc/ld.so.cache"))?;
         let bytes = match std::fs::metadata(&cache_path) {
@@ -301,7 +301,7 @@ impl Libraries<'_> {
 
     /// The `lib*.so.<version>` files directly in the in-root folder `dir`, their sonames
     /// from [`KNOWN_SONAMES`].
-    fn from_folder(&mut self, dir: &Path) -> Result<()> {
+    fn search_folder(&mut self, dir: &Path) -> Result<()> {
         self.searched.push(dir.display().to_string());
         for name in self.find.names(dir)? {
             if !(name.starts_with("lib") && name.ends_with(&self.suffix)) {
