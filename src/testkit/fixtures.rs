@@ -8,6 +8,9 @@ use crate::domain::snapshot::Snapshot;
 use crate::platform::sim::SimBackend;
 use crate::state::Store;
 
+/// `mixed-a100`'s whole GPUs time-sliced 4 ways, its MIG devices served one by one.
+pub const SHARED_CONFIG: &str = "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
+
 /// The inventory of a built-in sim profile (`mixed-a100`, `dgx-h100`) or node file.
 ///
 /// # Panics

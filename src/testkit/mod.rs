@@ -1,12 +1,20 @@
 //! Test and demo support: an in-process kubelet emulator (registration, device manager,
 //! PodResources) and [`Node`], the one start-up of a daemon with it, used by `gpu-slicer
-//! demo`, the integration tests and the benches; and an in-process Kubernetes API server
-//! ([`apiserver`]) for the node-label and DRA tests.
+//! demo`, the unit and integration tests and the benches; an in-process Kubernetes API server
+//! ([`apiserver`]) for the node-label and DRA tests; and the fixtures every test shares, one
+//! of each: [`within`] and [`wait_until`] (bounded waits), [`probe`] (HTTP, promtool),
+//! [`fake_nvml`] (the fake driver, [`PrivateFake`]), [`manifests`] (`deploy/` rendered,
+//! Kubernetes objects) and [`fixtures`] (nodes, configs, plans, stores).
 
 pub mod apiserver;
+pub mod fake_nvml;
 pub mod fixtures;
 pub mod kubelet;
+pub mod manifests;
 pub mod node;
+pub mod probe;
 pub mod stats;
 
-pub use node::{Node, NodeError, wait_until};
+pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib};
+pub use node::{Node, NodeError, STEP, wait_until, within};
+pub use probe::{http, promtool_check};

@@ -5,8 +5,9 @@
 //! [`Node::start`] is the common case (a sim profile and a config text);
 //! [`Node::launch`] takes a directory, an emulator and settings prepared by the caller
 //! (a watched config file, a PodResources socket, a checkpoint). Both return once the
-//! daemon is ready and every planned resource has registered. [`wait_until`] is the one
-//! bounded poll for conditions no channel reports.
+//! daemon is ready and every planned resource has registered. [`within`] bounds a test's
+//! wait on a channel or a future; [`wait_until`] is the one bounded poll for conditions no
+//! channel reports.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -132,7 +133,7 @@ impl Node {
             started: Duration::ZERO,
         };
         let names = node.resources();
-        within("registration", node.emulator.wait_registered(&names, 1)).await?;
+        bounded("registration", node.emulator.wait_registered(&names, 1)).await?;
         Ok(Self {
             started: t0.elapsed(),
             ..node
@@ -171,7 +172,7 @@ impl Node {
     pub async fn next_reload(&self, before: &ReloadStatus) -> ReloadStatus {
         let mut rx = self.running.reloads.clone();
         let total = before.applied + before.failed + before.unchanged;
-        let moved = within(
+        let moved = bounded(
             "a reload",
             rx.wait_for(|s| s.applied + s.failed + s.unchanged > total),
         )
@@ -185,7 +186,7 @@ impl Node {
     /// Stop the daemon (within [`STEP`]) and the emulator; the daemon's own result.
     pub async fn stop(self) -> Result<(), NodeError> {
         self.shutdown.cancel();
-        let ended = within("the daemon to stop", self.app).await?;
+        let ended = bounded("the daemon to stop", self.app).await?;
         self.emulator.shutdown().await;
         ended
             .map_err(|e| NodeError::Join(e.to_string()))?
@@ -202,10 +203,21 @@ fn ended_early(ended: Result<Result<(), AppError>, tokio::task::JoinError>) -> N
 }
 
 /// Bound a wait by [`STEP`].
-pub async fn within<T>(what: &'static str, f: impl Future<Output = T>) -> Result<T, NodeError> {
+async fn bounded<T>(what: &'static str, f: impl Future<Output = T>) -> Result<T, NodeError> {
     tokio::time::timeout(STEP, f)
         .await
         .map_err(|_| NodeError::Timeout(what))
+}
+
+/// Bound a wait in a test by [`STEP`]: its output, or a panic naming `what`.
+///
+/// # Panics
+/// When `f` does not finish within [`STEP`].
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(STEP, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out: {what}"),
+    }
 }
 
 /// Poll `check` every few milliseconds until it yields `Some`, for at most `limit`: for

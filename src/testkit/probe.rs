@@ -1,0 +1,61 @@
+//! What tests read from a running daemon's HTTP endpoint: one request on a fresh connection
+//! ([`http`]), and `promtool check metrics` on a scrape ([`promtool_check`]).
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One HTTP/1.1 request on a fresh connection to the daemon's listener: status and body.
+///
+/// # Panics
+/// When the connection fails or the answer is not HTTP: the probe is for tests.
+pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("write to {addr}: {e}"));
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)
+        .await
+        .unwrap_or_else(|e| panic!("read from {addr}: {e}"));
+    let status = buf
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {buf:?}"));
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// `promtool check metrics` on a scrape: the exposition is valid and lint-free.
+///
+/// # Panics
+/// When promtool finds a problem, or is not installed (Debian package `prometheus`:
+/// hack/install-deps.sh installs it).
+pub fn promtool_check(body: &str) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let scrape = dir.path().join("scrape.txt");
+    std::fs::write(&scrape, body).unwrap_or_else(|e| panic!("write scrape: {e}"));
+    let input = std::fs::File::open(&scrape).unwrap_or_else(|e| panic!("open scrape: {e}"));
+    let out = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(input)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "promtool ({e}; Debian package `prometheus`) must be installed: run hack/install-deps.sh"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
