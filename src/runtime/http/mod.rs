@@ -422,3 +422,6 @@ mod tests {
         assert_eq!(r.check(), Ok(()));
     }
 }
+
+#[cfg(test)]
+mod http_tests;
