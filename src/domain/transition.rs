@@ -219,3 +219,6 @@ pub fn mps_change(current: &[DaemonSpec], next: &[DaemonSpec]) -> MpsChange {
     change.stop.sort();
     change
 }
+
+#[cfg(test)]
+mod transition_tests;

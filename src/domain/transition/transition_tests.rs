@@ -7,13 +7,14 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use gpu_slicer::domain::allocate;
-use gpu_slicer::domain::cdi::shares::HookSettings;
-use gpu_slicer::domain::snapshot::Snapshot;
-use gpu_slicer::domain::transition::{self, Host};
-use gpu_slicer::state::Store;
-use gpu_slicer::testkit::fixtures;
 use proptest::prelude::*;
+
+use crate::domain::allocate;
+use crate::domain::cdi::shares::HookSettings;
+use crate::domain::snapshot::Snapshot;
+use crate::domain::transition::{self, Host};
+use crate::state::Store;
+use crate::testkit::fixtures;
 
 /// Configs an operator might flip between on the `mixed-a100` node.
 const CONFIGS: &[&str] = &[
@@ -95,7 +96,7 @@ proptest! {
                 prop_assert!(committed.views.contains_key(r));
             }
             // Containers take devices of the new plan (as Allocate records them)...
-            let devices: Vec<(&str, &gpu_slicer::domain::plan::Device)> = committed
+            let devices: Vec<(&str, &crate::domain::plan::Device)> = committed
                 .plan
                 .resources
                 .iter()
