@@ -163,3 +163,6 @@ async fn watch_once(
     }
     Ended::Closed
 }
+
+#[cfg(test)]
+mod node_watch_tests;

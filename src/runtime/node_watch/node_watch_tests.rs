@@ -4,26 +4,17 @@
 
 use std::time::Duration;
 
-use gpu_slicer::platform::kube::NodeApi;
-use gpu_slicer::runtime::node_watch::{self, NodeView, NodeWatchSettings};
-use gpu_slicer::runtime::{Context, Handle};
-use gpu_slicer::testkit::apiserver::{ApiServer, Verb};
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
+
+use crate::platform::kube::NodeApi;
+use crate::runtime::node_watch::{self, NodeView, NodeWatchSettings};
+use crate::runtime::{Context, Handle};
+use crate::testkit::apiserver::{ApiServer, Verb};
+use crate::testkit::manifests::node;
+use crate::testkit::wait_until;
 
 const AGENTS: usize = 50;
 const T: Duration = Duration::from_secs(30);
-
-fn node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    }
-}
 
 async fn until(rx: &mut watch::Receiver<Option<NodeView>>, want: impl Fn(&NodeView) -> bool) {
     tokio::time::timeout(T, rx.wait_for(|v| v.as_ref().is_some_and(&want)))
@@ -42,11 +33,11 @@ fn label(v: &NodeView, value: &str) -> bool {
 #[tokio::test]
 async fn fifty_agents_one_watch_each_and_reconnect_after_restart() {
     let api = ApiServer::start().await.unwrap();
-    let ctx = Context::new(gpu_slicer::state::Store::new(Default::default()));
+    let ctx = Context::new(crate::state::Store::new(Default::default()));
     let mut agents: Vec<(Handle<watch::Receiver<Option<NodeView>>>, String)> = Vec::new();
     for i in 0..AGENTS {
         let name = format!("gpu-{i:02}");
-        api.insert(&node(&name)).unwrap();
+        api.insert(&node(&name, &[])).unwrap();
         let settings = NodeWatchSettings {
             api: NodeApi::new(api.client().unwrap(), name.clone()),
             backoff_base: Duration::from_millis(20),
@@ -59,13 +50,9 @@ async fn fifty_agents_one_watch_each_and_reconnect_after_restart() {
     }
     let watches_open = || api.count(Verb::Watch, "/api/v1/nodes");
     assert!(
-        tokio::time::timeout(T, async {
-            while watches_open() < AGENTS {
-                tokio::time::sleep(Duration::from_millis(10)).await
-            }
-        })
-        .await
-        .is_ok()
+        wait_until(T, || async { (watches_open() >= AGENTS).then_some(()) })
+            .await
+            .is_some()
     );
     assert_eq!(
         api.count(Verb::Get, "/api/v1/nodes/"),
