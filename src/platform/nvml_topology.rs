@@ -225,3 +225,6 @@ pub(crate) fn fabric_clique(nvml: &Nvml, dev: &nvml_wrapper::Device<'_>) -> Opti
     nvml_try(unsafe { sym(dev.handle(), &mut info) }).ok()?;
     crate::domain::topology::fabric_clique(info.clusterUuid, info.cliqueId, info.state, info.status)
 }
+
+#[cfg(test)]
+mod topology_tests;

@@ -6,15 +6,14 @@
 //! The delay is an environment variable the fake reads per call; it cannot be set in-process
 //! safely, so the test re-runs this binary with it, executing only `delayed_child`.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{PrivateFake, launch, short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::platform::nvml::NvmlBackend;
-use gpu_slicer::runtime::supervisor::RunSettings;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use crate::domain::config::{self, Overrides};
+use crate::platform::nvml::NvmlBackend;
+use crate::runtime::supervisor::RunSettings;
+use crate::testkit::kubelet::KubeletEmulator;
+use crate::testkit::node::short_tempdir;
+use crate::testkit::{Node, PrivateFake, fake_driver_root, within};
 
 /// Set in the child process spawned by the parent test.
 const CHILD_ENV: &str = "GPU_SLICER_TOPOLOGY_CHILD";
@@ -38,7 +37,7 @@ fn allocation_rounds_make_no_topology_call_with_a_slow_driver() {
     let out = std::process::Command::new(std::env::current_exe().expect("exe"))
         .args([
             "--exact",
-            "delayed_child",
+            "platform::nvml_topology::topology_tests::delayed_child",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -67,7 +66,7 @@ fn delayed_child() {
 }
 
 async fn delayed_round() {
-    let dir = short_tempdir();
+    let dir = short_tempdir("gs").expect("tempdir");
     let fake = PrivateFake::new(dir.path());
     fake.set_node(NODE);
     let emulator = KubeletEmulator::start(dir.path().join("dp"))
@@ -75,7 +74,7 @@ async fn delayed_round() {
         .expect("emulator");
     let overrides = Overrides {
         container_driver_root: Some(
-            common::fake_driver_root(dir.path(), "570.124.06")
+            fake_driver_root(dir.path(), "570.124.06")
                 .display()
                 .to_string()
                 .into(),
@@ -88,7 +87,9 @@ async fn delayed_round() {
         NvmlBackend::new(Some(fake.path.clone()), dir.path().join("no-proc"))
             .with_sys_root(dir.path().join("sys")),
     );
-    let h = launch(dir, emulator, settings, backend).await;
+    let h = Node::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon started");
     let at_start = fake.topology_calls();
     // 3·2 common-ancestor calls and one link-state call per GPU (PCIe boards: NOT_SUPPORTED
     // on link 0 ends the walk).
