@@ -397,3 +397,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod nvml_fake_tests;

@@ -2,49 +2,37 @@
 //! the sim backend sees on the same node file; plus the backend's failure paths.
 //!
 //! Each test copies the fake library to its own path (a new inode is a new instance with its
-//! own state, nvml.md §7) and configures it through `fakeNvmlSetNodeJson` before NVML opens it.
+//! own state, nvml.md §7: a [`PrivateFake`]) and configures it through `fakeNvmlSetNodeJson`
+//! before NVML opens it.
 
-mod common;
-
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::{CString, c_char};
 use std::path::{Path, PathBuf};
 
-use common::fake_lib;
+use crate::domain::inventory::{Backend, InventoryError};
+use crate::platform::nvml::NvmlBackend;
+use crate::platform::sim::SimBackend;
+use crate::testkit::{PrivateFake, fake_lib};
 
-use gpu_slicer::domain::inventory::{Backend, InventoryError};
-use gpu_slicer::platform::nvml::NvmlBackend;
-use gpu_slicer::platform::sim::SimBackend;
-
-/// A private copy of the fake, configured with `node` (None: no driver).
+/// A private copy of the fake in a directory of its own, configured with `node` (None: no
+/// driver).
 struct Fake {
     dir: tempfile::TempDir,
     path: PathBuf,
     // Keeps the instance (and its configuration) loaded until NVML has opened it too.
-    _lib: libloading::Library,
+    copy: PrivateFake,
 }
 
 impl Fake {
     fn new(node: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("libnvidia-ml.so.1");
-        std::fs::copy(fake_lib(), &path).expect("copy fake");
-        // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
+        let fake = PrivateFake::new(dir.path());
         if let Some(node) = node {
-            let text = CString::new(node).expect("no NUL");
-            // SAFETY: the control symbol's signature is `int (const char*)`; `text` lives
-            // across the call.
-            let rc = unsafe {
-                let set: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> =
-                    lib.get(b"fakeNvmlSetNodeJson").expect("control symbol");
-                set(text.as_ptr())
-            };
-            assert_eq!(rc, 0, "fake rejected the node");
+            fake.set_node(node);
         }
         Self {
             dir,
-            path,
-            _lib: lib,
+            path: fake.path.clone(),
+            copy: fake,
         }
     }
 
@@ -161,16 +149,6 @@ fn hack_node(name: &str) -> String {
     .expect("read node file")
 }
 
-/// The fake's topology-call count (`fakeNvmlTopologyCalls`).
-fn topology_calls(lib: &libloading::Library) -> u64 {
-    // SAFETY: the control symbol's signature is `unsigned long long (void)`.
-    unsafe {
-        let calls: libloading::Symbol<unsafe extern "C" fn() -> u64> =
-            lib.get(b"fakeNvmlTopologyCalls").expect("control symbol");
-        calls()
-    }
-}
-
 #[test]
 fn nvswitch_board_pairs_are_all_nvlink_connected_through_nvml() {
     let fake = Fake::new(Some(&hack_node("topo-nvswitch-h100.yaml")));
@@ -182,7 +160,7 @@ fn nvswitch_board_pairs_are_all_nvlink_connected_through_nvml() {
             assert_eq!(t.link(a, b).nvlinks, 18, "pair {a}-{b}");
         }
     }
-    assert!(topology_calls(&fake._lib) > 0);
+    assert!(fake.copy.topology_calls() > 0);
 }
 
 /// Two bridged pairs; GPU 0 reports NV4 to GPU 1, GPU 1 reports NV2 back, and GPU 2's side
@@ -294,7 +272,7 @@ gpus:
 
 use std::time::Duration;
 
-use gpu_slicer::platform::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher, reprobe};
+use crate::platform::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher, reprobe};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const EVENT_NODE: &str = r#"
@@ -315,21 +293,6 @@ events:
   - {gpu: 0, kind: xid, xid: 79, afterMs: 50}
   - {gpu: 1, kind: xid, xid: 94, gpuInstanceId: 2, computeInstanceId: 0, afterMs: 100}
 "#;
-
-impl Fake {
-    fn inject(&self, json: &str) {
-        let text = CString::new(json).expect("no NUL");
-        // SAFETY: control symbol `int (const char*)`; `text` lives across the call.
-        let rc = unsafe {
-            let inject: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> = self
-                ._lib
-                .get(b"fakeNvmlInjectEvent")
-                .expect("control symbol");
-            inject(text.as_ptr())
-        };
-        assert_eq!(rc, 0, "fake rejected {json}");
-    }
-}
 
 async fn next(rx: &mut UnboundedReceiver<HealthEvent>) -> HealthEvent {
     tokio::time::timeout(Duration::from_secs(10), rx.recv())
@@ -389,11 +352,11 @@ async fn watcher_reports_gpu_loss_and_reprobe_sees_recovery() {
     .expect("watcher starts");
     let gpu1 = "GPU-00000000-0000-0000-0000-000000000001";
 
-    fake.inject(r#"{"gpu":0,"kind":"doubleBitEcc"}"#);
+    fake.copy.inject(r#"{"gpu":0,"kind":"doubleBitEcc"}"#);
     let ev = next(&mut rx).await;
     assert_eq!(ev.kind, HealthEventKind::DoubleBitEcc);
 
-    fake.inject(r#"{"gpu":1,"kind":"gpuLost"}"#);
+    fake.copy.inject(r#"{"gpu":1,"kind":"gpuLost"}"#);
     let ev = next(&mut rx).await;
     assert_eq!(
         (ev.gpu_uuid.as_str(), ev.kind),
@@ -409,7 +372,7 @@ async fn watcher_reports_gpu_loss_and_reprobe_sees_recovery() {
     .expect("join");
     assert_eq!(lost_probe, (false, false));
 
-    fake.inject(r#"{"gpu":1,"kind":"recover"}"#);
+    fake.copy.inject(r#"{"gpu":1,"kind":"recover"}"#);
     let u = gpu1.to_string();
     let watcher = tokio::task::spawn_blocking(move || {
         assert!(watcher.reprobe(&u), "GPU answers again after recovery");
@@ -457,7 +420,7 @@ fn fake_records_memory_limits_per_cgroup() {
     // SAFETY: symbols have the nvml.h signatures declared here; every pointer passed lives
     // across its call.
     unsafe {
-        let lib = &fake._lib;
+        let lib = fake.copy.library();
         let init: libloading::Symbol<unsafe extern "C" fn() -> u32> =
             lib.get(b"nvmlInit_v2").expect("init");
         let by_index: libloading::Symbol<unsafe extern "C" fn(u32, *mut Dev) -> u32> =
@@ -509,7 +472,12 @@ fn env_configured_fake_serves_node_and_event_file() {
     let node = dir.path().join("node.yaml");
     std::fs::write(&node, EVENT_NODE.split("events:").next().expect("node")).expect("write");
     let out = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "env_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "platform::nvml::nvml_fake_tests::env_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, dir.path())
         .env("FAKE_NVML_NODE", &node)
         .env("FAKE_NVML_EVENT_FILE", dir.path().join("events.jsonl"))
@@ -611,7 +579,7 @@ fn fake_exports_every_symbol_the_agent_calls() {
         .iter()
         .copied()
         // SAFETY: only looks the address up; nothing is called.
-        .filter(|s| unsafe { fake._lib.get::<*const ()>(s.as_bytes()) }.is_err())
+        .filter(|s| unsafe { fake.copy.library().get::<*const ()>(s.as_bytes()) }.is_err())
         .collect();
     assert!(missing.is_empty(), "missing exports: {missing:?}");
 }
