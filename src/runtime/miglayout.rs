@@ -299,3 +299,6 @@ async fn repartition(
         }
     }
 }
+
+#[cfg(test)]
+mod mig_daemon_tests;

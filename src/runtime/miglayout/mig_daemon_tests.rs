@@ -4,21 +4,19 @@
 //! an allocated slice stays pending until the emulator releases it; a failing create rolls
 //! the GPU back.
 
-mod common;
-
-use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Harness, fake_lib, short_tempdir, within};
-use gpu_slicer::domain::config::Overrides;
-use gpu_slicer::platform::nvml::NvmlBackend;
-use gpu_slicer::runtime::ledger::LedgerSettings;
-use gpu_slicer::runtime::miglayout::MigLayoutSettings;
-use gpu_slicer::runtime::supervisor::{ReloadSettings, RunSettings};
-use gpu_slicer::runtime::triggers::TriggerSettings;
-use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
+use crate::domain::config::Overrides;
+use crate::platform::nvml::NvmlBackend;
+use crate::runtime::ledger::LedgerSettings;
+use crate::runtime::miglayout::MigLayoutSettings;
+use crate::runtime::supervisor::{ReloadSettings, RunSettings};
+use crate::runtime::triggers::TriggerSettings;
+use crate::testkit::kubelet::{KubeletEmulator, PodRef};
+use crate::testkit::node::short_tempdir;
+use crate::testkit::{Node, PrivateFake, STEP, fake_driver_root, wait_until, within};
 
 const GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
 const GPU1: &str = "GPU-40400000-0000-4000-8000-0000000000a1";
@@ -54,21 +52,10 @@ gpus:
 const LAYOUTS: &str = "version: v1\nmig-configs:\n  gpu0-small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n  all-small:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n  gpu0-balanced:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 2, \"2g.10gb\": 1, \"3g.20gb\": 1}\n";
 
 struct Daemon {
-    h: Harness,
+    h: Node,
     config: PathBuf,
-    _lib: libloading::Library,
+    _fake: PrivateFake,
     lib_path: PathBuf,
-}
-
-fn control(lib: &libloading::Library, symbol: &[u8], text: &str) {
-    let text = CString::new(text).unwrap();
-    // SAFETY: the fake's control symbols take one NUL-terminated string; `text` outlives the call.
-    let rc = unsafe {
-        let f: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> =
-            lib.get(symbol).expect("control symbol");
-        f(text.as_ptr())
-    };
-    assert_eq!(rc, 0, "{}", String::from_utf8_lossy(symbol));
 }
 
 fn write(path: &Path, text: &str) {
@@ -78,14 +65,12 @@ fn write(path: &Path, text: &str) {
 }
 
 async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
-    let dir = short_tempdir();
-    let lib_path = dir.path().join("libnvidia-ml.so.1");
-    std::fs::copy(fake_lib(), &lib_path).unwrap();
-    // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-    let lib = unsafe { libloading::Library::new(&lib_path) }.unwrap();
-    control(&lib, b"fakeNvmlSetNodeJson", &node());
+    let dir = short_tempdir("gs").expect("tempdir");
+    let fake = PrivateFake::new(dir.path());
+    let lib_path = fake.path.clone();
+    fake.set_node(&node());
     if let Some(state) = mig_state {
-        control(&lib, b"fakeNvmlSetMigStateJson", state);
+        fake.set_mig_state(state);
     }
     let proc_root = dir.path().join("proc");
     std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
@@ -96,7 +81,7 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
     .unwrap();
     std::fs::write(dir.path().join("layouts.yaml"), LAYOUTS).unwrap();
     let config_file = dir.path().join("config.yaml");
-    let driver = common::fake_driver_root(dir.path(), "570.124.06");
+    let driver = fake_driver_root(dir.path(), "570.124.06");
     std::fs::write(
         &config_file,
         config_text.replace("DRIVER", &driver.display().to_string()),
@@ -109,9 +94,8 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
     let path = config_file.clone();
-    let load = Arc::new(move || {
-        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
-    });
+    let load =
+        Arc::new(move || crate::platform::config_file::load(Some(&path), &Overrides::default()));
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.reload = ReloadSettings {
@@ -132,11 +116,13 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
     let backend = Arc::new(
         NvmlBackend::new(Some(lib_path.clone()), proc_root).with_sys_root(dir.path().join("sys")),
     );
-    let h = common::launch(dir, emulator, settings, backend).await;
+    let h = Node::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon started");
     Daemon {
         h,
         config: config_file,
-        _lib: lib,
+        _fake: fake,
         lib_path,
     }
 }
@@ -155,18 +141,16 @@ impl Daemon {
 
     /// Wait until the emulator's ListAndWatch list of `resource` has `count` healthy devices.
     async fn wait_listed(&self, resource: &str, count: usize) {
-        within(&format!("{count} x {resource} listed"), async {
-            loop {
-                if let Some(mut rx) = self.h.emulator.devices(resource) {
-                    let _ = rx
-                        .wait_for(|d| d.iter().filter(|d| d.healthy).count() == count)
-                        .await;
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
+        let what = format!("{count} x {resource} listed");
+        let mut rx = wait_until(STEP, || async { self.h.emulator.devices(resource) })
+            .await
+            .unwrap_or_else(|| panic!("timed out: {what}"));
+        within(
+            &what,
+            rx.wait_for(|d| d.iter().filter(|d| d.healthy).count() == count),
+        )
+        .await
+        .expect("emulator alive");
     }
 
     /// The config with `flags.migLayouts` naming `layout` of the test's layout file.
@@ -230,12 +214,11 @@ async fn new_layout_on_idle_gpu_is_advertised_live_while_the_other_gpu_keeps_ser
         now.get("nvidia.com/mig-2g.10gb").map(|r| r.count),
         registrations.get("nvidia.com/mig-2g.10gb").map(|r| r.count)
     );
-    within("gpu 0 not pending", async {
-        while d.pending(GPU0).as_deref() != Some("0") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        (d.pending(GPU0).as_deref() == Some("0")).then_some(())
     })
-    .await;
+    .await
+    .expect("gpu 0 not pending");
     // The CDI spec names the new devices.
     let spec = d.h.cdi_spec();
     let inv = d.h.running.store.current().inventory.clone();
@@ -263,12 +246,11 @@ async fn busy_gpu_stays_pending_until_released_then_converges() {
         .expect("allocate");
     write(&d.config, &d.with_layout("all-small"));
     d.wait_devices("nvidia.com/mig-1g.5gb", 7).await;
-    within("gpu 1 pending", async {
-        while d.pending(GPU1).as_deref() != Some("1") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        (d.pending(GPU1).as_deref() == Some("1")).then_some(())
     })
-    .await;
+    .await
+    .expect("gpu 1 pending");
     // Still pending a while later: the held slice keeps GPU 1 as it is.
     assert_eq!(
         d.h.running
@@ -283,12 +265,11 @@ async fn busy_gpu_stays_pending_until_released_then_converges() {
     d.h.emulator.release("default", "busy");
     d.wait_devices("nvidia.com/mig-1g.5gb", 14).await;
     d.wait_devices("nvidia.com/mig-2g.10gb", 0).await;
-    within("gpu 1 converged", async {
-        while d.pending(GPU1).as_deref() != Some("0") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        (d.pending(GPU1).as_deref() == Some("0")).then_some(())
     })
-    .await;
+    .await
+    .expect("gpu 1 converged");
     d.h.stop().await.expect("clean stop");
 }
 
@@ -297,12 +278,11 @@ async fn failing_create_rolls_the_gpu_back_and_keeps_it_pending() {
     let state = format!(r#"{{"failCreate": {{"{GPU0}": ["1g.5gb"]}}}}"#);
     let d = start(MIXED, Some(&state)).await;
     write(&d.config, &d.with_layout("gpu0-balanced"));
-    within("gpu 0 pending", async {
-        while d.pending(GPU0).as_deref() != Some("1") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        (d.pending(GPU0).as_deref() == Some("1")).then_some(())
     })
-    .await;
+    .await
+    .expect("gpu 0 pending");
     // Back to two 3g.20gb, both advertised healthy; no 1g.5gb device was ever planned.
     d.wait_devices("nvidia.com/mig-3g.20gb", 2).await;
     d.wait_listed("nvidia.com/mig-3g.20gb", 2).await;
