@@ -806,3 +806,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod monitoring_tests;

@@ -4,22 +4,21 @@
 //! series the rules record. `promtool check rules` / `promtool test rules` run in
 //! `hack/validate-manifests.sh`.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::platform::usage::{CHECKPOINT_FILE, SimUsage};
-use gpu_slicer::runtime::ledger::LedgerSettings;
-use gpu_slicer::runtime::supervisor::RunSettings;
-use gpu_slicer::runtime::usage::UsageSettings;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use gpu_slicer::testkit::kubelet::PodRef;
+use crate::domain::config::{self, Overrides};
+use crate::platform::sim::SimBackend;
+use crate::platform::usage::{CHECKPOINT_FILE, SimUsage};
+use crate::runtime::ledger::LedgerSettings;
+use crate::runtime::supervisor::RunSettings;
+use crate::runtime::usage::UsageSettings;
+use crate::testkit::kubelet::KubeletEmulator;
+use crate::testkit::kubelet::PodRef;
+use crate::testkit::node::short_tempdir;
+use crate::testkit::{Node, STEP, http, wait_until};
 
 /// Sample-name suffixes of a family (OpenMetrics counters, histograms, summaries).
 const SUFFIXES: &[&str] = &["_total", "_bucket", "_sum", "_count", "_created", "_info"];
@@ -137,7 +136,7 @@ fn used() -> Used {
 }
 
 async fn scrape(addr: std::net::SocketAddr) -> String {
-    let (status, body) = common::http(addr, "GET", "/metrics").await;
+    let (status, body) = http(addr, "GET", "/metrics").await;
     assert_eq!(status, 200, "{body}");
     body
 }
@@ -145,7 +144,7 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
 /// Family names (`# TYPE <name> <type>`) of the daemon's `/metrics` on the sim backend, as
 /// deployed: HTTP and the PodResources ledger on (the allocation families need it).
 async fn exported_families() -> BTreeSet<String> {
-    let dir = short_tempdir();
+    let dir = short_tempdir("gs").expect("tempdir");
     let emulator = KubeletEmulator::start(dir.path().join("dp"))
         .await
         .expect("emulator");
@@ -172,7 +171,9 @@ async fn exported_families() -> BTreeSet<String> {
         proc_root: dir.path().join("proc"),
         checkpoint: dir.path().join("dp").join(CHECKPOINT_FILE),
     });
-    let h = common::launch(dir, emulator, settings, Arc::new(sim)).await;
+    let h = Node::launch(dir, emulator, settings, Arc::new(sim))
+        .await
+        .expect("daemon started");
     let addr = h.running.http_addr.expect("http enabled");
     // One held share: the per-holder families have series only while something is held.
     let pod = PodRef {
@@ -185,18 +186,14 @@ async fn exported_families() -> BTreeSet<String> {
         .await
         .expect("allocate");
     // Scrape once the ledger has reconciled and the sampler has seen the holder.
-    let body = within("ledger and usage families", async {
-        loop {
-            let body = scrape(addr).await;
-            if body.contains("gpu_slicer_ledger_up 1")
-                && body.contains("gpu_slicer_share_memory_granted_bytes{")
-            {
-                return body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let body = wait_until(STEP, || async {
+        let body = scrape(addr).await;
+        (body.contains("gpu_slicer_ledger_up 1")
+            && body.contains("gpu_slicer_share_memory_granted_bytes{"))
+        .then_some(body)
     })
-    .await;
+    .await
+    .expect("ledger and usage families");
     h.stop().await.expect("clean stop");
     body.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
