@@ -112,6 +112,8 @@ pub struct LedgerSnapshot {
     pub up: bool,
     /// Completed rounds so far (0: the kubelet was never reached).
     pub rounds: u64,
+    /// Rounds so far that did not reach the kubelet.
+    pub failed_rounds: u64,
     /// resource → device ID → holder, for every resource the kubelet reports (ours or not).
     pub allocations: BTreeMap<String, BTreeMap<String, Holder>>,
     /// resource → device IDs the kubelet can allocate, for the resources in the plan.
@@ -298,6 +300,7 @@ pub fn reconcile(
     LedgerSnapshot {
         up: true,
         rounds,
+        failed_rounds: 0,
         allocations,
         kubelet_allocatable,
         drift,
@@ -505,7 +508,7 @@ async fn reconcile_loop(
     let mut client: Option<PodResourcesListerClient<Channel>> = None;
     let mut reach = Reachability::default();
     let mut published = PublishedPods::default();
-    let mut rounds = 0u64;
+    let (mut rounds, mut failed_rounds) = (0u64, 0u64);
     let mut ticker = tokio::time::interval(settings.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -532,6 +535,7 @@ async fn reconcile_loop(
                 rounds += 1;
                 let mut snapshot = reconcile(&report, &views(), rounds);
                 snapshot.taken_at = Some(taken_at);
+                snapshot.failed_rounds = failed_rounds;
                 if reach.record(true) {
                     tracing::info!(socket = %socket, pods = report.assigned.len(), "pod-resources ledger up");
                 }
@@ -555,15 +559,12 @@ async fn reconcile_loop(
                     tracing::debug!(socket = %socket, %error, "pod-resources ledger still down");
                 }
                 metrics.ledger_up.set(0);
-                tx.send_if_modified(|s| {
-                    if s.up {
-                        let mut down = LedgerSnapshot::clone(s);
-                        down.up = false;
-                        *s = Arc::new(down);
-                        true
-                    } else {
-                        false
-                    }
+                failed_rounds += 1;
+                tx.send_modify(|s| {
+                    let mut down = LedgerSnapshot::clone(s);
+                    down.up = false;
+                    down.failed_rounds = failed_rounds;
+                    *s = Arc::new(down);
                 });
             }
         }
@@ -811,3 +812,6 @@ mod tests {
         assert!(r.record(false));
     }
 }
+
+#[cfg(test)]
+mod ops_tests;

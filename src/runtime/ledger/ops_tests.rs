@@ -1,46 +1,42 @@
 //! Operating the daemon: the PodResources ledger against the kubelet emulator, metrics of a
 //! running daemon scraped over real HTTP (and checked by `promtool`), and the probes.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::domain::inventory::{Backend, Health};
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::Context;
-use gpu_slicer::runtime::ledger::{self, LedgerPeers, LedgerSettings, LedgerSnapshot};
-use gpu_slicer::runtime::plugin::Backoff;
-use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-use gpu_slicer::state::Store;
-use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
+
+use crate::domain::config::{self, Overrides};
+use crate::domain::inventory::{Backend, Health};
+use crate::platform::sim::SimBackend;
+use crate::runtime::Context;
+use crate::runtime::ledger::{self, LedgerPeers, LedgerSettings, LedgerSnapshot};
+use crate::runtime::plugin::Backoff;
+use crate::runtime::supervisor::{self as app, RunSettings};
+use crate::state::Store;
+use crate::testkit::kubelet::{KubeletEmulator, PodRef};
+use crate::testkit::node::short_tempdir;
+use crate::testkit::{STEP, http, promtool_check, wait_until, within};
 
 const CONFIG: &str =
     "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
 const GPU: &str = "nvidia.com/gpu";
 
-/// Scrape until `pred` holds on the body (metrics follow events asynchronously).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    common::http(addr, "GET", path).await
+    http(addr, "GET", path).await
 }
 
+/// Scrape until `pred` holds on the body (metrics follow events asynchronously).
 async fn scrape_until(addr: SocketAddr, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    within(what, async {
-        loop {
-            let (code, body) = get(addr, "/metrics").await;
-            assert_eq!(code, 200);
-            if pred(&body) {
-                return body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        let (code, body) = get(addr, "/metrics").await;
+        assert_eq!(code, 200);
+        pred(&body).then_some(body)
     })
     .await
+    .unwrap_or_else(|| panic!("timed out: {what}"))
 }
 
 async fn wait_snapshot(
@@ -54,28 +50,9 @@ async fn wait_snapshot(
         .clone()
 }
 
-fn promtool_check(body: &str) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let scrape = dir.path().join("scrape.txt");
-    std::fs::write(&scrape, body).expect("write scrape");
-    let out = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&scrape).expect("open scrape"))
-        .output()
-        .expect(
-            "promtool (Debian package `prometheus`) must be installed: run hack/install-deps.sh",
-        );
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test]
 async fn running_daemon_reports_ledger_metrics_and_probes() {
-    let dir = short_tempdir();
+    let dir = short_tempdir("gs").expect("tempdir");
     let plugin_dir = dir.path().join("dp");
     let pod_resources = dir.path().join("pr").join("kubelet.sock");
     let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
@@ -119,12 +96,11 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
         emulator.wait_registered(&[GPU.to_string()], 1),
     )
     .await;
-    within("ready", async {
-        while get(addr, "/readyz").await.0 != 200 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    wait_until(STEP, || async {
+        (get(addr, "/readyz").await.0 == 200).then_some(())
     })
-    .await;
+    .await
+    .expect("ready");
 
     let pod = PodRef {
         namespace: "team-a".into(),
@@ -213,15 +189,15 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
 
 #[tokio::test]
 async fn ledger_degrades_without_the_socket_and_recovers() {
-    let dir = short_tempdir();
+    let dir = short_tempdir("gs").expect("tempdir");
     let socket = dir.path().join("pod-resources").join("kubelet.sock");
     let inventory = SimBackend::open("dgx-h100")
         .expect("profile")
         .discover()
         .expect("inventory");
     let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
-    let plan = gpu_slicer::domain::plan::build(&inventory, &config).expect("plan");
-    let health = Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
+    let plan = crate::domain::plan::build(&inventory, &config).expect("plan");
+    let health = Store::new(crate::domain::snapshot::Snapshot::serving(
         config, inventory, plan,
     ));
     let ctx = Context::new(health);
@@ -237,7 +213,7 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
     .into_inner();
     let mut rx = ledger.subscribe();
     // Several rounds against an absent socket: still down, nothing invented.
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    wait_snapshot(&mut rx, "three failed rounds", |s| s.failed_rounds >= 3).await;
     assert!(!ledger.snapshot().up);
     assert_eq!(ledger.snapshot().rounds, 0);
     assert!(
@@ -287,12 +263,12 @@ async fn ledger_degrades_without_the_socket_and_recovers() {
 /// ledger prunes the Allocate log once the holder is gone.
 #[tokio::test]
 async fn metrics_readiness_and_ledger_follow_a_reload() {
-    use gpu_slicer::runtime::ledger::Drift;
-    use gpu_slicer::runtime::supervisor::ReloadSettings;
-    use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
+    use crate::runtime::ledger::Drift;
+    use crate::runtime::supervisor::ReloadSettings;
+    use crate::runtime::triggers::{Cause, TriggerSettings};
 
     const MIG: &str = "nvidia.com/mig-1g.10gb";
-    let dir = short_tempdir();
+    let dir = short_tempdir("gs").expect("tempdir");
     let plugin_dir = dir.path().join("dp");
     let pod_resources = dir.path().join("pr").join("kubelet.sock");
     let config_file = dir.path().join("config.yaml");
@@ -302,9 +278,8 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
     let path = config_file.clone();
-    let load = Arc::new(move || {
-        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
-    });
+    let load =
+        Arc::new(move || crate::platform::config_file::load(Some(&path), &Overrides::default()));
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.backoff = Backoff {
@@ -393,23 +368,21 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
     })
     .await;
     promtool_check(&body);
-    within("ready on the new plan", async {
-        while get(addr, "/readyz").await.0 != 200 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    wait_until(STEP, || async {
+        (get(addr, "/readyz").await.0 == 200).then_some(())
     })
-    .await;
+    .await
+    .expect("ready on the new plan");
 
     // The holder goes away: the ledger releases it in the store, so the spec no longer
     // keeps that slice.
     assert!(running.store.current().held.ids().contains_key(MIG));
     emulator.release("keep", "holder");
-    within("allocation log pruned", async {
-        while running.store.current().held.ids().contains_key(MIG) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        (!running.store.current().held.ids().contains_key(MIG)).then_some(())
     })
-    .await;
+    .await
+    .expect("allocation log pruned");
 
     // A broken config is counted as failed.
     std::fs::write(
