@@ -16,5 +16,5 @@ pub mod probe;
 pub mod stats;
 
 pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib};
-pub use node::{Node, NodeError, STEP, wait_until, within};
+pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
 pub use probe::{http, promtool_check};

@@ -64,6 +64,14 @@ pub fn short_tempdir(prefix: &str) -> Result<TempDir, NodeError> {
     Ok(tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp")?)
 }
 
+/// [`short_tempdir`] for a test: a fresh directory, or a panic.
+///
+/// # Panics
+/// When the directory cannot be created.
+pub fn temp_dir() -> TempDir {
+    short_tempdir("gs").unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A running node: the daemon and the kubelet emulator it registered with.
 #[derive(Debug)]
 pub struct Node {

@@ -15,13 +15,9 @@ use tempfile::TempDir;
 
 pub(crate) use gpu_slicer::testkit::fixtures::SHARED_CONFIG;
 pub(crate) use gpu_slicer::testkit::{
-    PrivateFake, STEP, fake_driver_root, fake_lib, http, wait_until, within,
+    PrivateFake, STEP, fake_driver_root, fake_lib, http, temp_dir as short_tempdir, wait_until,
+    within,
 };
-
-/// Short temp dir under /tmp (unix socket paths are limited to 108 bytes).
-pub(crate) fn short_tempdir() -> TempDir {
-    gpu_slicer::testkit::node::short_tempdir("gs").expect("tempdir")
-}
 
 /// A daemon and its kubelet emulator (see `gpu_slicer::testkit::Node`).
 pub(crate) type Harness = Node;

@@ -12,8 +12,7 @@ use crate::domain::config::{self, Overrides};
 use crate::platform::nvml::NvmlBackend;
 use crate::runtime::supervisor::RunSettings;
 use crate::testkit::kubelet::KubeletEmulator;
-use crate::testkit::node::short_tempdir;
-use crate::testkit::{Node, PrivateFake, fake_driver_root, within};
+use crate::testkit::{Node, PrivateFake, fake_driver_root, temp_dir, within};
 
 /// Set in the child process spawned by the parent test.
 const CHILD_ENV: &str = "GPU_SLICER_TOPOLOGY_CHILD";
@@ -66,7 +65,7 @@ fn delayed_child() {
 }
 
 async fn delayed_round() {
-    let dir = short_tempdir("gs").expect("tempdir");
+    let dir = temp_dir();
     let fake = PrivateFake::new(dir.path());
     fake.set_node(NODE);
     let emulator = KubeletEmulator::start(dir.path().join("dp"))

@@ -17,8 +17,7 @@ use crate::runtime::plugin::Backoff;
 use crate::runtime::supervisor::{self as app, RunSettings};
 use crate::state::Store;
 use crate::testkit::kubelet::{KubeletEmulator, PodRef};
-use crate::testkit::node::short_tempdir;
-use crate::testkit::{STEP, http, promtool_check, wait_until, within};
+use crate::testkit::{STEP, http, promtool_check, temp_dir, wait_until, within};
 
 const CONFIG: &str =
     "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
@@ -52,7 +51,7 @@ async fn wait_snapshot(
 
 #[tokio::test]
 async fn running_daemon_reports_ledger_metrics_and_probes() {
-    let dir = short_tempdir("gs").expect("tempdir");
+    let dir = temp_dir();
     let plugin_dir = dir.path().join("dp");
     let pod_resources = dir.path().join("pr").join("kubelet.sock");
     let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
@@ -189,7 +188,7 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
 
 #[tokio::test]
 async fn ledger_degrades_without_the_socket_and_recovers() {
-    let dir = short_tempdir("gs").expect("tempdir");
+    let dir = temp_dir();
     let socket = dir.path().join("pod-resources").join("kubelet.sock");
     let inventory = SimBackend::open("dgx-h100")
         .expect("profile")
@@ -268,7 +267,7 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
     use crate::runtime::triggers::{Cause, TriggerSettings};
 
     const MIG: &str = "nvidia.com/mig-1g.10gb";
-    let dir = short_tempdir("gs").expect("tempdir");
+    let dir = temp_dir();
     let plugin_dir = dir.path().join("dp");
     let pod_resources = dir.path().join("pr").join("kubelet.sock");
     let config_file = dir.path().join("config.yaml");

@@ -17,8 +17,7 @@ use crate::runtime::supervisor::RunSettings;
 use crate::runtime::usage::UsageSettings;
 use crate::testkit::kubelet::KubeletEmulator;
 use crate::testkit::kubelet::PodRef;
-use crate::testkit::node::short_tempdir;
-use crate::testkit::{Node, STEP, http, wait_until};
+use crate::testkit::{Node, STEP, http, temp_dir, wait_until};
 
 /// Sample-name suffixes of a family (OpenMetrics counters, histograms, summaries).
 const SUFFIXES: &[&str] = &["_total", "_bucket", "_sum", "_count", "_created", "_info"];
@@ -144,7 +143,7 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
 /// Family names (`# TYPE <name> <type>`) of the daemon's `/metrics` on the sim backend, as
 /// deployed: HTTP and the PodResources ledger on (the allocation families need it).
 async fn exported_families() -> BTreeSet<String> {
-    let dir = short_tempdir("gs").expect("tempdir");
+    let dir = temp_dir();
     let emulator = KubeletEmulator::start(dir.path().join("dp"))
         .await
         .expect("emulator");

@@ -15,8 +15,7 @@ use crate::runtime::miglayout::MigLayoutSettings;
 use crate::runtime::supervisor::{ReloadSettings, RunSettings};
 use crate::runtime::triggers::TriggerSettings;
 use crate::testkit::kubelet::{KubeletEmulator, PodRef};
-use crate::testkit::node::short_tempdir;
-use crate::testkit::{Node, PrivateFake, STEP, fake_driver_root, wait_until, within};
+use crate::testkit::{Node, PrivateFake, STEP, fake_driver_root, temp_dir, wait_until, within};
 
 const GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
 const GPU1: &str = "GPU-40400000-0000-4000-8000-0000000000a1";
@@ -65,7 +64,7 @@ fn write(path: &Path, text: &str) {
 }
 
 async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
-    let dir = short_tempdir("gs").expect("tempdir");
+    let dir = temp_dir();
     let fake = PrivateFake::new(dir.path());
     let lib_path = fake.path.clone();
     fake.set_node(&node());
