@@ -418,3 +418,6 @@ mod tests {
         remove_socket(&path).expect("already gone is fine");
     }
 }
+
+#[cfg(test)]
+mod plugin_tests;

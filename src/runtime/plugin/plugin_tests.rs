@@ -1,19 +1,26 @@
 //! Device plugin over real gRPC and unix sockets against the kubelet emulator:
 //! registration, ListAndWatch, every Allocate rule, preferred allocation, kubelet restarts.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 
-use common::{SHARED_CONFIG, start, within};
-use gpu_slicer::domain::inventory::Health;
-use gpu_slicer::runtime::plugin::socket_name;
-use gpu_slicer::testkit::kubelet::EmulatorError;
 use proptest::prelude::*;
 use tonic::Code;
 
+use crate::domain::inventory::Health;
+use crate::runtime::plugin::socket_name;
+use crate::testkit::fixtures::{self, SHARED_CONFIG};
+use crate::testkit::kubelet::EmulatorError;
+use crate::testkit::{Node, temp_dir, within};
+
 const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
 const GPU3: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03";
+
+/// The emulator and the daemon on `profile` with `config_text`, every resource registered.
+async fn start(profile: &str, config_text: &str) -> Node {
+    Node::start(profile, fixtures::config(config_text), |_, _| {})
+        .await
+        .unwrap_or_else(|e| panic!("daemon did not start: {e}"))
+}
 
 fn rep(uuid: &str, n: u32) -> String {
     format!("{uuid}::{n}")
@@ -251,7 +258,7 @@ async fn allocate_rule_empty_request() {
 
 #[tokio::test]
 async fn kubelet_style_allocation_uses_preferred_and_is_listed_in_pod_resources() {
-    use gpu_slicer::proto::podresources as pr;
+    use crate::proto::podresources as pr;
     let h = start("mixed-a100", SHARED_CONFIG).await;
     let a = h.emulator.allocate("nvidia.com/gpu", 3).await.unwrap();
     // Preferred allocation keeps replicas of one request on one GPU.
@@ -377,14 +384,14 @@ async fn hundred_kubelet_restarts_in_a_row() {
 
 #[tokio::test]
 async fn waits_for_kubelet_socket_before_registering() {
-    use gpu_slicer::domain::config::{self, Overrides};
-    use gpu_slicer::platform::sim::SimBackend;
-    use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-    use gpu_slicer::testkit::kubelet::KubeletEmulator;
+    use crate::domain::config::{self, Overrides};
+    use crate::platform::sim::SimBackend;
+    use crate::runtime::supervisor::{self as app, RunSettings};
+    use crate::testkit::kubelet::KubeletEmulator;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
-    let dir = common::short_tempdir();
+    let dir = temp_dir();
     let plugin_dir = dir.path().join("dp");
     let config = config::parse("", "t", &Overrides::default()).unwrap();
     let settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
@@ -427,15 +434,15 @@ async fn shutdown_removes_sockets() {
 
 #[tokio::test]
 async fn health_events_channel_reaches_list_and_watch() {
-    use gpu_slicer::domain::allocate::HealthUpdate;
-    use gpu_slicer::domain::config::{self, Overrides};
-    use gpu_slicer::platform::sim::SimBackend;
-    use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-    use gpu_slicer::testkit::kubelet::KubeletEmulator;
+    use crate::domain::allocate::HealthUpdate;
+    use crate::domain::config::{self, Overrides};
+    use crate::platform::sim::SimBackend;
+    use crate::runtime::supervisor::{self as app, RunSettings};
+    use crate::testkit::kubelet::KubeletEmulator;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
-    let dir = common::short_tempdir();
+    let dir = temp_dir();
     let plugin_dir = dir.path().join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
     let config = config::parse(SHARED_CONFIG, "t", &Overrides::default()).unwrap();
@@ -471,14 +478,14 @@ async fn health_events_channel_reaches_list_and_watch() {
 /// with is a device of that spec (checked by parsing the written file).
 #[tokio::test]
 async fn allocate_names_exist_in_the_written_spec() {
-    use gpu_slicer::domain::config::{self, Overrides};
-    use gpu_slicer::platform::sim::SimBackend;
-    use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-    use gpu_slicer::testkit::kubelet::KubeletEmulator;
+    use crate::domain::config::{self, Overrides};
+    use crate::platform::sim::SimBackend;
+    use crate::runtime::supervisor::{self as app, RunSettings};
+    use crate::testkit::kubelet::KubeletEmulator;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
 
-    let dir = common::short_tempdir();
+    let dir = temp_dir();
     let plugin_dir = dir.path().join("dp");
     let cdi_dir = dir.path().join("cdi");
     std::fs::create_dir_all(&cdi_dir).unwrap();
@@ -502,12 +509,12 @@ async fn allocate_names_exist_in_the_written_spec() {
     .map(|s| s.to_string())
     .collect();
     within("registration", emulator.wait_registered(&names, 1)).await;
-    let spec_path = cdi_dir.join(gpu_slicer::domain::cdi::spec_file_name(
+    let spec_path = cdi_dir.join(crate::domain::cdi::spec_file_name(
         &kind,
-        gpu_slicer::domain::cdi::Format::Yaml,
+        crate::domain::cdi::Format::Yaml,
     ));
     let spec =
-        gpu_slicer::platform::cdi_host::validate_file(&spec_path).expect("spec written and valid");
+        crate::platform::cdi_host::validate_file(&spec_path).expect("spec written and valid");
     let offered: std::collections::BTreeSet<String> = spec.qualified_names().into_iter().collect();
     let mut checked = 0;
     for resource in &names {
