@@ -459,3 +459,6 @@ fn write(dir: &Path, spec: &Spec, kept: &[String]) -> Result<(), AppError> {
     tracing::info!(dir = %dir.display(), file = %name, ?outcome, kept = kept.len(), "CDI spec");
     Ok(())
 }
+
+#[cfg(test)]
+mod reload_tests;

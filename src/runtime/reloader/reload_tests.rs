@@ -2,23 +2,22 @@
 //! config file, a ConfigMap-style `..data` swap, a re-scan of an edited node file) and
 //! observed through the kubelet emulator over real sockets.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{short_tempdir, within};
-use gpu_slicer::domain::config::Overrides;
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::supervisor::{ReloadSettings, ReloadStatus, RunSettings};
-use gpu_slicer::runtime::triggers::{Cause, TriggerSettings};
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use tempfile::TempDir;
+
+use crate::domain::config::Overrides;
+use crate::platform::sim::SimBackend;
+use crate::runtime::supervisor::{ReloadSettings, ReloadStatus, RunSettings};
+use crate::runtime::triggers::{Cause, TriggerSettings};
+use crate::testkit::kubelet::KubeletEmulator;
+use crate::testkit::{Node, temp_dir, within};
 
 const FOUR: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
 
-type Daemon = common::Harness;
+type Daemon = Node;
 
 /// Replace a file the way editors and `kubectl cp` do: write aside, rename over.
 fn replace(path: &Path, text: &str) {
@@ -32,9 +31,8 @@ async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
     let plugin_dir = dir.path().join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let path = config_file.clone();
-    let load = Arc::new(move || {
-        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
-    });
+    let load =
+        Arc::new(move || crate::platform::config_file::load(Some(&path), &Overrides::default()));
     let config = load().expect("initial config");
     let backend = Arc::new(SimBackend::open(node).expect("node"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
@@ -45,12 +43,14 @@ async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
             ..TriggerSettings::default()
         },
     };
-    common::launch(dir, emulator, settings, backend).await
+    Node::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon started")
 }
 
 #[tokio::test]
 async fn more_replicas_re_advertise_only_that_resource() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, FOUR).unwrap();
     let d = start(dir, file.clone(), "mixed-a100").await;
@@ -102,7 +102,7 @@ async fn more_replicas_re_advertise_only_that_resource() {
 
 #[tokio::test]
 async fn a_broken_config_keeps_the_last_good_plan() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, FOUR).unwrap();
     let d = start(dir, file.clone(), "mixed-a100").await;
@@ -164,7 +164,7 @@ async fn a_broken_config_keeps_the_last_good_plan() {
 
 #[tokio::test]
 async fn configmap_symlink_swap_is_followed() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let root = dir.path().join("cm");
     std::fs::create_dir_all(root.join("..v1")).unwrap();
     std::fs::write(root.join("..v1/config.yaml"), FOUR).unwrap();
@@ -193,11 +193,11 @@ async fn configmap_symlink_swap_is_followed() {
 
 #[tokio::test]
 async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, "version: v1\nflags: {migStrategy: mixed}\n").unwrap();
     let node = dir.path().join("node.yaml");
-    let text = include_str!("../hack/nodes/mixed-a100.yaml");
+    let text = include_str!("../../../hack/nodes/mixed-a100.yaml");
     std::fs::write(&node, text).unwrap();
     let d = start(dir, file, node.to_str().unwrap()).await;
     const HELD: &str = "MIG-1b2c3d4e-0000-4a00-8000-00000000000d";
@@ -234,8 +234,8 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
         "allocated device dropped from the spec"
     );
     assert!(!spec.contains(FREE), "free device kept");
-    gpu_slicer::domain::cdi::validate(
-        &gpu_slicer::domain::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap(),
+    crate::domain::cdi::validate(
+        &crate::domain::cdi::Spec::parse(&spec, Path::new("x.yaml")).unwrap(),
     )
     .expect("spec with a kept device is valid");
     // The device is gone from the resource: Allocate refuses it by name.
@@ -250,18 +250,14 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
 
 #[tokio::test]
 async fn health_survives_a_reload() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, FOUR).unwrap();
     let d = start(dir, file.clone(), "mixed-a100").await;
     const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
     d.running
         .store
-        .set_health(
-            GPU2,
-            gpu_slicer::domain::inventory::Health::Unhealthy,
-            "XID 79",
-        )
+        .set_health(GPU2, crate::domain::inventory::Health::Unhealthy, "XID 79")
         .unwrap();
     let mut gpu = d.emulator.devices("nvidia.com/gpu").unwrap();
     within(
@@ -281,27 +277,6 @@ async fn health_survives_a_reload() {
         assert_eq!(dev.healthy, !dev.id.starts_with(GPU2), "{dev:?}");
     }
     d.stop().await.expect("clean stop");
-}
-
-#[test]
-fn a_bad_rescan_interval_is_refused_naming_the_flag() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args([
-            "run",
-            "--backend=sim:mixed-a100",
-            "--rescan-interval",
-            "5parsecs",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--rescan-interval")
-            && stderr.contains("`5parsecs` is not a duration")
-            && stderr.contains("\"parsecs\""),
-        "{stderr}"
-    );
 }
 
 const TWO: &str = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n";
@@ -338,7 +313,7 @@ async fn write_log_next_to(dir: &Path, writes: usize) {
 
 #[tokio::test]
 async fn writes_next_to_the_config_cause_no_reload() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, FOUR).unwrap();
     let d = start(dir, file.clone(), "mixed-a100").await;
@@ -363,7 +338,7 @@ async fn writes_next_to_the_config_cause_no_reload() {
 
 #[tokio::test]
 async fn writes_next_to_an_invalid_config_count_no_failed_reloads() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, FOUR).unwrap();
     let d = start(dir, file.clone(), "mixed-a100").await;
