@@ -317,3 +317,6 @@ mod tests {
         assert!(store.current().held.is_empty());
     }
 }
+
+#[cfg(test)]
+mod state_tests;

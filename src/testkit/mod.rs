@@ -17,4 +17,7 @@ pub mod stats;
 
 pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib};
 pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
-pub use probe::{http, promtool_check};
+pub use probe::{http, promtool_check, spec_device_names};
+
+/// How long `gpu-slicer run` may take to stop after SIGTERM, whatever it is doing.
+pub use crate::runtime::supervisor::SHUTDOWN_DEADLINE;

@@ -1,6 +1,8 @@
-//! What tests read from a running daemon's HTTP endpoint: one request on a fresh connection
-//! ([`http`]), and `promtool check metrics` on a scrape ([`promtool_check`]).
+//! What tests read from a running daemon: one request on a fresh connection to its HTTP
+//! endpoint ([`http`]), `promtool check metrics` on a scrape ([`promtool_check`]), the device
+//! names of the CDI spec it wrote ([`spec_device_names`]).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -58,4 +60,12 @@ pub fn promtool_check(body: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Every CDI device name in a spec's YAML text (`- name: <device>` lines).
+pub fn spec_device_names(spec: &str) -> BTreeSet<String> {
+    spec.lines()
+        .filter_map(|l| l.trim().strip_prefix("- name: "))
+        .map(|n| n.trim_matches(['\'', '"']).to_string())
+        .collect()
 }
