@@ -10,10 +10,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{short_tempdir, within};
+use common::{STEP, short_tempdir, wait_until, within};
 use gpu_slicer::proto::deviceplugin as pb;
-use gpu_slicer::runtime::plugin::socket_name;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::{free_port, socket_name};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,13 +21,6 @@ use tokio::net::TcpStream;
 
 /// Idle connections opened: several times the daemon's whole descriptor limit.
 const IDLE: usize = 2000;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
 
 fn spawn_daemon(dir: &Path, port: u16, log: &Path, nofile: u64) -> tokio::process::Child {
     let config = dir.join("config.yaml");
@@ -80,16 +73,6 @@ async fn get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body.unwrap_or_default()))
 }
 
-/// Retry `/healthz` until it answers (the listener comes up with the daemon).
-async fn healthz(port: u16) -> (u16, String) {
-    loop {
-        if let Ok(r) = get(port, "/healthz").await {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_beyond_the_fd_limit_leave_the_agent_healthy() {
     flood(256).await;
@@ -124,7 +107,11 @@ async fn flood(nofile: u64) {
     .map(String::from)
     .to_vec();
     within("registration", emulator.wait_registered(&names, 1)).await;
-    assert_eq!(within("healthz before", healthz(port)).await.0, 200);
+    // The listener comes up with the daemon.
+    let (status, _) = wait_until(STEP, || async { get(port, "/healthz").await.ok() })
+        .await
+        .expect("healthz before");
+    assert_eq!(status, 200);
 
     // The flood: connections that never send a byte, held open by this test.
     let mut idle = Vec::with_capacity(IDLE);

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::{short_tempdir, within};
-use gpu_slicer::runtime::plugin::socket_name;
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::socket_name;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

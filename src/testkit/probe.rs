@@ -1,11 +1,24 @@
 //! What tests read from a running daemon: one request on a fresh connection to its HTTP
-//! endpoint ([`http`]), `promtool check metrics` on a scrape ([`promtool_check`]), the device
-//! names of the CDI spec it wrote ([`spec_device_names`]).
+//! endpoint ([`http`]; [`free_port`] for a daemon in another process), `promtool check
+//! metrics` on a scrape ([`promtool_check`]), the device names of the CDI spec it wrote
+//! ([`spec_device_names`]).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A loopback TCP port free a moment ago, for a child process's `--http-listen` (a port it
+/// binds itself, where `127.0.0.1:0` would leave the test without the address).
+///
+/// # Panics
+/// When no port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("free port: {e}"))
+        .port()
+}
 
 /// One HTTP/1.1 request on a fresh connection to the daemon's listener: status and body.
 ///
