@@ -263,3 +263,6 @@ async fn stop_on_cancel(
         tracing::warn!("usage sampler still in a round at shutdown; not waiting for it");
     }
 }
+
+#[cfg(test)]
+mod usage_tests;

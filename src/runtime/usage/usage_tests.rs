@@ -2,24 +2,25 @@
 //! libnvidia-ml) with the kubelet emulator serving PodResources and writing its device-manager
 //! checkpoint, `<proc-root>/<pid>/cgroup` files shaped like a kubelet's, and the node file's
 //! `usage` section. Checks per-share memory, idle shares, placeable requests, unattributed
-//! processes, `promtool check metrics`, `/v1/state` and `gpu-slicer top --once` (and the
-//! interactive view in tmux when tmux is installed).
-
-mod common;
+//! processes, `promtool check metrics`, `/v1/state` and the frame `gpu-slicer top --once`
+//! draws of it (the binary's `top`, in a pipe and in tmux: tests/cli_usage.rs).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PrivateFake, launch, short_tempdir, within};
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::platform::nvml::NvmlBackend;
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::platform::usage::{CHECKPOINT_FILE, NvmlUsage, SimUsage, UsageSource};
-use gpu_slicer::runtime::ledger::LedgerSettings;
-use gpu_slicer::runtime::supervisor::RunSettings;
-use gpu_slicer::runtime::usage::UsageSettings;
-use gpu_slicer::testkit::kubelet::{KubeletEmulator, PodRef, pod_uid};
+use crate::domain::config::{self, Overrides};
+use crate::domain::usage::UsageReport;
+use crate::platform::nvml::NvmlBackend;
+use crate::platform::sim::SimBackend;
+use crate::platform::usage::{CHECKPOINT_FILE, NvmlUsage, SimUsage, UsageSource};
+use crate::runtime::ledger::LedgerSettings;
+use crate::runtime::supervisor::RunSettings;
+use crate::runtime::usage::UsageSettings;
+use crate::testkit::kubelet::{KubeletEmulator, PodRef, pod_uid};
+use crate::testkit::{
+    Node, PrivateFake, STEP, fake_driver_root, http, promtool_check, temp_dir, wait_until, within,
+};
 
 const GPU0: &str = "GPU-00000000-0000-4000-8000-0000000000a0";
 const GPU1: &str = "GPU-00000000-0000-4000-8000-0000000000a1";
@@ -36,23 +37,20 @@ fn node(usage: &str) -> String {
     )
 }
 
-/// Poll `/metrics` until every line in `want` is in it.
 async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-    common::http(addr, "GET", path).await.1
+    http(addr, "GET", path).await.1
 }
 
 /// Poll `/metrics` until every line in `want` is in it.
 async fn metrics_with(addr: std::net::SocketAddr, want: &[String]) -> String {
-    within("usage metrics", async {
-        loop {
-            let body = get(addr, "/metrics").await;
-            if want.iter().all(|w| body.contains(w.as_str())) {
-                return body;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait_until(STEP, || async {
+        let body = get(addr, "/metrics").await;
+        want.iter()
+            .all(|w| body.contains(w.as_str()))
+            .then_some(body)
     })
     .await
+    .expect("usage metrics")
 }
 
 fn systemd_cgroup(uid: &str) -> String {
@@ -75,7 +73,7 @@ fn write_cgroup(proc_root: &Path, pid: u32, text: &str) {
 }
 
 async fn usage_end_to_end(nvml: bool) {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let node_path = dir.path().join("node.yaml");
     std::fs::write(&node_path, node("")).expect("node");
     let proc_root = dir.path().join("proc");
@@ -90,7 +88,7 @@ async fn usage_end_to_end(nvml: bool) {
     // On NVML nodes the spec carries the driver: give it a fake host driver root.
     let overrides = Overrides {
         container_driver_root: nvml.then(|| {
-            common::fake_driver_root(dir.path(), "570.124.06")
+            fake_driver_root(dir.path(), "570.124.06")
                 .display()
                 .to_string()
                 .into()
@@ -110,7 +108,7 @@ async fn usage_end_to_end(nvml: bool) {
         f
     });
     let (backend, source): (
-        Arc<dyn gpu_slicer::domain::inventory::Backend>,
+        Arc<dyn crate::domain::inventory::Backend>,
         Box<dyn UsageSource>,
     ) = match &fake {
         Some(f) => (
@@ -136,7 +134,9 @@ async fn usage_end_to_end(nvml: bool) {
         proc_root: proc_root.clone(),
         checkpoint: dir.path().join("dp").join(CHECKPOINT_FILE),
     });
-    let h = launch(dir, emulator, settings, backend).await;
+    let h = Node::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon started");
     let addr = h.running.http_addr.expect("http");
 
     // Before anything is held: the device, capacity and reason families have series (the
@@ -219,40 +219,16 @@ async fn usage_end_to_end(nvml: bool) {
         ),
     ];
     let body = metrics_with(addr, &want).await;
-    let scrape = h.dir.path().join("scrape.txt");
-    std::fs::write(&scrape, &body).expect("write scrape");
-    match std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&scrape).expect("open"))
-        .output()
-    {
-        Ok(out) => assert!(
-            out.status.success(),
-            "promtool: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => eprintln!(
-            "SKIPPED promtool check (not installed: {e}; hack/install-deps.sh installs it)"
-        ),
-    }
+    promtool_check(&body);
 
-    // /v1/state and top --once show the same node.
-    let state: serde_json::Value =
-        serde_json::from_str(&get(addr, "/v1/state").await).expect("state JSON");
+    // /v1/state and top --once (the frame `top` draws of it, off a terminal) show the same
+    // node.
+    let text = get(addr, "/v1/state").await;
+    let state: serde_json::Value = serde_json::from_str(&text).expect("state JSON");
     assert_eq!(state["gpus"][0]["uuid"], GPU0);
     assert_eq!(state["gpus"][0]["shares"].as_array().map(Vec::len), Some(2));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args(["top", "--once", "--endpoint", &format!("http://{addr}")])
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("top");
-    assert!(
-        out.status.success(),
-        "top: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let frame = String::from_utf8(out.stdout).expect("utf-8");
+    let report: UsageReport = serde_json::from_str(&text).expect("the report top reads");
+    let frame = crate::cli::top::render(&report, false);
     eprintln!("top --once:\n{frame}");
     for line in [
         format!("GPU 0 {GPU0} NVIDIA H100 80GB HBM3  util 35%"),
@@ -269,69 +245,8 @@ async fn usage_end_to_end(nvml: bool) {
         !frame.contains('\x1b'),
         "no colour off a terminal:\n{frame}"
     );
-    if !nvml {
-        tmux_view(addr, h.dir.path());
-    }
     drop(fake);
     h.stop().await.expect("clean stop");
-}
-
-/// The interactive view in a real terminal: tmux runs `top`, the pane is captured.
-fn tmux_view(addr: std::net::SocketAddr, dir: &Path) {
-    if std::process::Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED tmux capture (tmux not installed; hack/install-deps.sh installs it)");
-        return;
-    }
-    let socket = dir.join("tmux.sock");
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .arg("-S")
-            .arg(&socket)
-            .args(args)
-            .output()
-            .expect("tmux")
-    };
-    let cmd = format!(
-        "{} top --endpoint http://{addr}",
-        env!("CARGO_BIN_EXE_gpu-slicer")
-    );
-    let started = tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "200",
-        "-y",
-        "50",
-        "-s",
-        "top",
-        &cmd,
-    ]);
-    assert!(
-        started.status.success(),
-        "tmux: {}",
-        String::from_utf8_lossy(&started.stderr)
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let pane = loop {
-        let cap = tmux(&["capture-pane", "-p", "-t", "top"]);
-        let text = String::from_utf8_lossy(&cap.stdout).to_string();
-        if text.contains("unattributed processes") {
-            break text;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "top never drew:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    tmux(&["kill-server"]);
-    assert!(pane.contains(&format!("GPU 1 {GPU1}")), "{pane}");
-    // The screen was cleared: the frame starts at the top line.
-    assert!(pane.starts_with("gpu-slicer top:"), "{pane}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +262,7 @@ async fn fake_nvml_daemon_attributes_usage_to_shares() {
 /// The sampler sleeps between rounds on a channel: a long interval does not delay the stop.
 #[tokio::test]
 async fn a_sleeping_sampler_stops_at_once() {
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let emulator = KubeletEmulator::start(dir.path().join("dp"))
         .await
         .expect("emulator");
@@ -361,7 +276,9 @@ async fn a_sleeping_sampler_stops_at_once() {
         proc_root: dir.path().join("proc"),
         checkpoint: dir.path().join("dp").join(CHECKPOINT_FILE),
     });
-    let h = launch(dir, emulator, settings, Arc::new(sim)).await;
+    let h = Node::launch(dir, emulator, settings, Arc::new(sim))
+        .await
+        .expect("daemon started");
     // The first round runs at once.
     let mut rx = h.running.usage.clone().expect("sampling on");
     within("first round", rx.wait_for(|d| d.report.sampled_at_ms > 0))
@@ -399,9 +316,9 @@ fn nvml_usage_over_fake_matches_sim_with_mig() {
     fake.set_node(&text);
     let mut nvml = NvmlUsage::new(Some(fake.path.clone()));
     let over_nvml = nvml.sample().expect("nvml sample");
-    let over_sim = gpu_slicer::platform::usage::sample_from_spec(&spec);
+    let over_sim = crate::platform::usage::sample_from_spec(&spec);
     assert_eq!(over_nvml, over_sim);
-    use gpu_slicer::domain::usage::DeviceKind;
+    use crate::domain::usage::DeviceKind;
     let mig_gpu = &over_nvml.devices[0];
     assert_eq!((mig_gpu.kind, mig_gpu.utilization), (DeviceKind::Gpu, None));
     let mig = over_nvml
@@ -430,26 +347,4 @@ fn nvml_usage_over_fake_matches_sim_with_mig() {
         .find(|d| d.uuid == "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02")
         .expect("GPU 2");
     assert_eq!(whole.utilization, Some(0.5));
-}
-
-/// `top` against nothing: exit 1 naming the URL; a bad `--endpoint`: exit 2 naming the flag.
-#[test]
-fn top_errors_name_the_endpoint() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args(["top", "--once", "--endpoint", &format!("http://{addr}")])
-        .output()
-        .expect("top");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains(&format!("http://{addr}/v1/state")), "{err}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args(["top", "--once", "--endpoint", "https://node:9400"])
-        .output()
-        .expect("top");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("`--endpoint` = `https://node:9400`"), "{err}");
 }
