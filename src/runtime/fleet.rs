@@ -721,3 +721,6 @@ impl Actor {
         tracing::warn!(node = self.api.name(), %error, ?code, retry_in = ?delay, "cannot {what} ({hint}); retrying");
     }
 }
+
+#[cfg(test)]
+mod fleet_tests;

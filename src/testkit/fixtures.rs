@@ -1,6 +1,8 @@
 //! Shared fixtures: a built-in sim node, a config parsed from text, the plan of both, and a
 //! state store serving it. One copy for unit tests, integration tests, benches and the demo.
 
+use std::path::Path;
+
 use crate::domain::config::{self, Config, Overrides};
 use crate::domain::inventory::{Backend, Inventory};
 use crate::domain::plan::{self, Plan};
@@ -10,6 +12,58 @@ use crate::state::Store;
 
 /// `mixed-a100`'s whole GPUs time-sliced 4 ways, its MIG devices served one by one.
 pub const SHARED_CONFIG: &str = "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
+
+/// A config time-slicing every whole GPU `replicas` ways, MIG devices served one by one.
+pub fn time_sliced(replicas: u32) -> String {
+    format!(
+        "version: v1\nflags: {{migStrategy: mixed}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
+    )
+}
+
+/// A `--config-dir` of three pool configs, one file per key: `default` ([`time_sliced`] 2),
+/// `inference` (4) and `training` (whole GPUs).
+///
+/// # Panics
+/// When the files cannot be written.
+pub fn write_pool_configs(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for (key, text) in [
+        ("default", time_sliced(2)),
+        ("inference", time_sliced(4)),
+        (
+            "training",
+            "version: v1\nflags: {migStrategy: mixed}\n".to_string(),
+        ),
+    ] {
+        std::fs::write(dir.join(key), text).unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+}
+
+/// A node file for the fake NVML driver: two A100-40GB with MIG on, GPU 0
+/// (`GPU-40400000-0000-4000-8000-0000000000a0`) with two 3g.20gb (GPU instances 1 and 2),
+/// GPU 1 (`...00a1`) with three 2g.10gb (3 to 5); for the live MIG layout tests.
+pub const MIG_A100_40GB: &str = r#"
+gpus:
+  - index: 0
+    uuid: GPU-40400000-0000-4000-8000-0000000000a0
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:10:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {uuid: MIG-40400000-0000-4000-8000-0000000a0001, profile: 3g.20gb, gpuInstanceId: 1}
+        - {uuid: MIG-40400000-0000-4000-8000-0000000a0002, profile: 3g.20gb, gpuInstanceId: 2}
+  - index: 1
+    uuid: GPU-40400000-0000-4000-8000-0000000000a1
+    product: NVIDIA A100-SXM4-40GB
+    pciBusId: "0000:11:00.0"
+    mig:
+      enabled: true
+      devices:
+        - {uuid: MIG-40400000-0000-4000-8000-0000000a1001, profile: 2g.10gb, gpuInstanceId: 3}
+        - {uuid: MIG-40400000-0000-4000-8000-0000000a1002, profile: 2g.10gb, gpuInstanceId: 4}
+        - {uuid: MIG-40400000-0000-4000-8000-0000000a1003, profile: 2g.10gb, gpuInstanceId: 5}
+"#;
 
 /// The inventory of a built-in sim profile (`mixed-a100`, `dgx-h100`) or node file.
 ///

@@ -1,13 +1,17 @@
 //! Kubernetes objects in tests: the manifests in `deploy/` as `kubectl kustomize` renders them
-//! (what `kubectl apply -k` sends), and a [`node`] to put into the API-server emulator.
+//! (what `kubectl apply -k` sends), a [`node`] to put into the API-server emulator, and its
+//! labels there ([`labels_of`], [`until_labels`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
+
+use crate::testkit::apiserver::ApiServer;
 
 /// `kubectl` as hack/install-deps.sh provides it: the repository's venv first, else PATH.
 pub fn kubectl() -> PathBuf {
@@ -87,4 +91,34 @@ pub fn node(name: &str, labels: &[(&str, &str)]) -> Node {
         },
         ..Node::default()
     }
+}
+
+/// The labels of the Node `name` in `api` (none when it has none or does not exist).
+pub fn labels_of(api: &ApiServer, name: &str) -> BTreeMap<String, String> {
+    api.get::<Node>("", name)
+        .and_then(|n| n.metadata.labels)
+        .unwrap_or_default()
+}
+
+/// Wait until the Node `name` in `api` carries every `(key, value)` of `want`.
+///
+/// # Panics
+/// When it does not within `limit`, naming the labels it has.
+pub async fn until_labels(api: &ApiServer, name: &str, want: &[(&str, &str)], limit: Duration) {
+    let ok = api
+        .wait_for::<Node, _>(limit, |nodes| {
+            nodes.iter().any(|n| {
+                let l = n.metadata.labels.clone().unwrap_or_default();
+                n.metadata.name.as_deref() == Some(name)
+                    && want
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            })
+        })
+        .await;
+    assert!(
+        ok,
+        "labels {want:?} never on the Node: {:?}",
+        labels_of(api, name)
+    );
 }

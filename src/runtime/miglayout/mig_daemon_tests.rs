@@ -14,39 +14,13 @@ use crate::runtime::ledger::LedgerSettings;
 use crate::runtime::miglayout::MigLayoutSettings;
 use crate::runtime::supervisor::{ReloadSettings, RunSettings};
 use crate::runtime::triggers::TriggerSettings;
+use crate::testkit::fixtures;
 use crate::testkit::kubelet::{KubeletEmulator, PodRef};
 use crate::testkit::{Node, PrivateFake, STEP, fake_driver_root, temp_dir, wait_until, within};
 
+/// The GPUs of [`fixtures::MIG_A100_40GB`].
 const GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
 const GPU1: &str = "GPU-40400000-0000-4000-8000-0000000000a1";
-
-/// GPU 0: two 3g.20gb; GPU 1: three 2g.10gb. Both A100-40GB with MIG on.
-fn node() -> String {
-    format!(
-        r#"
-gpus:
-  - index: 0
-    uuid: {GPU0}
-    product: NVIDIA A100-SXM4-40GB
-    pciBusId: "0000:10:00.0"
-    mig:
-      enabled: true
-      devices:
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0001, profile: 3g.20gb, gpuInstanceId: 1}}
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0002, profile: 3g.20gb, gpuInstanceId: 2}}
-  - index: 1
-    uuid: {GPU1}
-    product: NVIDIA A100-SXM4-40GB
-    pciBusId: "0000:11:00.0"
-    mig:
-      enabled: true
-      devices:
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1001, profile: 2g.10gb, gpuInstanceId: 3}}
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1002, profile: 2g.10gb, gpuInstanceId: 4}}
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1003, profile: 2g.10gb, gpuInstanceId: 5}}
-"#
-    )
-}
 
 const LAYOUTS: &str = "version: v1\nmig-configs:\n  gpu0-small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n  all-small:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n  gpu0-balanced:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 2, \"2g.10gb\": 1, \"3g.20gb\": 1}\n";
 
@@ -67,7 +41,7 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
     let dir = temp_dir();
     let fake = PrivateFake::new(dir.path());
     let lib_path = fake.path.clone();
-    fake.set_node(&node());
+    fake.set_node(fixtures::MIG_A100_40GB);
     if let Some(state) = mig_state {
         fake.set_mig_state(state);
     }

@@ -2,77 +2,48 @@
 //! API-server emulator, the kubelet emulator watching ListAndWatch. Relabelling the Node
 //! switches the config live and the state labels and Events say so; bad choices keep the
 //! last good config; the API down at start serves the recorded choice; a refused patch is
-//! retried; a flapping label is one reload.
-
-mod common;
+//! retried; a flapping label is one reload. (The built binary following its labels:
+//! tests/cli_fleet.rs.)
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{short_tempdir, within};
-use gpu_slicer::domain::config::Overrides;
-use gpu_slicer::domain::fleet::{
+use k8s_openapi::api::core::v1::{Event, Node};
+
+use crate::domain::config::Overrides;
+use crate::domain::fleet::{
     CONFIG_APPLIED_LABEL, CONFIG_LABEL, CONFIG_STATE_LABEL, MIG_CONFIG_LABEL, MIG_STATE_LABEL,
 };
-use gpu_slicer::platform::kube::NodeApi;
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::fleet::{FleetSettings, Selection};
-use gpu_slicer::runtime::node_labels::NodeLabelsSettings;
-use gpu_slicer::runtime::node_watch::NodeWatchSettings;
-use gpu_slicer::runtime::supervisor::{ReloadSettings, RunSettings};
-use gpu_slicer::runtime::triggers::TriggerSettings;
-use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use k8s_openapi::api::core::v1::{Event, Node};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use crate::platform::kube::NodeApi;
+use crate::platform::sim::SimBackend;
+use crate::runtime::fleet::{FleetSettings, Selection};
+use crate::runtime::node_labels::NodeLabelsSettings;
+use crate::runtime::node_watch::NodeWatchSettings;
+use crate::runtime::supervisor::{ReloadSettings, RunSettings};
+use crate::runtime::triggers::TriggerSettings;
+use crate::testkit::apiserver::{ApiServer, Fault, Verb};
+use crate::testkit::fixtures::{self, time_sliced as shared, write_pool_configs as write_configs};
+use crate::testkit::kubelet::KubeletEmulator;
+use crate::testkit::manifests;
+use crate::testkit::{Node as Daemon, PrivateFake, fake_driver_root, temp_dir, within};
 
 const NODE: &str = "gpu-node-1";
 const T: Duration = Duration::from_secs(20);
 
-fn shared(replicas: u32) -> String {
-    format!(
-        "version: v1\nflags: {{migStrategy: mixed}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
-    )
-}
-
-/// `default` (2 replicas per GPU), `inference` (4), `training` (whole GPUs).
-fn write_configs(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("default"), shared(2)).unwrap();
-    std::fs::write(dir.join("inference"), shared(4)).unwrap();
-    std::fs::write(
-        dir.join("training"),
-        "version: v1\nflags: {migStrategy: mixed}\n",
-    )
-    .unwrap();
-}
-
 fn node(labels: &[(&str, &str)]) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    }
+    manifests::node(NODE, labels)
 }
 
 /// The daemon with `--config-dir <dir>/configs`, `--state-dir <dir>/state`, on the sim
 /// node `mixed-a100` (2 whole GPUs as `nvidia.com/gpu`).
-async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> common::Harness {
+async fn launch(api: &ApiServer, dir: tempfile::TempDir) -> Daemon {
     launch_with(api, dir, false).await
 }
 
 /// [`launch`], with `--labels-to-node` when `to_node`.
-async fn launch_with(api: &ApiServer, dir: tempfile::TempDir, to_node: bool) -> common::Harness {
+async fn launch_with(api: &ApiServer, dir: tempfile::TempDir, to_node: bool) -> Daemon {
     let configs = dir.path().join("configs");
     let state = dir.path().join("state");
     if !configs.exists() {
@@ -82,10 +53,8 @@ async fn launch_with(api: &ApiServer, dir: tempfile::TempDir, to_node: bool) -> 
         &configs,
         CONFIG_LABEL,
         None,
-        gpu_slicer::platform::fleet_state::read(&state),
-        Arc::new(|p: &Path| {
-            gpu_slicer::platform::config_file::load(Some(p), &Overrides::default())
-        }),
+        crate::platform::fleet_state::read(&state),
+        Arc::new(|p: &Path| crate::platform::config_file::load(Some(p), &Overrides::default())),
     );
     let config = selection.load().expect("initial config");
     let plugin_dir = dir.path().join("dp");
@@ -115,31 +84,18 @@ async fn launch_with(api: &ApiServer, dir: tempfile::TempDir, to_node: bool) -> 
         settings.node_labels = Some(labeller);
     }
     let backend = Arc::new(SimBackend::open("mixed-a100").expect("node"));
-    common::launch(dir, emulator, settings, backend).await
+    Daemon::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon started")
 }
 
 fn labels_of(api: &ApiServer) -> BTreeMap<String, String> {
-    api.get::<Node>("", NODE)
-        .and_then(|n| n.metadata.labels)
-        .unwrap_or_default()
+    manifests::labels_of(api, NODE)
 }
 
 /// Wait until the Node carries every `(key, value)` of `want`.
 async fn until_labels(api: &ApiServer, want: &[(&str, &str)]) {
-    let ok = api
-        .wait_for::<Node, _>(T, |nodes| {
-            nodes.iter().any(|n| {
-                let l = n.metadata.labels.clone().unwrap_or_default();
-                want.iter()
-                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-            })
-        })
-        .await;
-    assert!(
-        ok,
-        "labels {want:?} never on the Node: {:?}",
-        labels_of(api)
-    );
+    manifests::until_labels(api, NODE, want, T).await;
 }
 
 /// Wait until an Event with `reason` whose message contains `text` exists.
@@ -159,7 +115,7 @@ async fn until_event(api: &ApiServer, reason: &str, text: &str) -> Event {
     found(&events).expect("found")
 }
 
-async fn gpu_count(d: &common::Harness, n: usize) {
+async fn gpu_count(d: &Daemon, n: usize) {
     let mut gpu = d
         .emulator
         .devices("nvidia.com/gpu")
@@ -191,7 +147,7 @@ async fn until_absent(api: &ApiServer, keys: &[&str]) {
 
 #[tokio::test]
 async fn labels_to_node_sets_removes_owned_and_leaves_foreign_labels() {
-    use gpu_slicer::domain::fleet::OWNED_LABELS_ANNOTATION;
+    use crate::domain::fleet::OWNED_LABELS_ANNOTATION;
     let api = ApiServer::start().await.unwrap();
     let mut n = node(&[
         ("team", "ml"),
@@ -205,7 +161,7 @@ async fn labels_to_node_sets_removes_owned_and_leaves_foreign_labels() {
         "nvidia.com/gpu.stale".to_owned(),
     )]));
     api.insert(&n).unwrap();
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let configs = dir.path().join("configs");
     std::fs::create_dir_all(&configs).unwrap();
     std::fs::write(configs.join("default"), shared(2)).unwrap();
@@ -264,7 +220,7 @@ async fn labels_to_node_sets_removes_owned_and_leaves_foreign_labels() {
 async fn relabel_switches_the_config_live_and_reports_it() {
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[("team", "ml")])).unwrap();
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let d = launch(&api, dir).await;
     gpu_count(&d, 4).await;
     until_labels(
@@ -275,7 +231,7 @@ async fn relabel_switches_the_config_live_and_reports_it() {
         ],
     )
     .await;
-    let registered = |d: &common::Harness| -> Vec<(String, u64)> {
+    let registered = |d: &Daemon| -> Vec<(String, u64)> {
         d.emulator
             .registrations()
             .borrow()
@@ -343,7 +299,7 @@ async fn relabel_switches_the_config_live_and_reports_it() {
 async fn bad_choices_keep_the_last_good_config_and_say_why() {
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[(CONFIG_LABEL, "inference")])).unwrap();
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let configs = dir.path().join("configs");
     write_configs(&configs);
     std::fs::write(
@@ -404,8 +360,8 @@ async fn bad_choices_keep_the_last_good_config_and_say_why() {
 async fn api_down_at_start_serves_the_recorded_choice_then_catches_up() {
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[(CONFIG_LABEL, "training")])).unwrap();
-    let dir = short_tempdir();
-    gpu_slicer::platform::fleet_state::write(&dir.path().join("state"), "inference").unwrap();
+    let dir = temp_dir();
+    crate::platform::fleet_state::write(&dir.path().join("state"), "inference").unwrap();
     api.go_down();
     let d = launch(&api, dir).await;
     // The pool's config from before the restart, not the default.
@@ -430,7 +386,7 @@ async fn refused_patches_are_retried_with_backoff() {
     api.insert(&node(&[])).unwrap();
     api.inject(Fault::status(Verb::Patch, "/api/v1/nodes/", 403).times(2));
     api.inject(Fault::status(Verb::Create, "/events", 500).times(1));
-    let d = launch(&api, short_tempdir()).await;
+    let d = launch(&api, temp_dir()).await;
     until_labels(&api, &[(CONFIG_STATE_LABEL, "success")]).await;
     until_event(&api, "ConfigApplied", "default").await;
     let refused = api
@@ -448,7 +404,7 @@ async fn refused_patches_are_retried_with_backoff() {
 async fn a_flapping_label_is_one_reload() {
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[])).unwrap();
-    let d = launch(&api, short_tempdir()).await;
+    let d = launch(&api, temp_dir()).await;
     until_labels(&api, &[(CONFIG_APPLIED_LABEL, "default")]).await;
     let before = d.running.reloads.borrow().clone();
     for i in 0..20 {
@@ -465,91 +421,10 @@ async fn a_flapping_label_is_one_reload() {
 }
 
 #[tokio::test]
-async fn the_binary_follows_its_node_labels() {
-    let api = ApiServer::start().await.unwrap();
-    api.insert(&node(&[])).unwrap();
-    let dir = short_tempdir();
-    let configs = dir.path().join("configs");
-    write_configs(&configs);
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig(None)).unwrap();
-    let plugin_dir = dir.path().join("dp");
-    let emulator = KubeletEmulator::start(&plugin_dir).await.unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args(["run", "--backend", "sim:mixed-a100", "--config-dir"])
-        .arg(&configs)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--node-name", NODE, "--device-plugin-dir"])
-        .arg(&plugin_dir)
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args([
-            "--http-listen=",
-            "--pod-resources-socket=",
-            "--labels-file=",
-        ])
-        .args(["--usage-interval=0", "--rescan-interval=0"])
-        .env_remove("CONFIG_FILE")
-        .env_remove("CONFIG_DEFAULT")
-        .env_remove("CONFIG_LABEL")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    within(
-        "registration",
-        emulator.wait_registered(&["nvidia.com/gpu".to_string()], 1),
-    )
-    .await;
-    until_labels(&api, &[(CONFIG_APPLIED_LABEL, "default")]).await;
-    let mut gpu = emulator.devices("nvidia.com/gpu").expect("nvidia.com/gpu");
-    api.label_node(NODE, &[(CONFIG_LABEL, Some("inference"))])
-        .unwrap();
-    within("8 shares", gpu.wait_for(|d| d.len() == 8))
-        .await
-        .unwrap();
-    until_labels(
-        &api,
-        &[
-            (CONFIG_STATE_LABEL, "success"),
-            (CONFIG_APPLIED_LABEL, "inference"),
-        ],
-    )
-    .await;
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = within("exit", child.wait()).await.unwrap();
-    assert!(status.success(), "{status}");
-    emulator.shutdown().await;
-    api.stop().await;
-}
-
-#[test]
-fn config_dir_replaces_config() {
-    use clap::Parser;
-    let Err(e) = gpu_slicer::cli::Cli::try_parse_from([
-        "gpu-slicer",
-        "run",
-        "--config-dir",
-        "/etc/c",
-        "--config",
-        "/etc/c.yaml",
-    ]) else {
-        panic!("--config-dir with --config accepted");
-    };
-    assert!(e.to_string().contains("--config-dir"), "{e}");
-}
-
-#[tokio::test]
 async fn a_key_for_other_hardware_skips_its_entries_and_succeeds() {
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[])).unwrap();
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let configs = dir.path().join("configs");
     write_configs(&configs);
     // Written for a 40 GB A100 pool: 4g.20gb is no profile of this node's 80 GB GPUs.
@@ -606,7 +481,7 @@ fn configmap_version(dir: &Path, version: &str, files: &[(&str, String)]) {
 async fn the_configmap_directory_swapped_mid_read_serves_the_new_content() {
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[(CONFIG_LABEL, "inference")])).unwrap();
-    let dir = short_tempdir();
+    let dir = temp_dir();
     let configs = dir.path().join("configs");
     std::fs::create_dir_all(&configs).unwrap();
     configmap_version(
@@ -654,59 +529,19 @@ async fn the_configmap_directory_swapped_mid_read_serves_the_new_content() {
     api.stop().await;
 }
 
-/// The fake NVML driver's node for the MIG tests: GPU 0 with two 3g.20gb, GPU 1 with three
-/// 2g.10gb, both A100-40GB with MIG on (as in tests/mig_daemon.rs).
-const MIG_GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
-fn mig_node() -> String {
-    format!(
-        r#"
-gpus:
-  - index: 0
-    uuid: {MIG_GPU0}
-    product: NVIDIA A100-SXM4-40GB
-    pciBusId: "0000:10:00.0"
-    mig:
-      enabled: true
-      devices:
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0001, profile: 3g.20gb, gpuInstanceId: 1}}
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a0002, profile: 3g.20gb, gpuInstanceId: 2}}
-  - index: 1
-    uuid: GPU-40400000-0000-4000-8000-0000000000a1
-    product: NVIDIA A100-SXM4-40GB
-    pciBusId: "0000:11:00.0"
-    mig:
-      enabled: true
-      devices:
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1001, profile: 2g.10gb, gpuInstanceId: 3}}
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1002, profile: 2g.10gb, gpuInstanceId: 4}}
-        - {{uuid: MIG-40400000-0000-4000-8000-0000000a1003, profile: 2g.10gb, gpuInstanceId: 5}}
-"#
-    )
-}
-
 /// `current` is the layout the GPUs have; `gpu0-small` repartitions GPU 0.
 const MIG_LAYOUTS: &str = "version: v1\nmig-configs:\n  current:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n  gpu0-small:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.5gb\": 7}\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_good_one_applies() {
-    use gpu_slicer::platform::nvml::NvmlBackend;
-    use gpu_slicer::runtime::miglayout::MigLayoutSettings;
+    use crate::platform::nvml::NvmlBackend;
+    use crate::runtime::miglayout::MigLayoutSettings;
     let api = ApiServer::start().await.unwrap();
     api.insert(&node(&[])).unwrap();
-    let dir = short_tempdir();
-    let lib_path = dir.path().join("libnvidia-ml.so.1");
-    std::fs::copy(common::fake_lib(), &lib_path).unwrap();
-    // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-    let lib = unsafe { libloading::Library::new(&lib_path) }.unwrap();
-    let text = std::ffi::CString::new(mig_node()).unwrap();
-    // SAFETY: the fake's control symbol takes one NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        let f: libloading::Symbol<
-            unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int,
-        > = lib.get(b"fakeNvmlSetNodeJson").unwrap();
-        f(text.as_ptr())
-    };
-    assert_eq!(rc, 0);
+    let dir = temp_dir();
+    let lib = PrivateFake::new(dir.path());
+    let lib_path = lib.path.clone();
+    lib.set_node(fixtures::MIG_A100_40GB);
     let proc_root = dir.path().join("proc");
     std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
     std::fs::write(
@@ -716,7 +551,7 @@ async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_g
     .unwrap();
     let layouts = dir.path().join("layouts.yaml");
     std::fs::write(&layouts, MIG_LAYOUTS).unwrap();
-    let driver = common::fake_driver_root(dir.path(), "570.124.06");
+    let driver = fake_driver_root(dir.path(), "570.124.06");
     let configs = dir.path().join("configs");
     std::fs::create_dir_all(&configs).unwrap();
     std::fs::write(
@@ -733,9 +568,7 @@ async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_g
         CONFIG_LABEL,
         None,
         None,
-        Arc::new(|p: &Path| {
-            gpu_slicer::platform::config_file::load(Some(p), &Overrides::default())
-        }),
+        Arc::new(|p: &Path| crate::platform::config_file::load(Some(p), &Overrides::default())),
     );
     let plugin_dir = dir.path().join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
@@ -765,7 +598,9 @@ async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_g
     let backend = Arc::new(
         NvmlBackend::new(Some(lib_path.clone()), proc_root).with_sys_root(dir.path().join("sys")),
     );
-    let d = common::launch(dir, emulator, settings, backend).await;
+    let d = Daemon::launch(dir, emulator, settings, backend)
+        .await
+        .expect("daemon started");
     let devices = |resource: &str, n: usize| {
         let mut rx = d.running.store.subscribe();
         let resource = resource.to_owned();
@@ -840,7 +675,7 @@ async fn labels_to_node_survives_refused_calls() {
     // Both Node writers (state labels, GFD labels) meet these; neither gives up.
     api.inject(Fault::status(Verb::Patch, "/api/v1/nodes/", 403).times(3));
     api.inject(Fault::status(Verb::Get, "/api/v1/nodes/", 500).times(1));
-    let d = launch_with(&api, short_tempdir(), true).await;
+    let d = launch_with(&api, temp_dir(), true).await;
     gpu_count(&d, 4).await;
     until_labels(
         &api,
