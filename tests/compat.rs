@@ -1,24 +1,12 @@
 //! Drop-in use in place of NVIDIA's plugin, and what an operator reads: NVIDIA's DaemonSet
-//! argument forms, one ConfigMap for a mixed cluster, errors that name the flag or
-//! variable the user set, logs fit for a log pipeline, and the metrics of a fresh daemon
-//! (checked by `promtool`). The binary is run as an operator runs it, where the process
-//! boundary matters (environment, stdout, stderr).
-
-mod common;
+//! argument forms and environment, one ConfigMap for a mixed cluster, errors that name the
+//! flag or variable the user set, logs fit for a log pipeline. The binary is run as an
+//! operator runs it, where the process boundary matters (environment, stdout, stderr). (The
+//! parsed command line: `cli::run` unit tests; the metrics of a fresh daemon:
+//! `runtime::metrics` unit tests.)
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::Arc;
-use std::time::Duration;
-
-use clap::Parser;
-use common::{short_tempdir, within};
-use gpu_slicer::cli::{Cli, Command as Sub};
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::supervisor::{self as app, RunSettings};
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-slicer");
 
@@ -56,98 +44,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     p.display().to_string()
 }
 
-fn run_args(argv: &[&str]) -> Box<gpu_slicer::cli::run::RunArgs> {
-    match Cli::try_parse_from(argv)
-        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
-        .command
-    {
-        Sub::Run(a) => a,
-        other => panic!("not run: {other:?}"),
-    }
-}
-
-// --- item 17: NVIDIA's DaemonSet args -------------------------------------------------
-
-#[test]
-fn nvidia_daemonset_args_parse_and_load() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = write(
-        dir.path(),
-        "config.yaml",
-        "version: v1\nflags:\n  migStrategy: none\n",
-    );
-    let config_file = format!("--config-file={cfg}");
-    // The forms NVIDIA's static DaemonSet and Helm chart pass (urfave/cli: bare booleans,
-    // `--flag=value`).
-    let args = run_args(&[
-        "gpu-slicer",
-        "run",
-        &config_file,
-        "--fail-on-init-error",
-        "--pass-device-specs",
-        "--mig-strategy=mixed",
-        "--device-list-strategy=envvar,cdi-cri",
-        "--device-id-strategy=uuid",
-        "--device-discovery-strategy=auto",
-        "--nvidia-ctk-path=/usr/bin/nvidia-ctk",
-        "--container-driver-root=/driver-root",
-        "--cdi-annotation-prefix=cdi.k8s.io/",
-        "--mps-root=/run/nvidia/mps",
-        "--nvidia-dev-root=/host",
-        "--imex-channel-ids=0",
-        "--gds-enabled=false",
-        "--mofed-enabled=false",
-        "--gdrcopy-enabled=false",
-    ]);
-    assert_eq!(args.config.config.as_deref(), Some(Path::new(&cfg)));
-    let loaded = args.config.load().expect("load");
-    assert!(loaded.fail_on_init_error);
-    assert!(loaded.pass_device_specs);
-    assert_eq!(
-        loaded.mig_strategy,
-        config::MigStrategy::Mixed,
-        "flag beats file"
-    );
-    assert_eq!(loaded.source, cfg);
-    assert_eq!(loaded.dev_root, Path::new("/host"));
-
-    // `=false` still works, and NVIDIA's aliases of the hook path.
-    let args = run_args(&[
-        "gpu-slicer",
-        "run",
-        "--fail-on-init-error=false",
-        "--pass-device-specs=false",
-        "--nvidia-cdi-hook-path=/usr/bin/nvidia-cdi-hook",
-        "--driver-root-ctr-path=/driver-root",
-    ]);
-    let loaded = args.config.load().expect("load");
-    assert!(!loaded.fail_on_init_error);
-    assert!(!loaded.pass_device_specs);
-    // The space-separated form gpu-slicer took before keeps working.
-    let args = run_args(&["gpu-slicer", "run", "--fail-on-init-error", "false"]);
-    assert!(!args.config.load().expect("load").fail_on_init_error);
-}
-
-#[test]
-fn nvidia_flags_gpu_slicer_cannot_honour_are_refused_by_name() {
-    for (flag, named) in [
-        (
-            "--device-discovery-strategy=tegra",
-            "flag `--device-discovery-strategy` = `tegra`",
-        ),
-        ("--gds-enabled", "flag `--gds-enabled` = `true`"),
-        (
-            "--imex-channel-ids=1,2",
-            "flag `--imex-channel-ids` = `1,2`",
-        ),
-    ] {
-        let err = run_args(&["gpu-slicer", "run", flag])
-            .config
-            .load()
-            .unwrap_err();
-        assert!(err.to_string().contains(named), "{flag}: {err}");
-    }
-}
+// --- item 17: NVIDIA's DaemonSet args (parsed: `cli::run` unit tests) -------------------
 
 #[test]
 fn bare_booleans_and_env_vars_work_through_the_binary() {
@@ -333,92 +230,4 @@ fn a_closed_stdout_is_not_an_error() {
         .expect("run");
     assert!(out.status.success(), "{:?}: {}", out.status, stderr(&out));
     assert!(!stderr(&out).contains("error"), "{}", stderr(&out));
-}
-
-// --- item 22: Go-style durations ------------------------------------------------------
-
-#[test]
-fn duration_flags_take_go_style_values() {
-    let args = run_args(&[
-        "gpu-slicer",
-        "run",
-        "--rescan-interval=1m30s",
-        "--ledger-interval=2s500ms",
-    ]);
-    assert_eq!(args.rescan_interval, Duration::from_secs(90));
-    assert_eq!(args.ledger_interval, Duration::from_millis(2500));
-    let args = run_args(&["gpu-slicer", "run", "--rescan-interval=300"]);
-    assert_eq!(args.rescan_interval, Duration::from_secs(300));
-}
-
-// --- item 21: metrics of a fresh daemon -----------------------------------------------
-
-async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-    common::http(addr, "GET", path).await.1
-}
-
-#[tokio::test]
-async fn a_fresh_daemon_exposes_every_family_and_passes_promtool() {
-    let dir = short_tempdir();
-    let config = config::parse(
-        "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n",
-        "test.yaml",
-        &Overrides::default(),
-    )
-    .expect("config");
-    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
-    let mut settings = RunSettings::new(config, dir.path().join("dp"), dir.path().join("cdi"));
-    settings.http_listen = Some("127.0.0.1:0".into());
-    let (tx, rx) = oneshot::channel();
-    settings.on_ready = Some(tx);
-    let shutdown = CancellationToken::new();
-    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
-    let running = within("daemon ready", rx).await.expect("ready");
-    let addr = running.http_addr.expect("http");
-    // Per-resource series follow the first publication, asynchronously.
-    let body = within("per-resource series", async {
-        loop {
-            let body = get(addr, "/metrics").await;
-            if body.contains("gpu_slicer_device_healthy{") {
-                return body;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    for sample in [
-        "gpu_slicer_build_info{version=\"",
-        "gpu_slicer_config_reloads_total{outcome=\"ok\"} 0",
-        "gpu_slicer_config_reloads_total{outcome=\"failed\"} 0",
-        "gpu_slicer_config_entries_skipped{reason=\"resource-not-on-node\"} 0",
-        "gpu_slicer_config_entries_skipped{reason=\"no-matching-devices\"} 0",
-        "gpu_slicer_ledger_up ",
-        "gpu_slicer_ledger_drift_devices ",
-        "gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 16",
-        "gpu_slicer_unhealthy_devices{resource=\"nvidia.com/gpu\"} 0",
-        "gpu_slicer_kubelet_registrations_total{resource=\"nvidia.com/gpu\"} 0",
-        "gpu_slicer_allocate_rejections_total{resource=\"nvidia.com/gpu\",rule=\"unknown-device\"} 0",
-        "gpu_slicer_allocate_duration_seconds_count{resource=\"nvidia.com/gpu\"} 0",
-        "gpu_slicer_preferred_allocation_duration_seconds_count{resource=\"nvidia.com/gpu\"} 0",
-    ] {
-        assert!(body.contains(sample), "missing {sample:?} in:\n{body}");
-    }
-    let scrape = dir.path().join("scrape.txt");
-    std::fs::write(&scrape, &body).expect("write scrape");
-    let out = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&scrape).expect("open"))
-        .output()
-        .expect("promtool (Debian package `prometheus`): run hack/install-deps.sh");
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    shutdown.cancel();
-    within("stop", app)
-        .await
-        .expect("join")
-        .expect("clean stop");
 }

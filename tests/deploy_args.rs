@@ -1,236 +1,30 @@
-//! The DaemonSet in `deploy/` runs flags that exist: its container args parse as a
-//! `gpu-slicer` command line, and its probes and port match the HTTP endpoint `run` starts.
+//! The manifests in `deploy/` as `kubectl kustomize` renders them, run the way the kubelet
+//! would: the built DaemonSet's own `gpu-slicer run` args on a host-like layout of its
+//! volumes register every planned resource and write a spec that isolates each MIG device;
+//! the mig-layouts overlay's layout plans on an 80 GB A100 node; the node selector is
+//! documented and replaceable. (The container args parsed as a command line, the MPS and
+//! label-configs overlays: `cli::run` unit tests.)
 
-use clap::Parser;
 mod common;
 
+use std::path::Path;
+
 use common::fake_lib;
-use gpu_slicer::cli::{Cli, Command};
+use gpu_slicer::testkit::manifests::{kustomize, object, strings};
+use gpu_slicer::testkit::read_cdi_spec;
 
-#[test]
-fn daemonset_args_are_real_run_flags() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/daemonset.yaml");
-    let text = std::fs::read_to_string(path).expect("daemonset");
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
-    let container = &doc["spec"]["template"]["spec"]["containers"][0];
-    let args: Vec<String> = container["args"]
-        .as_sequence()
-        .expect("args")
-        .iter()
-        .map(|a| a.as_str().expect("string arg").to_string())
-        .collect();
-    let argv = std::iter::once("gpu-slicer".to_string()).chain(args);
-    let cli = match Cli::try_parse_from(argv) {
-        Ok(c) => c,
-        Err(e) => panic!("{path}: args do not parse: {e}"),
-    };
-    let Command::Run(run) = cli.command else {
-        panic!("{path}: the container does not run `run`");
-    };
-    // NVML names GPU processes by pids of the caller's PID namespace: usage attribution
-    // (and MPS) need the host's.
-    assert_eq!(
-        doc["spec"]["template"]["spec"]["hostPID"].as_bool(),
-        Some(true),
-        "{path}: hostPID"
-    );
-    // The hook path in specs is where the init container installs the binary, on the host.
-    let init = &doc["spec"]["template"]["spec"]["initContainers"][0];
-    let init_args: Vec<String> = init["args"]
-        .as_sequence()
-        .expect("init args")
-        .iter()
-        .map(|a| a.as_str().expect("string arg").to_string())
-        .collect();
-    let init_cli =
-        match Cli::try_parse_from(std::iter::once("gpu-slicer".to_string()).chain(init_args)) {
-            Ok(c) => c,
-            Err(e) => panic!("{path}: init container args do not parse: {e}"),
-        };
-    let Command::CdiHook(gpu_slicer::cli::cdi_hook::CdiHookCommand::Install(install)) =
-        init_cli.command
-    else {
-        panic!("{path}: the init container does not run `cdi-hook install`");
-    };
-    assert_eq!(
-        run.hook.cdi_hook_path.as_deref(),
-        Some(install.to.join("gpu-slicer").as_path()),
-        "--cdi-hook-path is the installed binary"
-    );
-    let volumes = doc["spec"]["template"]["spec"]["volumes"]
-        .as_sequence()
-        .expect("volumes");
-    let mount = init["volumeMounts"]
-        .as_sequence()
-        .expect("init mounts")
-        .iter()
-        .find(|m| m["mountPath"].as_str() == install.to.to_str())
-        .expect("the install directory is a mount");
-    let volume = volumes
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .expect("mounted volume");
-    assert_eq!(
-        volume["hostPath"]["path"].as_str(),
-        install.to.to_str(),
-        "the install directory is the same path on the host"
-    );
-    assert_eq!(
-        run.pod_resources_socket,
-        "/var/lib/kubelet/pod-resources/kubelet.sock"
-    );
-    // The labels file lies in a mounted directory that is the same path on the host, where
-    // NFD's worker reads its features.d.
-    let labels = std::path::Path::new(&run.labels_file);
-    assert_eq!(
-        labels,
-        std::path::Path::new(gpu_slicer::runtime::labels::DEFAULT_LABELS_FILE)
-    );
-    let labels_dir = labels.parent().expect("labels dir").to_str().unwrap();
-    let mounts = container["volumeMounts"].as_sequence().expect("mounts");
-    let mount = mounts
-        .iter()
-        .find(|m| m["mountPath"].as_str() == Some(labels_dir))
-        .unwrap_or_else(|| panic!("{labels_dir} is not mounted"));
-    assert_ne!(
-        mount["readOnly"].as_bool(),
-        Some(true),
-        "labels dir writable"
-    );
-    let volume = volumes
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .expect("labels volume");
-    assert_eq!(volume["hostPath"]["path"].as_str(), Some(labels_dir));
-    assert_eq!(
-        volume["hostPath"]["type"].as_str(),
-        Some("DirectoryOrCreate")
-    );
-    let port = run
-        .http_listen
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse::<u64>().ok())
-        .expect("--http-listen has a port");
-    let ports = container["ports"].as_sequence().expect("ports");
-    assert!(
-        ports.iter().any(
-            |p| p["name"].as_str() == Some("http") && p["containerPort"].as_u64() == Some(port)
-        ),
-        "the `http` port is the --http-listen port {port}"
-    );
-    assert_eq!(
-        container["livenessProbe"]["httpGet"]["path"].as_str(),
-        Some("/healthz")
-    );
-    assert_eq!(
-        container["readinessProbe"]["httpGet"]["path"].as_str(),
-        Some("/readyz")
-    );
-    for probe in ["livenessProbe", "readinessProbe"] {
-        assert_eq!(
-            container[probe]["httpGet"]["port"].as_str(),
-            Some("http"),
-            "{probe}"
-        );
-    }
-}
-
-#[test]
-fn mps_overlay_mounts_what_the_config_names() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mps");
-    let cm: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
-            .unwrap();
-    let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
-    let cfg = gpu_slicer::domain::config::parse(
-        text,
-        "deploy/mps/configmap.yaml",
-        &gpu_slicer::domain::config::Overrides::default(),
-    )
-    .expect("the overlay's config is valid");
-    let root = cfg.mps_root.clone().expect("flags.mpsRoot set");
-    // It plans MPS daemons on a real node shape.
-    let inv = gpu_slicer::domain::inventory::Backend::discover(
-        &gpu_slicer::platform::sim::SimBackend::open("dgx-h100").unwrap(),
-    )
-    .unwrap();
-    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
-    assert_eq!(
-        gpu_slicer::domain::mps::daemons_for(&plan, &cfg)
-            .unwrap()
-            .len(),
-        8,
-        "one daemon per GPU"
-    );
-    let ds: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(format!("{dir}/daemonset.yaml")).unwrap())
-            .unwrap();
-    let spec = &ds["spec"]["template"]["spec"];
-    let mounts = spec["containers"][0]["volumeMounts"].as_sequence().unwrap();
-    let volumes = spec["volumes"].as_sequence().unwrap();
-    let host_path_of = |mount_path: &str| -> String {
-        let m = mounts
-            .iter()
-            .find(|m| m["mountPath"].as_str() == Some(mount_path))
-            .unwrap_or_else(|| panic!("no mount at {mount_path}"));
-        let v = volumes
-            .iter()
-            .find(|v| v["name"] == m["name"])
-            .expect("mounted volume");
-        v["hostPath"]["path"]
-            .as_str()
-            .expect("hostPath")
-            .to_string()
-    };
-    // Same path inside and out: CDI specs name host paths for tenants' bind mounts.
-    assert_eq!(host_path_of(root.to_str().unwrap()), root.to_str().unwrap());
-    // Issue 13 item 11: no one shared /dev/shm. Each daemon's is a tmpfs the agent mounts
-    // under the root, which must reach the host (tenants bind the host path), and the
-    // daemons get it as /dev/shm in mount namespaces of their own (CAP_SYS_ADMIN; mount
-    // and Bidirectional propagation take a privileged container).
-    assert!(
-        mounts
-            .iter()
-            .all(|m| m["mountPath"].as_str() != Some("/dev/shm")),
-        "the daemon container mounts nothing at /dev/shm"
-    );
-    assert!(
-        volumes
-            .iter()
-            .all(|v| v["hostPath"]["path"]
-                .as_str()
-                .is_none_or(
-                    |p| !std::path::Path::new(p).starts_with(&root) || p == root.to_str().unwrap()
-                )),
-        "no volume of a directory inside the MPS root"
-    );
-    for d in gpu_slicer::domain::mps::daemons_for(&plan, &cfg).unwrap() {
-        assert_eq!(d.shm_dir, root.join(&d.uuid).join("shm"));
-    }
-    let root_mount = mounts
-        .iter()
-        .find(|m| m["mountPath"].as_str() == root.to_str())
-        .unwrap();
-    assert_eq!(
-        root_mount["mountPropagation"].as_str(),
-        Some("Bidirectional"),
-        "the shm mounts under the MPS root reach the host"
-    );
-    let merged = kustomize("deploy/mps");
-    let sc = &object(&merged, "DaemonSet", "gpu-slicer")["spec"]["template"]["spec"]["containers"]
-        [0]["securityContext"];
-    assert_eq!(sc["privileged"].as_bool(), Some(true), "{sc:?}");
-    // The API server refuses privileged with allowPrivilegeEscalation false (the base's).
-    assert_eq!(
-        sc["allowPrivilegeEscalation"].as_bool(),
-        Some(true),
-        "{sc:?}"
-    );
-    assert!(
-        strings(&sc["capabilities"]["add"]).contains(&"SYS_ADMIN".to_string()),
-        "{sc:?}"
-    );
+/// `gpu-slicer <args>` in the repository root; its JSON output.
+///
+/// # Panics
+/// When the command fails or prints no JSON.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run gpu-slicer");
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 /// `deploy/mig-layouts`: the config names a mig-parted file in the same ConfigMap, at the path
@@ -240,13 +34,25 @@ fn mps_overlay_mounts_what_the_config_names() {
 fn mig_layouts_overlay_names_a_mounted_layout_that_fits() {
     let objs = kustomize("deploy/mig-layouts");
     let cm = object(&objs, "ConfigMap", "gpu-slicer-config");
-    let cfg = gpu_slicer::domain::config::parse(
-        cm["data"]["config.yaml"].as_str().unwrap(),
-        "configmap",
-        &gpu_slicer::domain::config::Overrides::default(),
-    )
-    .expect("config");
-    let layouts = cfg.mig_layouts.expect("flags.migLayouts");
+    let text = cm["data"]["config.yaml"].as_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    // The agent takes the config (it plans on the node the layout is for).
+    let config_file = tmp.path().join("config.yaml");
+    std::fs::write(&config_file, text).unwrap();
+    json_of(&[
+        "inventory",
+        "--backend",
+        "sim:hack/nodes/mixed-a100.yaml",
+        "--config",
+        config_file.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let cfg: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).expect("config");
+    let layouts = &cfg["flags"]["migLayouts"];
+    assert!(!layouts.is_null(), "flags.migLayouts");
+    let layouts_file = Path::new(layouts["file"].as_str().expect("flags.migLayouts.file"));
+    let layout = layouts["layout"].as_str().expect("flags.migLayouts.layout");
     let ds = object(&objs, "DaemonSet", "gpu-slicer");
     let container = &ds["spec"]["template"]["spec"]["containers"][0];
     let config_mount = container["volumeMounts"]
@@ -256,31 +62,27 @@ fn mig_layouts_overlay_names_a_mounted_layout_that_fits() {
         .find(|m| m["name"].as_str() == Some("config"))
         .expect("config mount");
     let dir = std::path::Path::new(config_mount["mountPath"].as_str().unwrap());
-    let key = layouts
-        .file
+    let key = layouts_file
         .strip_prefix(dir)
-        .unwrap_or_else(|_| panic!("{} is not under {}", layouts.file.display(), dir.display()));
+        .unwrap_or_else(|_| panic!("{} is not under {}", layouts_file.display(), dir.display()));
     let text = cm["data"][key.to_str().unwrap()]
         .as_str()
         .unwrap_or_else(|| panic!("the ConfigMap has no key {}", key.display()));
-    let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("mig-parted.yaml");
     std::fs::write(&file, text).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args([
-            "mig",
-            "apply",
-            "--backend",
-            "sim:hack/nodes/mixed-a100.yaml",
-        ])
-        .arg("--config-file")
-        .arg(&file)
-        .args(["--layout", &layouts.layout, "--dry-run", "--format", "json"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = json_of(&[
+        "mig",
+        "apply",
+        "--backend",
+        "sim:hack/nodes/mixed-a100.yaml",
+        "--config-file",
+        file.to_str().unwrap(),
+        "--layout",
+        layout,
+        "--dry-run",
+        "--format",
+        "json",
+    ]);
     let statuses: Vec<&str> = report["gpus"]
         .as_array()
         .unwrap()
@@ -306,56 +108,6 @@ fn mig_layouts_overlay_names_a_mounted_layout_that_fits() {
 }
 
 // ------------------------------------------------- the built manifests on a host-like layout
-
-/// `kubectl` as hack/install-deps.sh provides it: the repository's venv first, else PATH.
-fn kubectl() -> std::path::PathBuf {
-    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl");
-    if venv.exists() {
-        venv
-    } else {
-        "kubectl".into()
-    }
-}
-
-/// Every object `kubectl kustomize deploy/<dir>` prints (what `kubectl apply -k` sends).
-fn kustomize(dir: &str) -> Vec<serde_yaml_ng::Value> {
-    use serde::Deserialize;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
-    let out = std::process::Command::new(kubectl())
-        .arg("kustomize")
-        .arg(&path)
-        .output()
-        .unwrap_or_else(|e| panic!("kubectl ({e}): run hack/install-deps.sh"));
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {dir}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf8");
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| serde_yaml_ng::Value::deserialize(d).expect("kustomize output is YAML"))
-        .collect()
-}
-
-fn object<'a>(
-    objs: &'a [serde_yaml_ng::Value],
-    kind: &str,
-    name: &str,
-) -> &'a serde_yaml_ng::Value {
-    objs.iter()
-        .find(|o| o["kind"].as_str() == Some(kind) && o["metadata"]["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no {kind} {name} in the kustomize output"))
-}
-
-fn strings(v: &serde_yaml_ng::Value) -> Vec<String> {
-    v.as_sequence()
-        .map(|s| {
-            s.iter()
-                .map(|a| a.as_str().expect("string").to_string())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// A node as the DaemonSet's hostPath volumes see it, built under `host/`: the driver's
 /// `/proc/driver/nvidia{,-caps}` (with `mig-minors`), `/dev/nvidia*`, the kubelet's
@@ -513,19 +265,27 @@ async fn manifest_runs_on_mig_node(dir: &str) {
         .expect("pod resources");
     layout.mount(pod, container, &objs);
 
-    // What the daemon should serve: the ConfigMap's config planned on the same node.
+    // What the daemon should serve: the ConfigMap's config planned on the same node (as
+    // `gpu-slicer inventory` reports it).
     let cm = object(&objs, "ConfigMap", "gpu-slicer-config");
-    let cfg = gpu_slicer::domain::config::parse(
-        cm["data"]["config.yaml"].as_str().unwrap(),
-        "configmap",
-        &gpu_slicer::domain::config::Overrides::default(),
-    )
-    .expect("config");
-    let sim =
-        gpu_slicer::platform::sim::SimBackend::open(layout.node_file.to_str().unwrap()).unwrap();
-    let inv = gpu_slicer::domain::inventory::Backend::discover(&sim).unwrap();
-    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
-    let names: Vec<String> = plan.resources.iter().map(|r| r.name.clone()).collect();
+    let config_file = layout.dir.path().join("configmap-config.yaml");
+    std::fs::write(&config_file, cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let backend = format!("sim:{}", layout.node_file.display());
+    let inv = json_of(&[
+        "inventory",
+        "--backend",
+        &backend,
+        "--config",
+        config_file.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let names: Vec<String> = inv["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r["name"].as_str().expect("name").to_string())
+        .collect();
     assert!(
         names.iter().any(|n| n.starts_with("nvidia.com/mig-")),
         "{names:?}"
@@ -560,46 +320,37 @@ async fn manifest_runs_on_mig_node(dir: &str) {
     // The spec the runtime reads (the `/var/run/cdi` volume) isolates every MIG device.
     let cdi_dir = host.join("var/run/cdi");
     let mut nodes = std::collections::BTreeSet::new();
+    let each = |v: &serde_json::Value| v.as_array().cloned().unwrap_or_default();
     for e in std::fs::read_dir(&cdi_dir).expect("cdi dir") {
-        let p = e.unwrap().path();
-        let spec = gpu_slicer::domain::cdi::Spec::parse(&std::fs::read_to_string(&p).unwrap(), &p)
-            .unwrap();
-        for d in &spec.devices {
+        let spec = read_cdi_spec(&e.unwrap().path());
+        for d in each(&spec["devices"]) {
             nodes.extend(
-                d.container_edits
-                    .device_nodes
+                each(&d["containerEdits"]["deviceNodes"])
                     .iter()
-                    .map(|n| n.path.clone()),
+                    .map(|n| n["path"].as_str().expect("path").to_string()),
             );
         }
     }
     // The host's driver rides along with every device, by its host path, read through the
     // host-root volume (`--container-driver-root`).
     let spec_path = cdi_dir.join("gpu-slicer.io-gpu.yaml");
-    let spec = gpu_slicer::domain::cdi::Spec::parse(
-        &std::fs::read_to_string(&spec_path).unwrap(),
-        &spec_path,
-    )
-    .unwrap();
+    let spec = read_cdi_spec(&spec_path);
     let libcuda = format!(
         "/usr/lib/x86_64-linux-gnu/libcuda.so.{}",
-        inv.driver_version.as_deref().unwrap_or_default()
+        inv["driverVersion"].as_str().unwrap_or_default()
     );
+    let mounts = each(&spec["containerEdits"]["mounts"]);
     assert!(
-        spec.container_edits
-            .mounts
-            .iter()
-            .any(|m| m.host_path == libcuda),
-        "{dir}: the spec does not mount {libcuda}: {:?}",
-        spec.container_edits.mounts
+        mounts.iter().any(|m| m["hostPath"] == libcuda.as_str()),
+        "{dir}: the spec does not mount {libcuda}: {mounts:?}"
     );
-    for g in &inv.gpus {
-        for m in &g.mig_devices {
-            let gi = m.gi_cap_minor.expect("sim minors");
+    for g in each(&inv["gpus"]) {
+        for m in each(&g["migDevices"]) {
+            let gi = m["giCapMinor"].as_u64().expect("sim minors");
             assert!(
                 nodes.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi}")),
                 "{dir}: {} lacks its GI capability node",
-                m.uuid
+                m["uuid"]
             );
         }
     }
@@ -652,63 +403,4 @@ fn node_selector_is_documented_and_replaceable() {
         )
     };
     assert_eq!(args(&own), args(&base));
-}
-
-#[test]
-fn label_configs_overlay_runs_the_config_dir_on_its_configmap() {
-    let objs = kustomize("deploy/label-configs");
-    let ds = object(&objs, "DaemonSet", "gpu-slicer");
-    let pod = &ds["spec"]["template"]["spec"];
-    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(true));
-    let container = &pod["containers"][0];
-    let args = strings(&container["args"]);
-    let argv = std::iter::once("gpu-slicer".to_string()).chain(args.clone());
-    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("args do not parse: {e}"));
-    let Command::Run(run) = cli.command else {
-        panic!("the container does not run `run`");
-    };
-    assert!(
-        run.config.config.is_none(),
-        "--config is replaced: {args:?}"
-    );
-    let dir = run.fleet.config_dir.expect("--config-dir");
-    let mount = container["volumeMounts"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"].as_str() == dir.to_str())
-        .expect("--config-dir is mounted");
-    let volume = pod["volumes"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .expect("the mount's volume");
-    let cm_name = volume["configMap"]["name"]
-        .as_str()
-        .expect("a ConfigMap volume");
-    let cm = object(&objs, "ConfigMap", cm_name);
-    let data = cm["data"].as_mapping().expect("data");
-    for key in ["default", "training", "inference"] {
-        let text = data
-            .get(key)
-            .and_then(|v| v.as_str())
-            .unwrap_or_else(|| panic!("no key {key}"));
-        gpu_slicer::domain::config::parse(
-            text,
-            key,
-            &gpu_slicer::domain::config::Overrides::default(),
-        )
-        .unwrap_or_else(|e| panic!("key {key}: {e}"));
-    }
-    let node_name = container["env"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"].as_str() == Some("NODE_NAME"))
-        .expect("NODE_NAME");
-    assert_eq!(
-        node_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
-        Some("spec.nodeName")
-    );
 }

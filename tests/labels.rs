@@ -1,14 +1,14 @@
 //! Node labels end to end: the built daemon writes the NFD feature file named by
 //! `LABELS_FILE`, rewrites it when a config reload or a re-scan (MIG change) changes the
 //! labels, removes it on SIGTERM; `gpu-slicer labels` prints the same set (the README sample).
+//! (The `--labels-file` default: `cli::run` unit tests.)
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
 
-use common::{short_tempdir, within};
+use common::{STEP, short_tempdir, wait_until, within};
 use gpu_slicer::testkit::kubelet::KubeletEmulator;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -26,16 +26,12 @@ fn replace(path: &Path, text: &str) {
 
 /// Poll `path` until `pred` holds for its content (or it is absent, as `None`).
 async fn wait_file(what: &str, path: &Path, pred: impl Fn(Option<&str>) -> bool) -> Option<String> {
-    within(what, async {
-        loop {
-            let text = std::fs::read_to_string(path).ok();
-            if pred(text.as_deref()) {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_until(STEP, || async {
+        let text = std::fs::read_to_string(path).ok();
+        pred(text.as_deref()).then_some(text)
     })
     .await
+    .unwrap_or_else(|| panic!("timed out: {what}"))
 }
 
 #[tokio::test]
@@ -120,33 +116,6 @@ async fn daemon_writes_rewrites_and_removes_the_labels_file() {
     assert!(status.success(), "{status:?}");
     assert!(!labels.exists(), "labels removed on shutdown, as GFD does");
     emulator.shutdown().await;
-}
-
-#[test]
-fn labels_file_flag_default_path_and_empty_disables() {
-    use clap::Parser;
-    use gpu_slicer::cli::{Cli, Command};
-    let settings = |extra: &[&str]| {
-        let argv = ["gpu-slicer", "run", "--backend", "sim:mixed-a100"]
-            .iter()
-            .chain(extra)
-            .copied();
-        let Command::Run(run) = Cli::try_parse_from(argv).expect("parse").command else {
-            panic!("not run");
-        };
-        run.settings().expect("settings").labels.map(|l| l.path)
-    };
-    assert_eq!(
-        settings(&[]),
-        Some(PathBuf::from(
-            "/etc/kubernetes/node-feature-discovery/features.d/gpu-slicer"
-        ))
-    );
-    assert_eq!(settings(&["--labels-file="]), None);
-    assert_eq!(
-        settings(&["--labels-file", "/tmp/x/labels"]),
-        Some(PathBuf::from("/tmp/x/labels"))
-    );
 }
 
 #[test]

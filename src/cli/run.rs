@@ -295,3 +295,8 @@ pub async fn run(args: &RunArgs) -> Result<(), RunError> {
     shutdown.cancel();
     Ok(daemon.await?)
 }
+
+#[cfg(test)]
+mod compat_tests;
+#[cfg(test)]
+mod deploy_tests;

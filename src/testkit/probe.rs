@@ -1,10 +1,11 @@
 //! What tests read from a running daemon: one request on a fresh connection to its HTTP
 //! endpoint ([`http`]; [`free_port`] for a daemon in another process), `promtool check
-//! metrics` on a scrape ([`promtool_check`]), the device names of the CDI spec it wrote
-//! ([`spec_device_names`]).
+//! metrics` on a scrape ([`promtool_check`]), the CDI spec it wrote ([`read_cdi_spec`],
+//! [`spec_device_names`]).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::path::Path;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -73,6 +74,18 @@ pub fn promtool_check(body: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The CDI spec file at `path` as the agent's own reader loads it (file name, parse, the
+/// checks a runtime makes: `cdi validate`), as a JSON document in the spec's field names
+/// (`devices[].containerEdits.deviceNodes[].path`, ...).
+///
+/// # Panics
+/// When the file is missing or not a valid spec.
+pub fn read_cdi_spec(path: &Path) -> serde_json::Value {
+    let spec = crate::platform::cdi_host::validate_file(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::to_value(&spec).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Every CDI device name in a spec's YAML text (`- name: <device>` lines).

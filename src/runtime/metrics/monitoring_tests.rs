@@ -2,7 +2,7 @@
 //! metrics the daemon exports: every metric name in their expressions (and in the rule
 //! tests' input series) is a family of a real scrape of the daemon on the sim backend, or a
 //! series the rules record. `promtool check rules` / `promtool test rules` run in
-//! `hack/validate-manifests.sh`.
+//! `hack/validate-manifests.sh`. And a fresh daemon exposes every family from the start.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,11 +13,13 @@ use crate::domain::config::{self, Overrides};
 use crate::platform::sim::SimBackend;
 use crate::platform::usage::{CHECKPOINT_FILE, SimUsage};
 use crate::runtime::ledger::LedgerSettings;
-use crate::runtime::supervisor::RunSettings;
+use crate::runtime::supervisor::{self as app, RunSettings};
 use crate::runtime::usage::UsageSettings;
 use crate::testkit::kubelet::KubeletEmulator;
 use crate::testkit::kubelet::PodRef;
-use crate::testkit::{Node, STEP, http, temp_dir, wait_until};
+use crate::testkit::{Node, STEP, http, promtool_check, temp_dir, wait_until, within};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 /// Sample-name suffixes of a family (OpenMetrics counters, histograms, summaries).
 const SUFFIXES: &[&str] = &["_total", "_bucket", "_sum", "_count", "_created", "_info"];
@@ -232,4 +234,56 @@ async fn rules_and_dashboard_use_only_exported_metrics() {
         "not exported by the daemon:\n{}",
         missing.join("\n")
     );
+}
+
+/// The metrics of a fresh daemon (moved from tests/compat.rs, item 21): every family is
+/// there before anything happened, and the scrape passes promtool.
+#[tokio::test]
+async fn a_fresh_daemon_exposes_every_family_and_passes_promtool() {
+    let dir = temp_dir();
+    let config = config::parse(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n",
+        "test.yaml",
+        &Overrides::default(),
+    )
+    .expect("config");
+    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
+    let mut settings = RunSettings::new(config, dir.path().join("dp"), dir.path().join("cdi"));
+    settings.http_listen = Some("127.0.0.1:0".into());
+    let (tx, rx) = oneshot::channel();
+    settings.on_ready = Some(tx);
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
+    let running = within("daemon ready", rx).await.expect("ready");
+    let addr = running.http_addr.expect("http");
+    // Per-resource series follow the first publication, asynchronously.
+    let body = wait_until(STEP, || async {
+        let body = scrape(addr).await;
+        body.contains("gpu_slicer_device_healthy{").then_some(body)
+    })
+    .await
+    .expect("per-resource series");
+    for sample in [
+        "gpu_slicer_build_info{version=\"",
+        "gpu_slicer_config_reloads_total{outcome=\"ok\"} 0",
+        "gpu_slicer_config_reloads_total{outcome=\"failed\"} 0",
+        "gpu_slicer_config_entries_skipped{reason=\"resource-not-on-node\"} 0",
+        "gpu_slicer_config_entries_skipped{reason=\"no-matching-devices\"} 0",
+        "gpu_slicer_ledger_up ",
+        "gpu_slicer_ledger_drift_devices ",
+        "gpu_slicer_allocatable_devices{resource=\"nvidia.com/gpu\"} 16",
+        "gpu_slicer_unhealthy_devices{resource=\"nvidia.com/gpu\"} 0",
+        "gpu_slicer_kubelet_registrations_total{resource=\"nvidia.com/gpu\"} 0",
+        "gpu_slicer_allocate_rejections_total{resource=\"nvidia.com/gpu\",rule=\"unknown-device\"} 0",
+        "gpu_slicer_allocate_duration_seconds_count{resource=\"nvidia.com/gpu\"} 0",
+        "gpu_slicer_preferred_allocation_duration_seconds_count{resource=\"nvidia.com/gpu\"} 0",
+    ] {
+        assert!(body.contains(sample), "missing {sample:?} in:\n{body}");
+    }
+    promtool_check(&body);
+    shutdown.cancel();
+    within("stop", app)
+        .await
+        .expect("join")
+        .expect("clean stop");
 }
