@@ -307,3 +307,6 @@ fn print_allocation(out: &mut impl Write, a: &Allocation) -> std::io::Result<()>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod demo_tests;
