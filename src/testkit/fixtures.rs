@@ -1,7 +1,8 @@
 //! Shared fixtures: a built-in sim node, a config parsed from text, the plan of both, and a
-//! state store serving it. One copy for unit tests, integration tests, benches and the demo.
+//! state store serving it; configs and node texts several tests use; the CDI examples in
+//! `tests/fixtures/cdi/`. One copy for unit tests, integration tests, benches and the demo.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::domain::config::{self, Config, Overrides};
 use crate::domain::inventory::{Backend, Inventory};
@@ -104,4 +105,74 @@ pub fn plan(profile: &str, config_text: &str) -> Plan {
 pub fn store(profile: &str, config_text: &str) -> Store {
     let (inventory, config, plan) = planned(profile, config_text);
     Store::new(Snapshot::serving(config, inventory, plan))
+}
+
+/// The CDI examples: `valid/`, `invalid/`, and the 51 Podman 4.3.1 cases with what Podman did.
+pub const CDI_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
+
+/// Files that `cdi validate` must reject: `tests/fixtures/cdi/invalid/` (including the cases
+/// CDI-RS's own fixtures reject), and every Podman case file Podman rejected for a
+/// reason inside the file (not for host state such as a missing /dev node or a conflict
+/// between two files).
+///
+/// # Panics
+/// When `tests/fixtures/cdi/invalid/` cannot be read.
+pub fn cdi_must_reject() -> Vec<PathBuf> {
+    let ex = Path::new(CDI_FIXTURES);
+    let invalid = ex.join("invalid");
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(&invalid).unwrap_or_else(|e| panic!("{}: {e}", invalid.display())) {
+        files.push(
+            e.unwrap_or_else(|e| panic!("{}: {e}", invalid.display()))
+                .path(),
+        );
+    }
+    let cases = ex.join("podman-4.3.1");
+    for rel in [
+        "ver-0.6.0/etc/t.json",
+        "ver-0.7.0/etc/t.json",
+        "ver-0.8.0/etc/t.json",
+        "ver-1.0.0/etc/t.json",
+        "ver-1.1.0/etc/t.json",
+        "ver-v0.5.0/etc/t.json",
+        "ver-0.5/etc/t.json",
+        "ver-empty/etc/t.json",
+        "f-perm-none/etc/t.json",
+        "f-hook-badname/etc/t.json",
+        "f-env-invalid/etc/t.json",
+        "f-empty-device-edits/etc/t.json",
+        "f-annotations-0.5.0/etc/t.json",
+        "f-annotations-0.6.0/etc/t.json",
+        "f-additionalgids-0.5.0/etc/t.json",
+        "f-unknown-field/etc/t.json",
+        "dup-in-file/etc/t.json",
+        "n-class-dot/etc/t.json",
+        "n-vendor-single-char/etc/t.json",
+        "n-class-single-char/etc/t.json",
+        "n-single-char-class-in-other-file/etc/bad.json",
+        "broken-file-isolated/etc/bad.json",
+        "file-yml/etc/t.yml",
+        "file-noext/etc/t",
+    ] {
+        files.push(cases.join(rel));
+    }
+    files
+}
+
+/// The names in `dir`, sorted.
+///
+/// # Panics
+/// When `dir` cannot be read.
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    v.sort();
+    v
 }

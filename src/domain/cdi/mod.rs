@@ -341,3 +341,6 @@ impl Spec {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod cdi_tests;

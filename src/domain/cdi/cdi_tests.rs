@@ -1,30 +1,22 @@
-//! CDI provider through the public API and the real binary: golden specs in `cdi-specs/`,
-//! the official JSON schema (as the `container-device-interface` crate ships it), that
-//! crate's own parser and validator as a second, independent check of every spec we emit,
-//! the rules learnt from the 51 Podman 4.3.1 cases, the invalid examples in
-//! `tests/fixtures/cdi/`, and the bad-input contract of
-//! `cdi generate`. Nothing outside the repository and its dependencies is read.
+//! The CDI provider: golden specs in `cdi-specs/`, the official JSON schema (as the
+//! `container-device-interface` crate ships it), that crate's own parser and validator as a
+//! second, independent check of every spec we emit, the rules learnt from the 51 Podman 4.3.1
+//! cases, and the invalid examples in `tests/fixtures/cdi/`. Nothing outside the repository
+//! and its dependencies is read. (`cdi generate / list / validate / remove` through the
+//! built binary: tests/cli_cdi.rs.)
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use gpu_slicer::domain::cdi::{
+use crate::domain::cdi::{
     self, Format, GenerateOptions, NoProbe, Spec, qualified_name, spec_file_name,
 };
-use gpu_slicer::domain::inventory::Backend;
-use gpu_slicer::platform::cdi_host::validate_file;
-use gpu_slicer::platform::sim::{BUILTIN_PROFILES, SimBackend};
+use crate::domain::inventory::Backend;
+use crate::platform::cdi_host::validate_file;
+use crate::platform::sim::{BUILTIN_PROFILES, SimBackend};
+use crate::testkit::fixtures::{CDI_FIXTURES as FIXTURES, cdi_must_reject as must_reject};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
 const KIND: &str = "gpu-slicer.io/gpu";
-
-fn bin(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-        .args(args)
-        .output()
-        .expect("run gpu-slicer")
-}
 
 fn spec_for(profile: &str) -> Spec {
     let inv = SimBackend::open(profile)
@@ -93,7 +85,7 @@ fn all_generated() -> Vec<(String, Spec)> {
 /// A host driver as `driver::discover` reports it on a typical node, built by hand so the
 /// golden spec does not depend on this machine.
 fn driver_spec() -> Spec {
-    use gpu_slicer::platform::driver::{Driver, DriverFile, Library, container_edits};
+    use crate::platform::driver::{Driver, DriverFile, Library, container_edits};
     let v = "570.124.06";
     let file = |p: String| DriverFile {
         container_path: p.clone(),
@@ -240,7 +232,7 @@ fn share_devices_carry_the_limits_of_k_shares() {
 }
 
 /// Host paths bind-mounted at `/dev/shm` by these edits.
-fn shm_of(e: &gpu_slicer::domain::cdi::ContainerEdits) -> Vec<&str> {
+fn shm_of(e: &crate::domain::cdi::ContainerEdits) -> Vec<&str> {
     e.mounts
         .iter()
         .filter(|m| m.container_path == "/dev/shm")
@@ -252,15 +244,15 @@ fn shm_of(e: &gpu_slicer::domain::cdi::ContainerEdits) -> Vec<&str> {
 /// host path, so the golden is machine-independent.
 fn shares_spec() -> Spec {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cfg = gpu_slicer::platform::config_file::load(
+    let cfg = crate::platform::config_file::load(
         Some(&root.join("hack/configs/shares.yaml")),
-        &gpu_slicer::domain::config::Overrides::default(),
+        &crate::domain::config::Overrides::default(),
     )
     .expect("shares.yaml");
     let inv = SimBackend::open("mixed-a100")
         .and_then(|b| b.discover())
         .expect("profile");
-    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
+    let plan = crate::domain::plan::build(&inv, &cfg).expect("plan");
     let opts = GenerateOptions {
         kind: KIND.into(),
         dev_root: None,
@@ -299,7 +291,7 @@ fn cdi_specs_dir_matches_generator() {
             .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
         assert!(
             want == bytes,
-            "{} drifted; run `UPDATE_GOLDEN=1 cargo test --test cdi` and review the diff",
+            "{} drifted; run `UPDATE_GOLDEN=1 cargo test --lib domain::cdi` and review the diff",
             path.display()
         );
         // The checked-in file is itself a valid spec.
@@ -462,48 +454,6 @@ fn every_uuid_has_a_stable_device_name() {
     );
 }
 
-/// Files that `cdi validate` must reject: `tests/fixtures/cdi/invalid/` (including the cases
-/// CDI-RS's own fixtures reject), and every Podman case file Podman rejected for a
-/// reason inside the file (not for host state such as a missing /dev node or a conflict
-/// between two files).
-fn must_reject() -> Vec<PathBuf> {
-    let ex = Path::new(FIXTURES);
-    let mut files = Vec::new();
-    for e in fs::read_dir(ex.join("invalid")).expect("fixtures dir") {
-        files.push(e.expect("entry").path());
-    }
-    let cases = ex.join("podman-4.3.1");
-    for rel in [
-        "ver-0.6.0/etc/t.json",
-        "ver-0.7.0/etc/t.json",
-        "ver-0.8.0/etc/t.json",
-        "ver-1.0.0/etc/t.json",
-        "ver-1.1.0/etc/t.json",
-        "ver-v0.5.0/etc/t.json",
-        "ver-0.5/etc/t.json",
-        "ver-empty/etc/t.json",
-        "f-perm-none/etc/t.json",
-        "f-hook-badname/etc/t.json",
-        "f-env-invalid/etc/t.json",
-        "f-empty-device-edits/etc/t.json",
-        "f-annotations-0.5.0/etc/t.json",
-        "f-annotations-0.6.0/etc/t.json",
-        "f-additionalgids-0.5.0/etc/t.json",
-        "f-unknown-field/etc/t.json",
-        "dup-in-file/etc/t.json",
-        "n-class-dot/etc/t.json",
-        "n-vendor-single-char/etc/t.json",
-        "n-class-single-char/etc/t.json",
-        "n-single-char-class-in-other-file/etc/bad.json",
-        "broken-file-isolated/etc/bad.json",
-        "file-yml/etc/t.yml",
-        "file-noext/etc/t",
-    ] {
-        files.push(cases.join(rel));
-    }
-    files
-}
-
 #[test]
 fn validate_rejects_every_invalid_example() {
     let files = must_reject();
@@ -513,17 +463,7 @@ fn validate_rejects_every_invalid_example() {
         let err = validate_file(f).expect_err(&f.display().to_string());
         assert!(!err.to_string().is_empty());
     }
-    // Through the binary: non-zero exit, one reason per file.
-    let args: Vec<&str> = files.iter().map(|p| p.to_str().expect("utf8")).collect();
-    let mut argv = vec!["cdi", "validate"];
-    argv.extend(args);
-    let out = bin(&argv);
-    assert_eq!(out.status.code(), Some(2));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        stdout.lines().filter(|l| l.starts_with("invalid:")).count(),
-        files.len()
-    );
+    // Through the binary (non-zero exit, one reason per file): tests/cli_cdi.rs.
 }
 
 #[test]
@@ -551,204 +491,4 @@ fn validate_accepts_what_podman_loaded() {
     for f in files {
         validate_file(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
     }
-}
-
-#[test]
-fn generate_writes_lists_and_removes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let d = dir.path().to_str().expect("utf8");
-    let out = bin(&[
-        "cdi",
-        "generate",
-        "--backend",
-        "sim:mixed-a100",
-        "--output",
-        d,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let file = dir.path().join("gpu-slicer.io-gpu.yaml");
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("wrote "));
-    let again = bin(&[
-        "cdi",
-        "generate",
-        "--backend",
-        "sim:mixed-a100",
-        "--output",
-        d,
-    ]);
-    assert!(String::from_utf8_lossy(&again.stdout).starts_with("unchanged "));
-    let list = bin(&["cdi", "list", file.to_str().expect("utf8")]);
-    assert!(list.status.success());
-    let text = String::from_utf8_lossy(&list.stdout);
-    assert_eq!(text.lines().count(), 31);
-    assert!(text.contains("gpu-slicer.io/gpu=0:6\n") && text.contains("gpu-slicer.io/gpu=all\n"));
-    let rm = bin(&["cdi", "remove", "--output", d]);
-    assert!(rm.status.success());
-    assert!(!file.exists());
-}
-
-/// Bad input: a clear error naming the culprit, nothing written, a good spec left alone.
-#[test]
-fn bad_input_writes_nothing_and_keeps_the_good_spec() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let d = dir.path().to_str().expect("utf8");
-    let ok = bin(&[
-        "cdi",
-        "generate",
-        "--backend",
-        "sim:mixed-a100",
-        "--output",
-        d,
-    ]);
-    assert!(ok.status.success());
-    let good = dir.path().join("gpu-slicer.io-gpu.yaml");
-    let before = fs::read(&good).expect("good spec");
-
-    let node = dir.path().join("node.yaml");
-    let dup = "driverVersion: \"570.124.06\"\ncudaDriverVersion: 12080\ngpus:\n  - {index: 0, uuid: GPU-bad name, product: NVIDIA A100-SXM4-80GB, pciBusId: \"00000000:07:00.0\"}\n";
-    fs::write(&node, dup).expect("node file");
-    let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--kind".into(), "x/gpu".into()], "x/gpu"),
-        (
-            vec!["--kind".into(), "gpu-slicer.io/gpu.v2".into()],
-            "gpu.v2",
-        ),
-        (
-            vec!["--dev-root".into(), "/does/not/exist".into()],
-            "/does/not/exist",
-        ),
-        (
-            vec!["--backend".into(), format!("sim:{}", node.display())],
-            "GPU-bad name",
-        ),
-    ];
-    for (extra, culprit) in cases {
-        let mut argv: Vec<String> = ["cdi", "generate", "--output", d]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        if !extra.contains(&"--backend".to_string()) {
-            argv.extend(["--backend".into(), "sim:mixed-a100".into()]);
-        }
-        argv.extend(extra);
-        let out = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-            .args(&argv)
-            .output()
-            .expect("run");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{argv:?}: {stderr}");
-        assert!(stderr.contains(culprit), "{argv:?}: {stderr}");
-        assert_eq!(fs::read(&good).expect("still there"), before, "{argv:?}");
-        let files: Vec<_> = fs::read_dir(dir.path())
-            .expect("dir")
-            .map(|e| e.expect("entry").file_name())
-            .collect();
-        assert_eq!(
-            files.len(),
-            2,
-            "only the good spec and node.yaml: {files:?}"
-        );
-    }
-}
-
-/// `--dev-root`: hostPath under the root, type/major/minor from the host node (a symlink to
-/// /dev/null stands in for a GPU, no root needed), absent control nodes left out.
-#[test]
-fn dev_root_fills_nodes_from_the_host_and_omits_missing_control_nodes() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let dev = root.path().join("dev");
-    fs::create_dir_all(&dev).expect("mkdir");
-    for n in ["nvidia0", "nvidiactl"] {
-        std::os::unix::fs::symlink("/dev/null", dev.join(n)).expect("symlink");
-    }
-    let r = root.path().to_str().expect("utf8");
-    let out = bin(&[
-        "cdi",
-        "generate",
-        "--backend",
-        "sim:mixed-a100",
-        "--dev-root",
-        r,
-        "--output",
-        "-",
-        "--format",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let spec: Spec = serde_json::from_slice(&out.stdout).expect("json spec");
-    assert_eq!(spec.cdi_version, "0.5.0");
-    let ctl: Vec<_> = spec
-        .container_edits
-        .device_nodes
-        .iter()
-        .map(|n| n.path.as_str())
-        .collect();
-    assert_eq!(ctl, ["/dev/nvidiactl"]);
-    let gpu0 = &spec
-        .devices
-        .iter()
-        .find(|d| d.name == "0")
-        .expect("0")
-        .container_edits;
-    let n = &gpu0.device_nodes[0];
-    assert_eq!(
-        n.host_path.as_deref(),
-        Some(format!("{r}/dev/nvidia0").as_str())
-    );
-    assert_eq!(
-        (n.node_type.as_deref(), n.major, n.minor),
-        (Some("c"), Some(1), Some(3))
-    );
-    let gpu1 = &spec
-        .devices
-        .iter()
-        .find(|d| d.name == "1")
-        .expect("1")
-        .container_edits;
-    assert_eq!(
-        gpu1.device_nodes[0].node_type, None,
-        "absent node: path only"
-    );
-}
-
-#[test]
-fn relative_or_bad_hook_settings_are_refused_naming_them() {
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/configs/shares.yaml");
-    let base = [
-        "cdi",
-        "generate",
-        "--backend",
-        "sim:mixed-a100",
-        "--config",
-        config,
-        "--output",
-        "-",
-    ];
-    let out = bin(&[&base[..], &["--cdi-hook-path", "bin/gpu-slicer"]].concat());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("bin/gpu-slicer") && err.contains("absolute"),
-        "{err}"
-    );
-    let out = bin(&[&base[..], &["--cdi-hook-env", "=x"]].concat());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("KEY=VALUE"), "{err}");
-    // The default is this executable, written as an absolute path into every share device.
-    let out = bin(&base);
-    assert!(out.status.success());
-    let spec = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        spec.contains(&format!("path: {}", env!("CARGO_BIN_EXE_gpu-slicer"))),
-        "{spec}"
-    );
 }
