@@ -1,15 +1,17 @@
-//! Files an attacker or another writer controls: planted symlinks at temp names, a spec of
-//! the same kind in the other format, other vendors' kinds and file names, a world-writable
-//! config, and the memory hook's bad inputs (`--bytes 0`, a cgroup-v1-only host). Real
-//! files in temp dirs; the binary where the CLI is the interface.
+//! Files an attacker or another writer controls, through the built binary: a spec of the
+//! same kind in the other format, other vendors' kinds and file names, a world-writable
+//! config, and the memory hook's bad inputs (`--bytes 0`, a cgroup-v1-only host). Real files
+//! in temp dirs. (Planted symlinks and FIFOs at the writers' temp names and targets: the
+//! `platform::cdi_writer` unit tests.)
 
 mod common;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use gpu_slicer::platform::cdi_writer::{self as cdi, WriteOutcome};
+use gpu_slicer::testkit::fixtures::file_names as names;
+use gpu_slicer::testkit::read_cdi_spec;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"));
@@ -23,104 +25,6 @@ fn run(cmd: &mut Command) -> Output {
 
 fn text(out: &[u8]) -> String {
     String::from_utf8_lossy(out).into_owned()
-}
-
-/// A root-owned-style secret: 0600, known content. Returns its path.
-fn victim(dir: &Path) -> PathBuf {
-    let p = dir.join("victim");
-    std::fs::write(&p, "secret\n").expect("victim");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    p
-}
-
-fn assert_untouched(victim: &Path) {
-    assert_eq!(std::fs::read_to_string(victim).expect("read"), "secret\n");
-    let mode = std::fs::metadata(victim).expect("stat").mode() & 0o777;
-    assert_eq!(mode, 0o600, "victim was chmodded to {mode:o}");
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
-// ---- item 12: temp files -------------------------------------------------------------
-
-#[test]
-fn spec_writer_follows_no_planted_symlink() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let victim = victim(dir.path());
-    let cdi_dir = dir.path().join("cdi");
-    std::fs::create_dir(&cdi_dir).expect("cdi dir");
-    let name = "gpu-slicer.io-gpu.yaml";
-    // Every name the writer could pick predictably: the old `.<file>.<pid>.tmp` for this
-    // process (the writer runs in it) and for pid 1 (the agent in a DaemonSet), and pids
-    // nearby.
-    let me = std::process::id();
-    for pid in [1, me, me.saturating_sub(1), me + 1] {
-        let planted = cdi_dir.join(format!(".{name}.{pid}.tmp"));
-        std::os::unix::fs::symlink(&victim, planted).expect("plant");
-    }
-    // The target itself as a symlink: replaced, not written through.
-    std::os::unix::fs::symlink(&victim, cdi_dir.join(name)).expect("plant target");
-
-    assert_eq!(
-        cdi::write_spec(&cdi_dir, name, b"kind: x\n").expect("write"),
-        WriteOutcome::Written
-    );
-    assert_untouched(&victim);
-    let target = cdi_dir.join(name);
-    let meta = std::fs::symlink_metadata(&target).expect("stat");
-    assert!(meta.is_file(), "target is now our regular file");
-    assert_eq!(meta.mode() & 0o777, 0o644);
-    assert_eq!(std::fs::read(&target).expect("read"), b"kind: x\n");
-    // Only the planted links and our file: no temp file left behind.
-    assert_eq!(names(&cdi_dir).len(), 5, "{:?}", names(&cdi_dir));
-}
-
-#[test]
-fn spec_writer_does_not_read_a_planted_fifo() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let name = "gpu-slicer.io-gpu.json";
-    nix::unistd::mkfifo(&dir.path().join(name), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
-    // Reading a FIFO with no writer would block forever; the writer must replace it. It
-    // runs on its own thread so a blocked writer fails this test instead of hanging it.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let at = dir.path().to_path_buf();
-    std::thread::spawn(move || {
-        let _ = tx.send(cdi::write_spec(&at, name, b"{}\n").map_err(|e| e.to_string()));
-    });
-    let outcome = rx
-        .recv_timeout(common::STEP)
-        .expect("the writer blocked on a planted FIFO");
-    assert_eq!(outcome.expect("write"), WriteOutcome::Written);
-    assert_eq!(std::fs::read(dir.path().join(name)).expect("read"), b"{}\n");
-}
-
-#[test]
-fn hook_install_follows_no_planted_symlink() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let victim = victim(dir.path());
-    let to = dir.path().join("bin");
-    std::fs::create_dir(&to).expect("bin dir");
-    let me = std::process::id();
-    for pid in [1, me, me.saturating_sub(1), me + 1] {
-        let planted = to.join(format!(".gpu-slicer.{pid}.tmp"));
-        std::os::unix::fs::symlink(&victim, planted).expect("plant");
-    }
-    std::os::unix::fs::symlink(&victim, to.join("gpu-slicer")).expect("plant target");
-    let exe = Path::new(env!("CARGO_BIN_EXE_gpu-slicer"));
-    let installed = gpu_slicer::cli::cdi_hook::install(exe, &to).expect("install");
-    assert_untouched(&victim);
-    let meta = std::fs::symlink_metadata(&installed).expect("stat");
-    assert!(meta.is_file());
-    assert_eq!(meta.mode() & 0o777, 0o755);
-    assert_eq!(meta.len(), std::fs::metadata(exe).expect("exe").len());
-    assert_eq!(names(&to).len(), 5, "{:?}", names(&to));
 }
 
 // ---- item 8: one spec file per kind ---------------------------------------------------
@@ -158,10 +62,8 @@ fn generating_one_format_removes_the_other() {
             ],
             "after writing {format} the {other} file must be gone"
         );
-        gpu_slicer::platform::cdi_host::validate_file(
-            &cdi_dir.join(format!("gpu-slicer.io-gpu.{format}")),
-        )
-        .expect("valid spec");
+        // A valid spec.
+        read_cdi_spec(&cdi_dir.join(format!("gpu-slicer.io-gpu.{format}")));
     }
     // Unchanged content, but a stale twin planted since: the twin still goes.
     std::fs::copy(
@@ -253,9 +155,8 @@ fn other_vendors_kinds_are_refused_naming_field_and_value() {
             "{file} was overwritten"
         );
     }
-    // nvidia-ctk's default file name is refused whatever asks for it.
-    let err = cdi::write_spec(dir.path(), "nvidia.yaml", b"x").expect_err("nvidia.yaml");
-    assert!(err.to_string().contains("nvidia.yaml"), "{err}");
+    // nvidia-ctk's default file name is refused by the spec writer itself: the
+    // `platform::cdi_writer` unit tests.
 }
 
 fn generate_with(args: &[&str], out_dir: &Path) -> Output {

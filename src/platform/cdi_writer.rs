@@ -139,3 +139,6 @@ mod tests {
         assert!(write_spec(dir, ".a.yaml", b"x").is_err());
     }
 }
+
+#[cfg(test)]
+mod hostile_files_tests;
