@@ -4,3 +4,6 @@
 
 pub mod daemon;
 pub mod health;
+
+#[cfg(test)]
+mod mps_tests;

@@ -2,18 +2,19 @@
 //! the mixed-a100 sim node (a MIG profile and whole GPUs), the right environment and
 //! default limits, restart after a crash, and `quit` on cancellation; each daemon on a
 //! size-bounded `/dev/shm` of its own, removed when it stops (needs root, as CI runs).
+//! (`gpu-slicer run` without `CAP_SYS_ADMIN`: tests/cli_mps.rs.)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::domain::inventory::Backend;
-use gpu_slicer::domain::mps::{self, DaemonSpec};
-use gpu_slicer::domain::plan;
-use gpu_slicer::platform::mps_shm;
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::mps::daemon::{DaemonState, DaemonStates, Supervisor, SupervisorConfig};
+use crate::domain::config::{self, Overrides};
+use crate::domain::inventory::Backend;
+use crate::domain::mps::{self, DaemonSpec};
+use crate::domain::plan;
+use crate::platform::mps_shm;
+use crate::platform::sim::SimBackend;
+use crate::runtime::mps::daemon::{DaemonState, DaemonStates, Supervisor, SupervisorConfig};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -310,98 +311,4 @@ async fn compute_mode_is_set_for_whole_gpus_only_and_restored() {
             "-i GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03 -c EXCLUSIVE_PROCESS",
         ]
     );
-}
-
-/// Without `CAP_SYS_ADMIN` (as root: dropped from the bounding set with util-linux
-/// `setpriv`; unprivileged: not held anyway) `gpu-slicer run` starts no daemon on a shared
-/// `/dev/shm`: each stays down with an error naming the daemon, its shm directory and the
-/// capability, and nothing is mounted.
-#[tokio::test]
-async fn without_cap_sys_admin_no_daemon_starts_and_the_log_says_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let specs = daemons(&dir.path().join("mps"));
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "flags: {{migStrategy: mixed, mpsRoot: {}}}
-sharing:
-  mps:
-    resources:
-    - {{name: nvidia.com/mig-3g.40gb, replicas: 2}}
-    - {{name: nvidia.com/gpu, replicas: 4}}
-",
-            dir.path().join("mps").display()
-        ),
-    )
-    .unwrap();
-    let bin = env!("CARGO_BIN_EXE_gpu-slicer");
-    let mut cmd = if nix::unistd::geteuid().is_root() {
-        let mut c = tokio::process::Command::new("setpriv");
-        c.args([
-            "--bounding-set=-sys_admin",
-            "--inh-caps=-sys_admin",
-            "--",
-            bin,
-        ]);
-        c
-    } else {
-        tokio::process::Command::new(bin)
-    };
-    let log = dir.path().join("run.log");
-    cmd.arg("run")
-        .args(["--backend", "sim:mixed-a100", "--config"])
-        .arg(&cfg)
-        .arg("--device-plugin-dir")
-        .arg(dir.path().join("dp"))
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .arg("--mps-control-bin")
-        .arg(fake())
-        .env("STATE_DIR", dir.path().join("state"))
-        .env("HTTP_LISTEN", "127.0.0.1:0")
-        .env("POD_RESOURCES_SOCKET", "")
-        .env("LABELS_FILE", dir.path().join("labels"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true);
-    std::fs::create_dir_all(dir.path().join("dp")).unwrap();
-    let mut child = cmd.spawn().expect("setpriv (util-linux) and gpu-slicer");
-    let said_why = |text: &str, spec: &DaemonSpec| {
-        text.lines().any(|l| {
-            l.contains("MPS control daemon failed to start")
-                && l.contains(&spec.uuid)
-                && l.contains(&spec.shm_dir.display().to_string())
-                && l.contains("CAP_SYS_ADMIN")
-        })
-    };
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if specs.iter().all(|s| said_why(&text, s)) {
-            break;
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("gpu-slicer exited ({status}):\n{text}");
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no CAP_SYS_ADMIN error for every daemon:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    for spec in &specs {
-        assert_eq!(mps_shm::mounted_size(&spec.shm_dir).unwrap(), None);
-        assert!(!spec.pipe_dir.join("nvidia-cuda-mps-control.pid").exists());
-    }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status}");
 }
