@@ -313,3 +313,6 @@ mod tests {
         assert!(e.to_string().contains("token is missing"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod kube_apiserver_tests;
