@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use common::{SHARED_CONFIG, fake_lib, short_tempdir, within};
+use common::{SHARED_CONFIG, fake_lib, short_tempdir, wait_until, within};
 use gpu_slicer::testkit::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -183,12 +183,9 @@ impl Daemon {
     /// Hand `lines` to the event source, whole (temp file + rename), after the previous
     /// batch was consumed (the reader removes the file).
     async fn inject(&self, path: &Path, lines: &[&str]) {
-        within("previous events consumed", async {
-            while path.exists() {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await;
+        wait_until(common::STEP, || async { (!path.exists()).then_some(()) })
+            .await
+            .expect("previous events consumed");
         let tmp = self.dir.path().join("events.tmp");
         std::fs::write(&tmp, lines.join("\n") + "\n").expect("write events");
         std::fs::rename(&tmp, path).expect("rename events");

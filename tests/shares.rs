@@ -10,8 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use common::{short_tempdir, within};
+use common::{STEP, short_tempdir, wait_until, within};
 use gpu_slicer::testkit::kubelet::{DeviceInfo, KubeletEmulator};
+use gpu_slicer::testkit::read_cdi_spec;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -140,22 +141,30 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
     assert!(a.device_ids.iter().all(|id| id.starts_with(GPU3)));
     let share = format!("{KIND}={GPU3}-share-3");
     assert_eq!(a.response.cdi_devices, vec![share.clone()]);
-    let spec =
-        gpu_slicer::platform::cdi_host::validate_file(&cdi_dir.join("gpu-slicer.io-gpu.yaml"))
-            .expect("spec written");
-    let dev = spec
-        .devices
+    // The spec written, as a runtime loads it.
+    let spec = read_cdi_spec(&cdi_dir.join("gpu-slicer.io-gpu.yaml"));
+    let dev = spec["devices"]
+        .as_array()
+        .expect("devices")
         .iter()
-        .find(|d| format!("{KIND}={}", d.name) == share)
+        .find(|d| format!("{KIND}={}", d["name"].as_str().unwrap_or_default()) == share)
         .expect("share device in the spec");
-    let hook = &dev.container_edits.hooks[0];
-    assert_eq!(hook.path, "/opt/gpu-slicer/bin/gpu-slicer");
+    let hook = &dev["containerEdits"]["hooks"][0];
+    assert_eq!(hook["path"], "/opt/gpu-slicer/bin/gpu-slicer");
     let three_quarters = (3 * ((80u64 << 30) / 4)).to_string();
-    assert!(hook.args.contains(&three_quarters), "{:?}", hook.args);
+    let args: Vec<&str> = hook["args"]
+        .as_array()
+        .expect("hook args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(args.contains(&three_quarters.as_str()), "{args:?}");
     assert!(
-        dev.container_edits
-            .env
-            .contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75".to_string())
+        dev["containerEdits"]["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75")
     );
 
     // Kill GPU 3's daemon: its 4 replicas go Unhealthy, then recover after the restart.
@@ -192,23 +201,20 @@ async fn run_binds_shares_and_supervises_mps_daemons() {
         |d| d.len() == 2 && d.iter().all(|d| d.healthy),
     )
     .await;
-    let mut waited = 0;
-    let gpu3_new = loop {
-        let commands =
-            std::fs::read_to_string(mps_root.join(GPU3).join("log/commands.log")).unwrap();
-        if let (true, Some(g)) = (
-            commands.contains("set_default_active_thread_percentage 50"),
-            daemon_pid(&mps_root, GPU3).filter(|p| *p != restarted && alive(*p)),
+    let commands =
+        || std::fs::read_to_string(mps_root.join(GPU3).join("log/commands.log")).unwrap();
+    let gpu3_new = wait_until(STEP, || async {
+        let replaced = daemon_pid(&mps_root, GPU3).filter(|p| *p != restarted && alive(*p));
+        match (
+            commands().contains("set_default_active_thread_percentage 50"),
+            replaced,
         ) {
-            break g;
+            (true, Some(g)) => Some(g),
+            _ => None,
         }
-        waited += 1;
-        assert!(
-            waited < 200,
-            "daemons not replaced after reload: {commands}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|| panic!("daemons not replaced after reload: {}", commands()));
     assert!(
         !alive(restarted),
         "GPU 3's old daemon still running after reload"
