@@ -48,12 +48,15 @@
 //!   (live repartitioning of idle GPUs), `gpu-slicer mig apply` in [`cli::mig`].
 //! - Exit codes: [`cli::error`] (the one map, at the edge where every error is translated
 //!   once; nothing below `cli` names it). Tests, demo, benches: [`testkit`] (kubelet
-//!   emulator, fixtures). Generated kubelet APIs: [`proto`].
+//!   emulator, fixtures). Generated kubelet APIs: [`proto`]. Fuzz targets: [`fuzz`] (one
+//!   entry per target).
 
 pub mod cli;
 pub mod domain;
+pub mod fuzz;
 pub mod platform;
 pub mod proto;
 pub mod runtime;
 pub mod state;
 pub mod testkit;
+

@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "testkit",
         &["runtime", "state", "domain", "platform", "proto"],
     ),
+    ("fuzz", &["domain", "platform"]),
     ("runtime", &["state", "domain", "platform", "proto"]),
     ("state", &["domain"]),
     ("platform", &["domain", "proto"]),
