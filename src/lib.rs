@@ -60,3 +60,22 @@ pub mod runtime;
 pub mod state;
 pub mod testkit;
 
+/// The `gpu-slicer` binary: parse the command line, set up logging, run the command, and
+/// map its error to the exit code (the one map, [`cli::error::Error::exit_code`]; the output
+/// policy is [`cli::logging`]'s).
+pub fn main() -> std::process::ExitCode {
+    use clap::Parser;
+    use cli::logging::{init_tracing, is_broken_pipe, report_fatal};
+
+    let cli = cli::Cli::parse();
+    init_tracing(cli.log_format, cli.default_log_filter());
+    match cli::dispatch(&cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // `gpu-slicer inventory | head`: the reader left, nothing went wrong.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            report_fatal(cli.log_format, &e);
+            e.exit_code()
+        }
+    }
+}
