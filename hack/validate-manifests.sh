@@ -5,7 +5,7 @@
 # support (1.28 … 1.34; overlays that use the Kubernetes API, deploy/label-configs/ and
 # deploy/dra/ with its examples/, against 1.34 … 1.37, the releases they target). Components (kind: Component) are built through the overlays that
 # use them. The Prometheus rules in deploy/monitoring/ are checked and unit-tested by
-# promtool (tests/monitoring.rs checks their metric names, and the dashboard's, against a
+# promtool (src/runtime/metrics/monitoring_tests.rs checks their metric names, and the dashboard's, against a
 # real scrape).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@
 //! Talks to `libnvidia-ml.so.1` (the driver's, or the fake in `crates/fake-nvml` in CI) and to
 //! `<proc root>/driver/nvidia-caps/mig-minors` for the MIG capability device minors, which NVML
 //! does not report. Produces the same owned [`Inventory`] as the sim backend: a golden test
-//! (`tests/nvml_fake.rs`) checks that both agree on every node file in `hack/nodes/`.
+//! (`nvml_fake_tests`) checks that both agree on every node file in `hack/nodes/`.
 //!
 //! Every call blocks (FFI into the driver), so [`NvmlBackend::discover`] belongs on a blocking
 //! thread. NVML is opened per discovery and closed afterwards; the health watcher owns its own
