@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{SHARED_CONFIG, fake_lib, short_tempdir, wait_until, within};
 use gpu_slicer::testkit::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
+use gpu_slicer::testkit::write_mig_minors;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -119,13 +120,7 @@ impl Daemon {
         std::fs::write(&config, opts.config).expect("config");
         let lib = dir.path().join("libnvidia-ml.so.1");
         std::fs::copy(fake_lib(), &lib).expect("copy fake");
-        let caps = dir.path().join("proc/driver/nvidia-caps");
-        std::fs::create_dir_all(&caps).expect("mkdir");
-        std::fs::write(
-            caps.join("mig-minors"),
-            node_spec::mig_minors_file(&[0, 1, 2, 3]),
-        )
-        .expect("mig-minors");
+        write_mig_minors(&dir.path().join("proc"), &[0, 1, 2, 3]);
         let mut cmd = common::run_command(dir.path(), opts.backend, &config);
         cmd.arg("--proc-root").arg(dir.path().join("proc"));
         if opts.backend == "nvml" && !opts.extra.contains(&"--nvml-lib") {

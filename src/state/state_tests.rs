@@ -4,7 +4,6 @@
 //! tests/cli_state.rs).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,7 @@ use crate::platform::sim::SimBackend;
 use crate::runtime::plugin::GENERATION_ANNOTATION;
 use crate::runtime::supervisor::{ConfigLoader, ReloadSettings, RunSettings, SHUTDOWN_DEADLINE};
 use crate::runtime::triggers::{Cause, TriggerSettings};
+use crate::testkit::fixtures::file_loader;
 use crate::testkit::kubelet::KubeletEmulator;
 use crate::testkit::{Node, STEP, spec_device_names as spec_devices, temp_dir, wait_until, within};
 
@@ -67,17 +67,12 @@ async fn start_with(dir: TempDir, load: ConfigLoader, ledger: bool) -> Daemon {
         .expect("daemon started")
 }
 
-/// A loader reading `file` as `run` does.
-fn file_loader(file: PathBuf) -> ConfigLoader {
-    Arc::new(move || crate::platform::config_file::load(Some(&file), &Overrides::default()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_allocate_never_mixes_two_generations() {
     let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, ENV4).unwrap();
-    let d = start(dir, file_loader(file.clone())).await;
+    let d = start(dir, file_loader(&file)).await;
     let stop = CancellationToken::new();
     // Flip the config between ENV4 and ANN2 as fast as reloads go.
     let flipper = {
@@ -150,7 +145,7 @@ async fn held_devices_stay_in_the_spec_across_three_reloads_until_released() {
     let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, SHARES).unwrap();
-    let d = start_with(dir, file_loader(file.clone()), true).await;
+    let d = start_with(dir, file_loader(&file), true).await;
     // Three held devices: a 3-of-4 memory share, a MIG slice, a whole GPU.
     let share = d
         .emulator
@@ -261,7 +256,7 @@ async fn list_and_watch_streams_are_bounded_and_freed_on_close() {
     let dir = temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, ENV4).unwrap();
-    let d = start(dir, file_loader(file)).await;
+    let d = start(dir, file_loader(&file)).await;
     let socket = d
         .dir
         .path()

@@ -1,7 +1,7 @@
 //! The fake NVML driver in tests and benches: where cargo built the fake `libnvidia-ml`
 //! (`crates/fake-nvml`, a dev-dependency), [`PrivateFake`] (a copy of it with state of its
-//! own, configured through the fake's control symbols), and a host driver root as the NVIDIA
-//! installer leaves one.
+//! own, configured through the fake's control symbols), the driver's `mig-minors` file, and
+//! a host driver root as the NVIDIA installer leaves one.
 //!
 //! Every test that loads the fake into its own process takes a [`PrivateFake`]: unit tests
 //! run as threads of one process, and two backends opening the same library path would share
@@ -132,4 +132,21 @@ pub fn fake_driver_root(dir: &Path, version: &str) -> PathBuf {
             .unwrap_or_else(|e| panic!("driver library: {e}"));
     }
     root
+}
+
+/// The driver's `<proc_root>/driver/nvidia-caps/mig-minors` for GPUs of minor numbers
+/// `gpu_minors` (NVML does not report the MIG capability minors; the backend reads them
+/// there). Returns `proc_root`.
+///
+/// # Panics
+/// When the file cannot be written.
+pub fn write_mig_minors(proc_root: &Path, gpu_minors: &[u32]) -> PathBuf {
+    let caps = proc_root.join("driver/nvidia-caps");
+    std::fs::create_dir_all(&caps).unwrap_or_else(|e| panic!("{}: {e}", caps.display()));
+    std::fs::write(
+        caps.join("mig-minors"),
+        node_spec::mig_minors_file(gpu_minors),
+    )
+    .unwrap_or_else(|e| panic!("mig-minors: {e}"));
+    proc_root.to_path_buf()
 }

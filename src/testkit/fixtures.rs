@@ -3,12 +3,14 @@
 //! `tests/fixtures/cdi/`. One copy for unit tests, integration tests, benches and the demo.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::domain::config::{self, Config, Overrides};
 use crate::domain::inventory::{Backend, Inventory};
 use crate::domain::plan::{self, Plan};
 use crate::domain::snapshot::Snapshot;
 use crate::platform::sim::SimBackend;
+use crate::runtime::reloader::ConfigLoader;
 use crate::state::Store;
 
 /// `mixed-a100`'s whole GPUs time-sliced 4 ways, its MIG devices served one by one.
@@ -94,6 +96,13 @@ pub fn planned(profile: &str, config_text: &str) -> (Inventory, Config, Plan) {
     let config = config(config_text);
     let plan = plan::build(&inventory, &config).unwrap_or_else(|e| panic!("plan: {e}"));
     (inventory, config, plan)
+}
+
+/// A config loader reading `file` as `gpu-slicer run --config <file>` does (no flags or
+/// environment), for a daemon whose reloads read the file again.
+pub fn file_loader(file: &Path) -> ConfigLoader {
+    let file = file.to_path_buf();
+    Arc::new(move || crate::platform::config_file::load(Some(&file), &Overrides::default()))
 }
 
 /// The plan of a profile under a config text.

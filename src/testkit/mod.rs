@@ -15,9 +15,9 @@ pub mod node;
 pub mod probe;
 pub mod stats;
 
-pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib};
+pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib, write_mig_minors};
 pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
-pub use probe::{free_port, http, promtool_check, read_cdi_spec, spec_device_names};
+pub use probe::{free_port, http, promtool_check, read_cdi_spec, rerun_alone, spec_device_names};
 
 /// The socket file name of a resource's plugin server in the device-plugin directory.
 pub use crate::runtime::plugin::socket_name;

@@ -1,7 +1,8 @@
 //! What tests read from a running daemon: one request on a fresh connection to its HTTP
 //! endpoint ([`http`]; [`free_port`] for a daemon in another process), `promtool check
 //! metrics` on a scrape ([`promtool_check`]), the CDI spec it wrote ([`read_cdi_spec`],
-//! [`spec_device_names`]).
+//! [`spec_device_names`]). And [`rerun_alone`]: one test in a fresh process, for settings
+//! only a new process takes (the environment the fake driver reads when loaded).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -94,4 +95,17 @@ pub fn spec_device_names(spec: &str) -> BTreeSet<String> {
         .filter_map(|l| l.trim().strip_prefix("- name: "))
         .map(|n| n.trim_matches(['\'', '"']).to_string())
         .collect()
+}
+
+/// This test binary again, running only the test at `path` (its full module path, as
+/// `--exact` wants it) with output shown; the caller adds the environment and runs it. The
+/// child test is a no-op unless it finds the variable its parent sets.
+///
+/// # Panics
+/// When the running executable cannot be found.
+pub fn rerun_alone(path: &str) -> std::process::Command {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current exe: {e}"));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--exact", path, "--nocapture", "--test-threads=1"]);
+    cmd
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::domain::inventory::{Backend, InventoryError};
 use crate::platform::nvml::NvmlBackend;
 use crate::platform::sim::SimBackend;
-use crate::testkit::{PrivateFake, fake_lib};
+use crate::testkit::{PrivateFake, fake_lib, rerun_alone, write_mig_minors};
 
 /// A private copy of the fake in a directory of its own, configured with `node` (None: no
 /// driver).
@@ -38,14 +38,7 @@ impl Fake {
 
     /// A backend over this fake, with a generated mig-minors file and an empty sysfs.
     fn backend(&self, gpu_minors: &[u32]) -> NvmlBackend {
-        let proc_root = self.dir.path().join("proc");
-        let caps = proc_root.join("driver/nvidia-caps");
-        std::fs::create_dir_all(&caps).expect("mkdir");
-        std::fs::write(
-            caps.join("mig-minors"),
-            node_spec::mig_minors_file(gpu_minors),
-        )
-        .expect("write mig-minors");
+        let proc_root = write_mig_minors(&self.dir.path().join("proc"), gpu_minors);
         NvmlBackend::new(Some(self.path.clone()), proc_root)
             .with_sys_root(self.dir.path().join("sys"))
     }
@@ -471,13 +464,7 @@ fn env_configured_fake_serves_node_and_event_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = dir.path().join("node.yaml");
     std::fs::write(&node, EVENT_NODE.split("events:").next().expect("node")).expect("write");
-    let out = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args([
-            "--exact",
-            "platform::nvml::nvml_fake_tests::env_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = rerun_alone("platform::nvml::nvml_fake_tests::env_child")
         .env(CHILD_ENV, dir.path())
         .env("FAKE_NVML_NODE", &node)
         .env("FAKE_NVML_EVENT_FILE", dir.path().join("events.jsonl"))

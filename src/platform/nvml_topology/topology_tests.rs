@@ -12,7 +12,7 @@ use crate::domain::config::{self, Overrides};
 use crate::platform::nvml::NvmlBackend;
 use crate::runtime::supervisor::RunSettings;
 use crate::testkit::kubelet::KubeletEmulator;
-use crate::testkit::{Node, PrivateFake, fake_driver_root, temp_dir, within};
+use crate::testkit::{Node, PrivateFake, fake_driver_root, rerun_alone, temp_dir, within};
 
 /// Set in the child process spawned by the parent test.
 const CHILD_ENV: &str = "GPU_SLICER_TOPOLOGY_CHILD";
@@ -33,13 +33,7 @@ topology:
 
 #[test]
 fn allocation_rounds_make_no_topology_call_with_a_slow_driver() {
-    let out = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args([
-            "--exact",
-            "platform::nvml_topology::topology_tests::delayed_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = rerun_alone("platform::nvml_topology::topology_tests::delayed_child")
         .env(CHILD_ENV, "1")
         .env("FAKE_NVML_TOPOLOGY_DELAY", "600ms")
         .output()

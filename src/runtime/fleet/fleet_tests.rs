@@ -27,7 +27,9 @@ use crate::testkit::apiserver::{ApiServer, Fault, Verb};
 use crate::testkit::fixtures::{self, time_sliced as shared, write_pool_configs as write_configs};
 use crate::testkit::kubelet::KubeletEmulator;
 use crate::testkit::manifests;
-use crate::testkit::{Node as Daemon, PrivateFake, fake_driver_root, temp_dir, within};
+use crate::testkit::{
+    Node as Daemon, PrivateFake, fake_driver_root, temp_dir, within, write_mig_minors,
+};
 
 const NODE: &str = "gpu-node-1";
 const T: Duration = Duration::from_secs(20);
@@ -542,13 +544,7 @@ async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_g
     let lib = PrivateFake::new(dir.path());
     let lib_path = lib.path.clone();
     lib.set_node(fixtures::MIG_A100_40GB);
-    let proc_root = dir.path().join("proc");
-    std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
-    std::fs::write(
-        proc_root.join("driver/nvidia-caps/mig-minors"),
-        node_spec::mig_minors_file(&[0, 1]),
-    )
-    .unwrap();
+    let proc_root = write_mig_minors(&dir.path().join("proc"), &[0, 1]);
     let layouts = dir.path().join("layouts.yaml");
     std::fs::write(&layouts, MIG_LAYOUTS).unwrap();
     let driver = fake_driver_root(dir.path(), "570.124.06");

@@ -16,6 +16,7 @@ use crate::runtime::ledger::{self, LedgerPeers, LedgerSettings, LedgerSnapshot};
 use crate::runtime::plugin::Backoff;
 use crate::runtime::supervisor::{self as app, RunSettings};
 use crate::state::Store;
+use crate::testkit::fixtures;
 use crate::testkit::kubelet::{KubeletEmulator, PodRef};
 use crate::testkit::{STEP, http, promtool_check, temp_dir, wait_until, within};
 
@@ -276,9 +277,7 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
     emulator
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
-    let path = config_file.clone();
-    let load =
-        Arc::new(move || crate::platform::config_file::load(Some(&path), &Overrides::default()));
+    let load = fixtures::file_loader(&config_file);
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.backoff = Backoff {

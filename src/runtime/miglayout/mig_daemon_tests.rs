@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::config::Overrides;
 use crate::platform::nvml::NvmlBackend;
 use crate::runtime::ledger::LedgerSettings;
 use crate::runtime::miglayout::MigLayoutSettings;
@@ -16,7 +15,9 @@ use crate::runtime::supervisor::{ReloadSettings, RunSettings};
 use crate::runtime::triggers::TriggerSettings;
 use crate::testkit::fixtures;
 use crate::testkit::kubelet::{KubeletEmulator, PodRef};
-use crate::testkit::{Node, PrivateFake, STEP, fake_driver_root, temp_dir, wait_until, within};
+use crate::testkit::{
+    Node, PrivateFake, STEP, fake_driver_root, temp_dir, wait_until, within, write_mig_minors,
+};
 
 /// The GPUs of [`fixtures::MIG_A100_40GB`].
 const GPU0: &str = "GPU-40400000-0000-4000-8000-0000000000a0";
@@ -45,13 +46,7 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
     if let Some(state) = mig_state {
         fake.set_mig_state(state);
     }
-    let proc_root = dir.path().join("proc");
-    std::fs::create_dir_all(proc_root.join("driver/nvidia-caps")).unwrap();
-    std::fs::write(
-        proc_root.join("driver/nvidia-caps/mig-minors"),
-        node_spec::mig_minors_file(&[0, 1]),
-    )
-    .unwrap();
+    let proc_root = write_mig_minors(&dir.path().join("proc"), &[0, 1]);
     std::fs::write(dir.path().join("layouts.yaml"), LAYOUTS).unwrap();
     let config_file = dir.path().join("config.yaml");
     let driver = fake_driver_root(dir.path(), "570.124.06");
@@ -66,9 +61,7 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
     emulator
         .serve_pod_resources(&pod_resources)
         .expect("pod-resources");
-    let path = config_file.clone();
-    let load =
-        Arc::new(move || crate::platform::config_file::load(Some(&path), &Overrides::default()));
+    let load = fixtures::file_loader(&config_file);
     let mut settings =
         RunSettings::new(load().expect("config"), &plugin_dir, dir.path().join("cdi"));
     settings.reload = ReloadSettings {

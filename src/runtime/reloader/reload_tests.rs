@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::domain::config::Overrides;
 use crate::platform::sim::SimBackend;
 use crate::runtime::supervisor::{ReloadSettings, ReloadStatus, RunSettings};
 use crate::runtime::triggers::{Cause, TriggerSettings};
+use crate::testkit::fixtures;
 use crate::testkit::kubelet::KubeletEmulator;
 use crate::testkit::{Node, temp_dir, within};
 
@@ -30,9 +30,7 @@ fn replace(path: &Path, text: &str) {
 async fn start(dir: TempDir, config_file: PathBuf, node: &str) -> Daemon {
     let plugin_dir = dir.path().join("dp");
     let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
-    let path = config_file.clone();
-    let load =
-        Arc::new(move || crate::platform::config_file::load(Some(&path), &Overrides::default()));
+    let load = fixtures::file_loader(&config_file);
     let config = load().expect("initial config");
     let backend = Arc::new(SimBackend::open(node).expect("node"));
     let mut settings = RunSettings::new(config, &plugin_dir, dir.path().join("cdi"));
