@@ -97,15 +97,21 @@ pub fn spec_device_names(spec: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// This test binary again, running only the test at `path` (its full module path, as
-/// `--exact` wants it) with output shown; the caller adds the environment and runs it. The
-/// child test is a no-op unless it finds the variable its parent sets.
+/// Run this test binary again for the test at `path` alone (its full module path, as
+/// `--exact` wants it), in a fresh process whose environment `configure` sets; the child test
+/// is a no-op unless it finds the variable its parent sets.
 ///
 /// # Panics
-/// When the running executable cannot be found.
-pub fn rerun_alone(path: &str) -> std::process::Command {
+/// When the child cannot run, fails, or did not run exactly that one test (its output is in
+/// the message).
+pub fn rerun_alone(path: &str, configure: impl FnOnce(&mut std::process::Command)) {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current exe: {e}"));
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["--exact", path, "--nocapture", "--test-threads=1"]);
-    cmd
+    configure(&mut cmd);
+    let out = cmd.output().unwrap_or_else(|e| panic!("spawn child: {e}"));
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
 }
