@@ -51,6 +51,48 @@
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`]. Fuzz targets: [`fuzz`] (one
 //!   entry per target).
 
+// DRAFT of the public façade (issue 19 item 1, phase 2; nothing below is in force yet). Once
+// the other branches are merged, this crate's root becomes the façade and everything else
+// `pub(crate)`, its modules private, `unreachable_pub` clean. What is reachable from outside
+// and who needs it, 59 items counting modules (generated proto messages and clients not
+// counted; methods and fields of the types not counted):
+//
+//   main()                the binary: src/main.rs is `gpu_slicer::main()`                 1
+//   fuzz + 7 entries      cdi_spec, config_parse, event_line, kubelet_usage, mig_parted,
+//                         node_file, oci_state_cgroup: one per cargo-fuzz target          8
+//   proto + deviceplugin, podresources: the kubelet API the socket bench and the
+//                         ListAndWatch flood test speak (HEALTHY: the string "Healthy")   3
+//   testkit + 37, flat (its modules private), one `Error` for the whole kit             38
+//     Node, Error         daemon + kubelet emulator in a temp dir. `Node::run(&[args])`
+//                         starts the daemon from `gpu-slicer run` flags in-process, so no
+//                         caller needs RunSettings (benches reload, scaling, health,
+//                         plugin; any tests/ daemon that needs no child process)
+//     KubeletEmulator, DeviceInfo, PodRef, Allocation, Registered
+//     ApiServer, Verb, Fault, User, Denial, Admission, RequestRecord
+//     DraPluginConn (`::register`), KubeletClaim                    (tests/dra_run.rs)
+//     STEP, within, wait_until, temp_dir, percentile
+//     fake_lib, PrivateFake, fake_driver_root, write_mig_minors
+//     free_port, read_cdi_spec, socket_name, SHUTDOWN_DEADLINE
+//     SHARED_CONFIG, write_pool_configs, cdi_must_reject, file_names
+//     Manifests (what `kustomize` returns: object, strings), kustomize, node, until_labels
+//     pub(crate), unit tests only: http, promtool_check, rerun_alone, spec_device_names,
+//     time_sliced, file_loader, MIG_A100_40GB, labels_of, fixtures::{inventory, config,
+//     plan, planned, store}, pod_uid, checkpoint_json (once bench::usage_* has them)
+//   bench + 8             hot paths prepared, returned as closures to time                 9
+//     cdi_spec(gpus, migs, shares, format) -> impl FnMut() -> usize        (cdi, scaling)
+//     allocate(profile, config, resource) -> impl FnMut(&[String]) -> usize (plugin, socket)
+//     preferred(node, config, resource) -> impl FnMut(&[String], usize) -> Vec<String>
+//                                                                    (plugin, topology)
+//     dra_slices(profile), dra_prepare(profile) -> impl FnMut() -> ...        (dra)
+//     usage_attribution(gpus, slices), usage_sample(&PrivateFake) -> impl FnMut() (usage)
+//     driver_discovery(root) -> impl FnMut()                                 (socket)
+//
+// Phase 2 must: make the layers private and clean `unreachable_pub`; move
+// tests/dra_{kube,kubelet,publish}.rs into runtime::dra / platform::kube unit tests
+// (dra_run.rs and dra_slices.rs drive the binary and stay, through testkit); move the
+// benches onto `Node::run` and `bench` (benches/health.rs and socket.rs also drop their own
+// copies of the fake-NVML loader for testkit::PrivateFake / fake_lib).
+
 pub mod cli;
 pub mod domain;
 pub mod fuzz;
