@@ -103,7 +103,33 @@ async fn fifty_agents_one_watch_each_and_reconnect_after_restart() {
     for (h, _) in &agents {
         until(&mut h.get().clone(), |v| label(v, "training")).await;
     }
-    let after: Vec<_> = api.requests().into_iter().skip(before).collect();
+    // An agent that read "training" in a re-read (after its watch was refused as too old)
+    // has seen the label before it opens its new watch: wait until every agent's latest
+    // request is a watch of its Node again before counting.
+    let names = |r: &crate::testkit::apiserver::RequestRecord, name: &str| {
+        r.path.ends_with(&format!("/nodes/{name}"))
+            || r.query.contains(&format!("metadata.name%3D{name}&"))
+    };
+    let after = wait_until(T, || async {
+        let after: Vec<_> = api.requests().into_iter().skip(before).collect();
+        agents
+            .iter()
+            .all(|(_, name)| {
+                after
+                    .iter()
+                    .rev()
+                    .find(|r| names(r, name))
+                    .is_some_and(|r| r.verb == Verb::Watch)
+            })
+            .then_some(after)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "not every agent watches its Node again: {:?}",
+            api.requests().into_iter().skip(before).collect::<Vec<_>>()
+        )
+    });
     let per_agent = after.len() as f64 / AGENTS as f64;
     println!(
         "requests after restart: {} ({per_agent:.1} per agent)",
