@@ -322,13 +322,41 @@ pub struct DraFlags {
     /// `flags.dra.driverName`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_name: Option<String>,
+    /// `flags.dra.dynamicMig`: the GPUs (`all` or a `devices`-style list of GPU indices and
+    /// UUIDs) whose MIG instances the DRA driver creates per claim; `None`: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_mig: Option<DeviceSelector>,
 }
 
 impl DraFlags {
     /// Nothing set in the file.
     pub fn is_unset(&self) -> bool {
-        self.enabled.is_none() && self.driver_name.is_none()
+        self.enabled.is_none() && self.driver_name.is_none() && self.dynamic_mig.is_none()
     }
+}
+
+/// `flags.dra.dynamicMig` as a GPU selector: like a sharing entry's `devices`, but GPUs
+/// only (a MIG index names a slice, not a GPU whose slices are made on demand).
+fn dynamic_mig(
+    value: Option<&FileDevices>,
+) -> std::result::Result<Option<DeviceSelector>, (String, String, String)> {
+    const FIELD: &str = "flags.dra.dynamicMig";
+    let Some(value) = value else { return Ok(None) };
+    let selector = device_selector(Some(value), FIELD)?;
+    if let DeviceSelector::List(refs) = &selector {
+        for (i, r) in refs.iter().enumerate() {
+            let mig = matches!(r, DeviceRef::MigIndex(..))
+                || matches!(r, DeviceRef::Uuid(u) if u.starts_with("MIG-"));
+            if mig {
+                return Err((
+                    format!("{FIELD}[{i}]"),
+                    format!("`{r}`"),
+                    "names a MIG device; list GPUs (index or GPU UUID)".into(),
+                ));
+            }
+        }
+    }
+    Ok(Some(selector))
 }
 
 /// `flags.migLayouts`: a mig-parted config file and the layout of it to apply.
@@ -550,6 +578,8 @@ fn from_file_config(
         cfg.dra = DraFlags {
             enabled: dra.enabled,
             driver_name: dra.driver_name.clone().filter(|s| !s.is_empty()),
+            dynamic_mig: dynamic_mig(dra.dynamic_mig.as_ref())
+                .map_err(|(f, v, m)| invalid(&f, &v.trim_matches('`'), &m))?,
         };
     }
     let file_layouts = flags.mig_layouts.clone().unwrap_or_default();
@@ -743,6 +773,55 @@ fn from_file_config(
     Ok((cfg, warnings))
 }
 
+/// A `devices:` value (`all`, a count, one reference or a list of them) as a selector.
+/// `field` names it in errors, which come back as (field, value as written, message).
+fn device_selector(
+    devices: Option<&FileDevices>,
+    field: &str,
+) -> std::result::Result<DeviceSelector, (String, String, String)> {
+    let bad = |f: String, v: String, m: String| (f, v, m);
+    Ok(match devices {
+        None => DeviceSelector::All,
+        Some(FileDevices::Word(w)) if w == "all" => DeviceSelector::All,
+        Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
+            parse_device_ref(w).map_err(|m| bad(field.into(), format!("`{w}`"), m))?,
+        ]),
+        Some(FileDevices::Count(n)) => {
+            DeviceSelector::Count(u32::try_from(*n).ok().filter(|n| *n > 0).ok_or_else(|| {
+                bad(field.into(), n.to_string(), "must be positive".into())
+            })?)
+        }
+        Some(FileDevices::List(list)) => {
+            if list.is_empty() {
+                return Err(bad(
+                    field.into(),
+                    "`[]`".into(),
+                    "empty list selects nothing; omit `devices` for all".into(),
+                ));
+            }
+            let mut refs = Vec::new();
+            for (i, v) in list.iter().enumerate() {
+                let dr = match v {
+                    DeviceRefValue::Index(n) => u32::try_from(*n)
+                        .map(DeviceRef::Index)
+                        .map_err(|_| "index must be >= 0".to_string()),
+                    DeviceRefValue::Text(t) => parse_device_ref(t),
+                }
+                .map_err(|m| bad(format!("{field}[{i}]"), format!("`{v}`"), m))?;
+                if refs.contains(&dr) {
+                    return Err(bad(
+                        format!("{field}[{i}]"),
+                        format!("`{dr}`"),
+                        "listed twice".into(),
+                    ));
+                }
+                refs.push(dr);
+            }
+            DeviceSelector::List(refs)
+        }
+    })
+}
+
 fn shared_resources(
     section: &FileReplicas,
     kind: SharingKind,
@@ -802,48 +881,8 @@ fn shared_resources(
                     "at most 1024 replicas per device".into(),
                 )
             })?;
-        let devices = match &r.devices {
-            None => DeviceSelector::All,
-            Some(FileDevices::Word(w)) if w == "all" => DeviceSelector::All,
-            Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
-                parse_device_ref(w).map_err(|m| invalid(field("devices"), format!("`{w}`"), m))?,
-            ]),
-            Some(FileDevices::Count(n)) => {
-                DeviceSelector::Count(u32::try_from(*n).ok().filter(|n| *n > 0).ok_or_else(
-                    || invalid(field("devices"), n.to_string(), "must be positive".into()),
-                )?)
-            }
-            Some(FileDevices::List(list)) => {
-                if list.is_empty() {
-                    return Err(invalid(
-                        field("devices"),
-                        "`[]`".into(),
-                        "empty list selects nothing; omit `devices` for all".into(),
-                    ));
-                }
-                let mut refs = Vec::new();
-                for (i, v) in list.iter().enumerate() {
-                    let dr = match v {
-                        DeviceRefValue::Index(n) => u32::try_from(*n)
-                            .map(DeviceRef::Index)
-                            .map_err(|_| "index must be >= 0".to_string()),
-                        DeviceRefValue::Text(t) => parse_device_ref(t),
-                    }
-                    .map_err(|m| {
-                        invalid(format!("{}[{i}]", field("devices")), format!("`{v}`"), m)
-                    })?;
-                    if refs.contains(&dr) {
-                        return Err(invalid(
-                            format!("{}[{i}]", field("devices")),
-                            format!("`{dr}`"),
-                            "listed twice".into(),
-                        ));
-                    }
-                    refs.push(dr);
-                }
-                DeviceSelector::List(refs)
-            }
-        };
+        let devices = device_selector(r.devices.as_ref(), &field("devices"))
+            .map_err(|(f, v, m)| invalid(f, v, m))?;
         let isolation = match (&r.isolation, kind) {
             (Some(s), _) => Isolation::parse(s).ok_or_else(|| {
                 invalid(
