@@ -47,6 +47,7 @@ fn settings(root: &Path) -> DraSettings {
         proc_root: root.join("proc"),
         health_resend: Duration::from_secs(20),
         socket_check: Duration::from_millis(20),
+        extras: Default::default(),
     }
 }
 

@@ -53,6 +53,16 @@ pub struct PreparedDevice {
     pub device: String,
     /// Fully qualified CDI IDs.
     pub cdi_ids: Vec<String>,
+    /// The share of a shared device this is (the scheduler's share ID).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "shareID")]
+    pub share_id: Option<String>,
+    /// What the share takes of its device (shared devices only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumed: Option<crate::domain::dra::capacity::Consumed>,
+    /// The MIG instance made for it (dynamic MIG devices only): Unprepare destroys it, a
+    /// restart keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<crate::domain::dra::partition::MadeInstance>,
 }
 
 /// One prepared claim.
@@ -86,6 +96,24 @@ impl Prepared {
         for (uid, c) in &self.claims {
             for d in &c.devices {
                 out.insert(d.device.clone(), uid.clone());
+            }
+        }
+        out
+    }
+
+    /// Device name → everything prepared on it: a whole-device holding per claim of an
+    /// exclusive device, one per share of a shared one.
+    pub fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
+        let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for (uid, c) in &self.claims {
+            for d in &c.devices {
+                out.entry(d.device.clone()).or_default().push(
+                    crate::domain::dra::capacity::Holding {
+                        claim: uid.clone(),
+                        share_id: d.share_id.clone(),
+                        consumed: d.consumed.unwrap_or_default(),
+                    },
+                );
             }
         }
         out
@@ -216,6 +244,9 @@ impl DraFiles {
                     pool: String::new(),
                     device: dev.to_string(),
                     cdi_ids: vec![format!("{kind}={full}")],
+                    share_id: None,
+                    consumed: None,
+                    made: None,
                 })
                 .collect();
             out.insert(

@@ -786,11 +786,12 @@ fn device_selector(
         Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
             parse_device_ref(w).map_err(|m| bad(field.into(), format!("`{w}`"), m))?,
         ]),
-        Some(FileDevices::Count(n)) => {
-            DeviceSelector::Count(u32::try_from(*n).ok().filter(|n| *n > 0).ok_or_else(|| {
-                bad(field.into(), n.to_string(), "must be positive".into())
-            })?)
-        }
+        Some(FileDevices::Count(n)) => DeviceSelector::Count(
+            u32::try_from(*n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad(field.into(), n.to_string(), "must be positive".into()))?,
+        ),
         Some(FileDevices::List(list)) => {
             if list.is_empty() {
                 return Err(bad(

@@ -12,6 +12,7 @@
 //! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
 
 pub mod driver;
+mod instances;
 pub mod publish;
 pub mod service;
 
@@ -25,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::platform::claims::{ClaimSource, ClaimSourceError};
-pub use driver::Driver;
+pub use driver::{Driver, DriverExtras};
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
 use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};
@@ -64,6 +65,9 @@ pub struct DraSettings {
     pub health_resend: Duration,
     /// How often the registration socket's presence is checked.
     pub socket_check: Duration,
+    /// The memory-limit hook, MIG instance operations and fault point of
+    /// [`Driver::with_extras`].
+    pub extras: DriverExtras,
 }
 
 impl DraSettings {
@@ -179,13 +183,16 @@ async fn start(
         }
         _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
     }
-    let driver = Driver::new(
+    if let Some(ops) = &settings.extras.instances {
+        clean_dynamic_gpus(ops, &store, &prepared, &loaded).await;
+    }
+    let driver = Driver::with_extras(
         &settings.driver,
         &settings.node,
         store,
         claims,
-        files,
-        prepared,
+        (files, prepared),
+        settings.extras.clone(),
     );
     let service_path = settings.service_socket();
     let listener = bind(&service_path)?;
@@ -247,6 +254,43 @@ async fn start(
         loaded,
         registration,
     })
+}
+
+/// Destroy the MIG instances on dynamic GPUs that no claim of the checkpoint owns (made by a
+/// run that died before recording them). Skipped when the checkpoint was unreadable: the
+/// claims recovered from the specs do not say which instances are theirs, and destroying
+/// one in use would break a running container.
+async fn clean_dynamic_gpus(
+    ops: &Arc<dyn crate::platform::dra_mig::InstanceOps>,
+    store: &Store,
+    prepared: &crate::platform::dra_state::Prepared,
+    loaded: &LoadOutcome,
+) {
+    let devices = crate::domain::dra::slices::snapshot_devices(&store.current());
+    let dynamic: Vec<(u32, String)> = devices
+        .devices
+        .values()
+        .filter_map(|d| d.placement.as_ref())
+        .map(|p| (p.gpu_index, p.gpu_uuid.clone()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if dynamic.is_empty() {
+        return;
+    }
+    if matches!(loaded, LoadOutcome::Corrupt { .. }) {
+        tracing::error!(
+            gpus = dynamic.len(),
+            "DRA checkpoint was unreadable: MIG instances on dynamic GPUs left as they are"
+        );
+        return;
+    }
+    let destroyed = instances::clean_orphans(ops, &dynamic, prepared).await;
+    tracing::info!(
+        gpus = dynamic.len(),
+        destroyed = destroyed.len(),
+        "MIG instances on dynamic GPUs checked against the prepared claims"
+    );
 }
 
 /// Serve the registration socket; bind it again whenever it disappears.

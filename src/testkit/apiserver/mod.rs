@@ -1,7 +1,8 @@
 //! Kubernetes API-server emulator: in-process, over real HTTP on `127.0.0.1`, speaking what the
 //! agent's `kube` client uses. Objects are stored as JSON (any kind in its table: Nodes,
 //! Events, Pods, ConfigMaps, ResourceSlices, ResourceClaims, ResourceClaimTemplates,
-//! DeviceClasses) with one resourceVersion counter; it serves GET, LIST and WATCH (field and
+//! DeviceClasses) with one resourceVersion counter; it serves `/version`
+//! ([`ApiServer::set_version`]), GET, LIST and WATCH (field and
 //! label selectors, resourceVersion, bookmarks, 410 Gone after [`ApiServer::compact`],
 //! `timeoutSeconds`, `sendInitialEvents`), create (`generateName` too), update, patch (JSON
 //! merge; strategic merge treated as merge: maps merge, lists are replaced; RFC 6902 JSON
@@ -533,6 +534,12 @@ impl ApiServer {
     /// Makes every watch that allows bookmarks send one now.
     pub fn bookmark(&self) {
         self.shared.bookmark.send_modify(|n| *n += 1);
+    }
+
+    /// What `/version` answers from now on: `major` and `minor` as a server writes them
+    /// (`"1"`, `"34"`); the default is 1.36.
+    pub fn set_version(&self, major: &str, minor: &str) {
+        self.shared.policy().version = Some((major.to_owned(), minor.to_owned()));
     }
 
     /// Sends bookmarks every `interval` (`None`: only on [`ApiServer::bookmark`]); applies to
