@@ -16,8 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
-use gpu_slicer::testkit::kubelet::dra::{DraPluginConn, KubeletClaim, register};
-use gpu_slicer::testkit::node::wait_until;
+use gpu_slicer::testkit::kubelet::dra::{DraPluginConn, KubeletClaim};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -31,14 +30,7 @@ const NODE: &str = "node-a";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn spawn_agent(dir: &Path, config: &Path) -> tokio::process::Child {
-    common::run_command(dir, "sim:mixed-a100", config)
-        .args(["--dra", "--node-name", NODE, "--usage-interval", "0"])
-        .arg("--kubeconfig")
-        .arg(dir.join("kubeconfig"))
-        .arg("--kubelet-registry-dir")
-        .arg(dir.join("reg"))
-        .arg("--kubelet-plugins-dir")
-        .arg(dir.join("plugins"))
+    common::dra_command(dir, "sim:mixed-a100", config, NODE)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -51,10 +43,7 @@ fn reg_socket(dir: &Path) -> PathBuf {
 
 /// Register as the plugin watcher does, once the agent has bound its socket.
 async fn registered(dir: &Path) -> DraPluginConn {
-    let socket = reg_socket(dir);
-    wait_until(WAIT, || async { register(&socket).await.ok() })
-        .await
-        .unwrap_or_else(|| panic!("no registration on {}", socket.display()))
+    common::dra_registered(&reg_socket(dir), WAIT).await
 }
 
 /// The device names of our pool once it is one complete slice, and its generation.

@@ -27,6 +27,8 @@
 //! let nodes: kube::Api<Node> = kube::Api::all(client);
 //! let n = nodes.get("n1").await?;
 //! api.allocate_claim("ns", "claim", allocation); // writes status.allocation, as a scheduler
+//! api.allocate_share("ns", "claim", &ShareRequest::new("gpu", drv, pool, "gpu-2")
+//!     .with("memory", "10Gi"));                   // a share: shareID + consumedCapacity
 //! api.inject(Fault::status(Verb::Patch, "/nodes/", 403).times(2));
 //! assert_eq!(api.count(Verb::Watch, "/api/v1/nodes"), 1);
 //! api.stop().await;
@@ -35,10 +37,13 @@
 //! Used by the integration tests (node labels, DRA) and benches; talks to the code under
 //! test only over HTTP.
 
+mod schedule;
 mod serve;
 mod store;
 mod watch;
 mod write;
+
+pub use schedule::{ShareAllocated, ShareRequest};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -83,6 +88,9 @@ pub enum ApiServerError {
     /// The emulator's own URL did not parse.
     #[error("bad emulator URL {0}")]
     Url(String),
+    /// A share the scheduler would not allocate (no such device, no capacity left).
+    #[error("cannot allocate a share of {device}: {message}")]
+    Unschedulable { device: String, message: String },
     /// The object a helper works on does not exist.
     #[error("{kind} {namespace}/{name} does not exist")]
     Missing {
