@@ -499,3 +499,172 @@ async fn a_mig_slice_is_made_for_its_claim_and_nothing_outlives_a_crash() {
     stop(agent).await;
     c.server.stop().await;
 }
+
+// ---- the node's own accounting, as a property -------------------------------------------
+
+mod accounting {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use gpu_slicer::domain::cdi::shares::HookSettings;
+    use gpu_slicer::domain::cdi::{GenerateOptions, NoProbe, generate};
+    use gpu_slicer::domain::dra::claim::ClaimRef;
+    use gpu_slicer::domain::snapshot::Snapshot;
+    use gpu_slicer::platform::dra_state::{DraFiles, Prepared};
+    use gpu_slicer::runtime::dra::{Driver, DriverExtras};
+    use gpu_slicer::state::Store;
+    use gpu_slicer::testkit::fixtures;
+    use gpu_slicer::testkit::kubelet::dra::Claims;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const GIB: u64 = 1 << 30;
+    const CONFIG: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.mem, replicas: 4, devices: [2], isolation: memory}\n";
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Prepare {
+            claim: usize,
+            gib: u64,
+            compute: u32,
+        },
+        Unprepare {
+            claim: usize,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..6usize, 1..50u64, 0..60u32).prop_map(|(claim, gib, compute)| Op::Prepare {
+                claim,
+                gib,
+                compute
+            }),
+            (0..6usize).prop_map(|claim| Op::Unprepare { claim }),
+        ]
+    }
+
+    fn claim_ref(i: usize) -> ClaimRef {
+        ClaimRef {
+            namespace: "ml".into(),
+            uid: format!("00000000-0000-4000-8000-00000000000{i}"),
+            name: format!("c{i}"),
+        }
+    }
+
+    /// Memory and compute the checkpoint holds on gpu-2.
+    fn held(dir: &std::path::Path) -> (u64, u32, usize) {
+        let text = std::fs::read_to_string(dir.join("state/dra-prepared.json")).unwrap_or_default();
+        let p: Prepared = serde_json::from_str(&text).unwrap_or_default();
+        let shares: Vec<_> = p
+            .claims
+            .values()
+            .flat_map(|c| c.devices.iter())
+            .filter(|d| d.device == "gpu-2")
+            .map(|d| d.consumed.unwrap())
+            .collect();
+        (
+            shares.iter().map(|c| c.memory_bytes).sum(),
+            shares.iter().map(|c| c.compute_percent).sum(),
+            p.claims.len(),
+        )
+    }
+
+    fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, cfg, plan) = fixtures::planned("mixed-a100", CONFIG);
+        let spec = generate(&inv, &GenerateOptions::new("nvidia.com/gpu"), &NoProbe).unwrap();
+        let mut snap = Snapshot::serving(cfg, inv, plan);
+        snap.spec = Some(Arc::new(spec));
+        let files = DraFiles {
+            checkpoint: dir.path().join("state/dra-prepared.json"),
+            cdi_dir: dir.path().join("cdi"),
+            driver: "gpu-slicer.io".into(),
+        };
+        let claims = Claims::new();
+        let extras = DriverExtras {
+            hook: Some(HookSettings {
+                path: "/opt/gpu-slicer".into(),
+                nvml_lib: None,
+                env: vec![],
+            }),
+            ..DriverExtras::default()
+        };
+        let driver = Driver::with_extras(
+            "gpu-slicer.io",
+            "node-a",
+            Store::new(snap),
+            claims.clone(),
+            (files, Prepared::default()),
+            extras,
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // The model: what each prepared claim holds.
+        let mut model: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Prepare {
+                    claim,
+                    gib,
+                    compute,
+                } => {
+                    let c = claim_ref(claim);
+                    // A fresh allocation each time, as a (possibly buggy) scheduler writes it.
+                    claims.put(json!({"metadata": {"namespace": "ml", "name": c.name, "uid": c.uid},
+                        "status": {"allocation": {"devices": {"results": [{"request": "gpu",
+                            "driver": "gpu-slicer.io", "pool": "node-a", "device": "gpu-2",
+                            "shareID": format!("share-{n}"),
+                            "consumedCapacity": {"memory": format!("{gib}Gi"), "compute": compute.to_string()}}]}}}}));
+                    let out = rt.block_on(driver.prepare(std::slice::from_ref(&c)));
+                    let (mem, cpu): (u64, u32) = model
+                        .iter()
+                        .filter(|(k, _)| **k != claim)
+                        .fold((0, 0), |(m, p), (_, (a, b))| (m + a, p + b));
+                    let fits = mem + gib * GIB <= 80 * GIB && cpu + compute <= 100;
+                    match (&out[&c.uid], model.contains_key(&claim)) {
+                        // Already prepared: answered again, whatever the API says now.
+                        (Ok(_), true) => {}
+                        (Ok(_), false) => {
+                            prop_assert!(fits, "prepared over capacity: {out:?}");
+                            model.insert(claim, (gib * GIB, compute));
+                        }
+                        (Err(e), false) => {
+                            prop_assert!(!fits, "refused although it fits: {e}");
+                            prop_assert!(e.contains("gpu-2") && e.contains("free"), "{e}");
+                        }
+                        (Err(e), true) => prop_assert!(false, "a prepared claim failed: {e}"),
+                    }
+                }
+                Op::Unprepare { claim } => {
+                    let c = claim_ref(claim);
+                    let out = rt.block_on(driver.unprepare(std::slice::from_ref(&c)));
+                    prop_assert!(out[&c.uid].is_ok());
+                    model.remove(&claim);
+                }
+            }
+            let (mem, cpu, count) = held(dir.path());
+            prop_assert!(mem <= 80 * GIB && cpu <= 100, "held {mem} bytes, {cpu} %");
+            prop_assert_eq!(count, model.len());
+        }
+        let all: Vec<ClaimRef> = (0..6).map(claim_ref).collect();
+        rt.block_on(driver.unprepare(&all));
+        prop_assert_eq!(held(dir.path()), (0, 0, 0));
+        prop_assert!(rt.block_on(driver.prepared_claims()).is_empty());
+        let specs = std::fs::read_dir(dir.path().join("cdi")).map_or(0, |d| d.count());
+        prop_assert_eq!(specs, 0, "a spec outlived its claim");
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn no_sequence_of_prepares_and_unprepares_over_commits_a_device(
+            ops in proptest::collection::vec(op(), 1..24)
+        ) {
+            run(ops)?;
+        }
+    }
+}
