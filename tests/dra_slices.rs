@@ -180,3 +180,75 @@ fn gpus_carry_pcie_root_and_nvlink_domain_and_the_example_claim_validates() {
     }
     validate_all(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/dra-nvlink-pair.yaml"));
 }
+
+#[test]
+fn a_mixed_node_with_shares_and_dynamic_mig_validates_in_the_1_34_and_1_35_layouts() {
+    use serde::Deserialize;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    // GPU 0 made on demand, GPU 1 static MIG, GPU 2 shared (memory + MPS), GPU 3 whole.
+    std::fs::write(
+        &config,
+        "version: v1\nflags:\n  dra: {dynamicMig: [0]}\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.mps, replicas: 4, devices: [2], isolation: memory+mps}\n",
+    )
+    .unwrap();
+    for (version, combined) in [("1.34", true), ("v1.35.0", false)] {
+        let out = slices(
+            "mixed-a100",
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--server-version",
+                version,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = dir.path().join(format!("slices-{version}.yaml"));
+        std::fs::write(&file, &out.stdout).unwrap();
+        validate_all(&file);
+        let text = String::from_utf8(out.stdout).unwrap();
+        let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|d| serde_json::Value::deserialize(d).unwrap())
+            .collect();
+        let with_counters = docs
+            .iter()
+            .filter(|d| d["spec"]["sharedCounters"].is_array())
+            .collect::<Vec<_>>();
+        assert_eq!(with_counters.len(), 1, "{version}");
+        let set = &with_counters[0]["spec"]["sharedCounters"][0];
+        assert_eq!(set["name"], "gpu-0-counter-set");
+        assert_eq!(set["counters"]["compute-slices"]["value"], "7");
+        // 1.34: the GPU's devices are in its counters' slice; 1.35+: never.
+        assert_eq!(
+            with_counters[0]["spec"]["devices"].is_array(),
+            combined,
+            "{version}"
+        );
+        let devices: Vec<&serde_json::Value> = docs
+            .iter()
+            .flat_map(|d| d["spec"]["devices"].as_array().into_iter().flatten())
+            .collect();
+        let get = |n: &str| devices.iter().find(|d| d["name"] == n).copied();
+        let placement = get("gpu-0-mig-3g40gb-9-4").expect("a dynamic placement");
+        assert_eq!(
+            placement["consumesCounters"][0]["counters"]["memory-slice-7"]["value"],
+            "1"
+        );
+        assert!(get("gpu-0").unwrap()["consumesCounters"].is_array());
+        assert!(get("gpu-1-mig-3g40gb-9-4").unwrap()["consumesCounters"].is_null());
+        let shared = get("gpu-2").unwrap();
+        assert_eq!(shared["allowMultipleAllocations"], true);
+        assert_eq!(
+            shared["capacity"]["memory"]["requestPolicy"]["validRange"]["step"],
+            "2Mi"
+        );
+        assert!(get("gpu-3").unwrap()["allowMultipleAllocations"].is_null());
+    }
+    let out = slices("mixed-a100", &["--server-version", "latest"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--server-version `latest`"));
+}
