@@ -235,3 +235,32 @@ async fn converges_after_the_api_was_down_and_after_failed_writes() {
     p.stop().await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_layout_follows_the_servers_version() {
+    // Two dynamic MIG GPUs of mixed-a100: a counter set each.
+    let config = "version: v1\nflags:\n  migStrategy: mixed\n  dra: {dynamicMig: [0, 1]}\n";
+    for (minor, combined) in [("34", true), ("35+", false)] {
+        let server = ApiServer::start().await.unwrap();
+        server.insert(&node()).unwrap();
+        server.set_version("1", minor);
+        let p = start(&server, Context::new(fixtures::store("mixed-a100", config)));
+        wait_pool(&server, "published", |_, ours| {
+            let sets: usize = ours
+                .iter()
+                .map(|s| s.spec.shared_counters.iter().flatten().count())
+                .sum();
+            let mixing = ours.iter().any(|s| {
+                s.spec
+                    .shared_counters
+                    .as_ref()
+                    .is_some_and(|c| !c.is_empty())
+                    && s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())
+            });
+            sets == 2 && mixing == combined
+        })
+        .await;
+        p.stop().await;
+        server.stop().await;
+    }
+}
