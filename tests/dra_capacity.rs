@@ -278,8 +278,14 @@ async fn shares_get_their_exact_limits_and_an_over_committed_one_is_refused() {
     }
 
     // Released: the over-committed claim fits now (80 - 30 >= 50).
-    assert_eq!(kubelet.unprepare(&[a.clone()]).await.unwrap()[&a.uid], "");
-    let again = kubelet.prepare(&[over.clone()], None).await.unwrap();
+    assert_eq!(
+        kubelet.unprepare(std::slice::from_ref(&a)).await.unwrap()[&a.uid],
+        ""
+    );
+    let again = kubelet
+        .prepare(std::slice::from_ref(&over), None)
+        .await
+        .unwrap();
     assert!(again[&over.uid].is_ok(), "{again:?}");
     stop(agent).await;
     c.server.stop().await;
@@ -410,7 +416,10 @@ async fn a_mig_slice_is_made_for_its_claim_and_nothing_outlives_a_crash() {
         .allocate_claim("ml", "small", &allocated("gpu-4-mig-1g5gb-19-3"))
         .unwrap();
     let kubelet = c.registered().await;
-    let answer = kubelet.prepare(&[small.clone()], None).await.unwrap();
+    let answer = kubelet
+        .prepare(std::slice::from_ref(&small), None)
+        .await
+        .unwrap();
     assert!(answer[&small.uid].is_ok(), "{answer:?}");
     let made = migs(&c, None);
     assert_eq!(made[&4].len(), 1, "{made:?}");
@@ -439,7 +448,10 @@ async fn a_mig_slice_is_made_for_its_claim_and_nothing_outlives_a_crash() {
 
     // Unprepare destroys it.
     assert_eq!(
-        kubelet.unprepare(&[small.clone()]).await.unwrap()[&small.uid],
+        kubelet
+            .unprepare(std::slice::from_ref(&small))
+            .await
+            .unwrap()[&small.uid],
         ""
     );
     assert!(migs(&c, None)[&4].is_empty());
@@ -449,7 +461,13 @@ async fn a_mig_slice_is_made_for_its_claim_and_nothing_outlives_a_crash() {
     c.server
         .allocate_claim("ml", "kept", &allocated("gpu-4-mig-3g20gb-9-4"))
         .unwrap();
-    assert!(kubelet.prepare(&[kept.clone()], None).await.unwrap()[&kept.uid].is_ok());
+    assert!(
+        kubelet
+            .prepare(std::slice::from_ref(&kept), None)
+            .await
+            .unwrap()[&kept.uid]
+            .is_ok()
+    );
     stop(agent).await;
 
     // … and one killed between its create and its checkpoint leaves no orphan.
@@ -460,7 +478,10 @@ async fn a_mig_slice_is_made_for_its_claim_and_nothing_outlives_a_crash() {
         .unwrap();
     let kubelet = c.registered().await;
     assert!(
-        kubelet.prepare(&[lost.clone()], None).await.is_err(),
+        kubelet
+            .prepare(std::slice::from_ref(&lost), None)
+            .await
+            .is_err(),
         "the agent died mid-call"
     );
     let mut agent = agent;
@@ -481,7 +502,13 @@ async fn a_mig_slice_is_made_for_its_claim_and_nothing_outlives_a_crash() {
         "the recorded claim's instance is kept: {after:?}"
     );
     // The kubelet's retry makes it again.
-    assert!(kubelet.prepare(&[lost.clone()], None).await.unwrap()[&lost.uid].is_ok());
+    assert!(
+        kubelet
+            .prepare(std::slice::from_ref(&lost), None)
+            .await
+            .unwrap()[&lost.uid]
+            .is_ok()
+    );
     assert_eq!(migs(&c, None)[&5].len(), 1);
     assert_eq!(
         kubelet
