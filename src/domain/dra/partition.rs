@@ -27,6 +27,10 @@ use super::model::{Counter, CounterConsumption, CounterSet};
 use crate::domain::config::{DeviceRef, DeviceSelector};
 use crate::domain::inventory::Gpu;
 
+/// Attribute of every published device: `true` when Prepare makes it (a dynamic MIG
+/// placement, or the whole GPU of a dynamic GPU), `false` for devices that exist already.
+pub const ATTR_ON_DEMAND: &str = "onDemand";
+
 /// Counter of the GPU's compute slices.
 pub const COMPUTE_SLICES: &str = "compute-slices";
 

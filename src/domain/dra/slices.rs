@@ -218,6 +218,14 @@ pub fn node_devices_with(
             }
         }
     }
+    // Every device says whether it is made for its claim, so a claim can insist on (or
+    // rule out) a slice made on demand without a CEL lookup of a missing attribute.
+    for d in out.devices.values_mut() {
+        d.device.attributes.insert(
+            partition::ATTR_ON_DEMAND.into(),
+            Attribute::Bool(d.placement.is_some()),
+        );
+    }
     out
 }
 
