@@ -360,7 +360,7 @@ async fn spawn_dra(
         // may be down, then the log line and the counter are all there is.
         let (node, token) = (p.node.clone(), ctx.child_token());
         let message = format!(
-            "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from the CDI specs",
+            "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from their records and CDI specs",
             kept_as.display()
         );
         ctx.tracker.spawn(async move {

@@ -151,9 +151,12 @@ impl Driver {
         );
         let uid = want.uid.clone();
         let to_save = next.clone();
-        // Spec first, then the checkpoint: a crash between them leaves a spec the
-        // recovery finds, never a checkpoint entry without its spec.
+        // Record, spec, then the checkpoint: a crash between them leaves a spec the next
+        // load adopts from its record, never a checkpoint entry without its spec.
         tokio::task::spawn_blocking(move || {
+            if let Some(claim) = to_save.claims.get(&uid) {
+                files.write_record(&uid, &to_save.boot_id, claim)?;
+            }
             files.write_spec(&uid, &spec)?;
             files.save(&to_save)
         })
@@ -176,11 +179,14 @@ impl Driver {
             let uid = c.uid.clone();
             let result = tokio::task::spawn_blocking(move || {
                 files.remove_spec(&uid)?;
-                if known {
+                let saved = if known {
                     files.save(&next).map(|()| Some(next))
                 } else {
                     Ok(None)
-                }
+                };
+                // Last: a crash before this leaves a record without its spec, dropped at load.
+                files.remove_record(&uid)?;
+                saved
             })
             .await
             .map_err(|e| format!("claim {c}: remove task failed: {e}"))

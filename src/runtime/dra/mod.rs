@@ -149,12 +149,22 @@ async fn start(
     };
     let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
     let load_files = files.clone();
-    let (prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
+    let (mut prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
         .await
         .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
             path: files.checkpoint.clone(),
             message: format!("load task failed: {e}"),
         })??;
+    // A claim recovered from its spec alone has no pool: it can only be this node's.
+    for d in prepared
+        .claims
+        .values_mut()
+        .flat_map(|c| c.devices.iter_mut())
+    {
+        if d.pool.is_empty() {
+            d.pool.clone_from(&settings.node);
+        }
+    }
     match &loaded {
         LoadOutcome::Corrupt { kept_as } => {
             metrics.dra_checkpoint_recoveries.inc();
@@ -162,7 +172,7 @@ async fn start(
                 checkpoint = %files.checkpoint.display(),
                 kept_as = %kept_as.display(),
                 recovered = prepared.claims.len(),
-                "DRA checkpoint unreadable: kept aside, prepared claims recovered from the CDI specs"
+                "DRA checkpoint unreadable: kept aside, prepared claims recovered from their records and CDI specs"
             );
             // Written back at once, so the next start reads the recovered claims instead of
             // recovering again; a failure here is not fatal, the next prepare writes it too.
