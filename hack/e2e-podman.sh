@@ -571,6 +571,17 @@ else
   ko "DRA prepare whole" "$EMU_REPLY; $(tail -5 "$WD/dra-agent.log")"
 fi
 expect_driver "DRA claim of GPU 2" "$DRA_CDI" /dev/nvidia2 "$G2" "$G2" -- "$WHOLE_ID"
+# The agent writes the claim's status.devices after answering: poll for it.
+for _ in $(seq 100); do
+  emu claim-status e2e whole
+  [[ $EMU_REPLY == *"\"uuid\":\"$G2\""* ]] && break
+  sleep 0.1
+done
+if [[ $EMU_REPLY == *'"device":"gpu-2"'* && $EMU_REPLY == *"\"uuid\":\"$G2\""* && $EMU_REPLY == *'"status":"True"'* ]]; then
+  ok "DRA: the claim's status.devices names GPU 2's UUID, Ready"
+else
+  ko "DRA claim status" "$EMU_REPLY"
+fi
 
 # A MIG device, and a claim of two devices (a MIG slice of GPU 1 and GPU 3).
 dra_claim mig "$MIG01"

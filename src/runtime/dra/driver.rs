@@ -7,14 +7,17 @@
 //! calls); else GET it through the [`ClaimSource`], resolve it against the node's devices
 //! ([`crate::domain::dra::claim::resolve`]), cut its CDI spec from the node's spec, write the
 //! spec, then the checkpoint, and only then answer. Every claim gets an entry; a claim's
-//! failure is its own `error`, never the call's.
+//! failure is its own `error`, never the call's. A newly prepared claim's `status.devices`
+//! (and their removal at Unprepare) is queued for [`super::status`] to write afterwards.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
+use super::status::{StatusJob, StatusQueue};
 use crate::domain::dra::claim::{ClaimRef, NodeContext, resolve};
+use crate::domain::dra::status::{DeviceStatus, device_status};
 use crate::domain::dra::{cdi as dra_cdi, slices};
 use crate::platform::claims::ClaimSource;
 use crate::platform::dra_state::{DraFiles, Prepared, PreparedClaim, PreparedDevice};
@@ -37,6 +40,8 @@ struct Inner {
     claims: Arc<dyn ClaimSource>,
     files: DraFiles,
     prepared: Mutex<Prepared>,
+    /// Where claim status writes are queued (none: status is not written).
+    status: std::sync::OnceLock<StatusQueue>,
 }
 
 impl Driver {
@@ -57,7 +62,22 @@ impl Driver {
                 claims,
                 files,
                 prepared: Mutex::new(prepared),
+                status: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Report prepared claims in their `status.devices` through `queue` (set once).
+    pub(crate) fn write_status_with(&self, queue: StatusQueue) {
+        let _ = self.inner.status.set(queue);
+    }
+
+    fn queue_status(&self, claim: &ClaimRef, devices: Vec<DeviceStatus>) {
+        if let Some(q) = self.inner.status.get() {
+            q.push(StatusJob {
+                claim: claim.clone(),
+                devices,
+            });
         }
     }
 
@@ -165,6 +185,14 @@ impl Driver {
         .map_err(|e| format!("claim {want}: {e}"))?;
         *prepared = next;
         tracing::info!(claim = %want, devices = answer.len(), "claim prepared");
+        let status = answer
+            .iter()
+            .filter_map(|a| {
+                let d = devices.get(&a.device)?;
+                Some(device_status(&self.inner.node, d, &a.cdi_ids))
+            })
+            .collect();
+        self.queue_status(want, status);
         Ok(answer)
     }
 
@@ -195,6 +223,7 @@ impl Driver {
                 Ok(Some(next)) => {
                     *prepared = next;
                     tracing::info!(claim = %c, "claim unprepared");
+                    self.queue_status(c, Vec::new());
                     out.insert(c.uid.clone(), Ok(()));
                 }
                 Ok(None) => {
