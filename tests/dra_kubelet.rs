@@ -355,6 +355,10 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     let r = run(dir.path(), store(), claims).await;
     assert_eq!(r.handle.loaded, LoadOutcome::OtherBoot);
     assert!(r.handle.driver.prepared_claims().await.is_empty());
+    assert!(
+        !spec_path(dir.path(), loser.1).exists(),
+        "the spec of a claim of an earlier boot is removed"
+    );
     r.stop().await;
 }
 

@@ -4,6 +4,7 @@
 //! node's ResourceSlice appears and follows a config change, no device-plugin socket is
 //! served, a claim allocated in the emulator is prepared into a per-claim CDI spec that
 //! parses, a SIGKILL and a restart keep the prepared claim (answered again without the API),
+//! also with the checkpoint cut short (recovered whole from the claim's record and spec),
 //! and Unprepare removes the spec. A restarting kubelet (every slice of the node deleted at
 //! once, the registration socket gone) gets the same devices published and a registration
 //! again; MIG devices carry their SM and engine capacities; a cut checkpoint is told as an
@@ -189,14 +190,42 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
     let mut agent = spawn_agent(dir.path(), &config);
     let kubelet = registered(dir.path()).await;
     let again = kubelet.prepare(&kc, None).await.unwrap();
-    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id])]));
+    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id.clone()])]));
     assert!(spec_path.exists());
+
+    // SIGKILL again, the checkpoint cut short: the claim comes back whole from its record
+    // and spec (namespace, name, request, pool: the entry as prepared), still without the API.
+    let checkpoint = dir.path().join("state/dra-prepared.json");
+    let entry = |path: &Path| -> serde_json::Value {
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(path).unwrap()).unwrap()
+            ["claims"][&uid]
+            .clone()
+    };
+    let prepared = entry(&checkpoint);
+    assert_eq!(prepared["namespace"], "ml", "{prepared}");
+    assert_eq!(prepared["devices"][0]["request"], "gpu", "{prepared}");
+    agent.kill().await.unwrap();
+    std::fs::write(&checkpoint, "{\"bootId\": ").unwrap();
+    let mut agent = spawn_agent(dir.path(), &config);
+    let kubelet = registered(dir.path()).await;
+    let again = kubelet.prepare(&kc, None).await.unwrap();
+    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id])]));
+    assert_eq!(
+        entry(&checkpoint),
+        prepared,
+        "recovered and written back as prepared"
+    );
     server.clear_faults();
 
     // Unprepare removes the spec.
     let gone = kubelet.unprepare(&kc).await.unwrap();
     assert_eq!(gone[&uid], "");
     assert!(!spec_path.exists());
+    assert!(
+        !dir.path()
+            .join(format!("state/dra-claims/{uid}.json"))
+            .exists()
+    );
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(agent.id().unwrap()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();

@@ -17,7 +17,8 @@
 //!   this node's devices (foreign results ignored, missing/unhealthy/already-prepared
 //!   devices refused);
 //! - [`cdi`]: the per-claim transient CDI spec, cut from the node's generated spec
-//!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits.
+//!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits;
+//! - [`status`]: what a prepared claim's `status.devices` says about each device.
 //!
 //! The runtime (`crate::runtime::dra`) serves the kubelet and publishes the objects; the
 //! CLI (`crate::cli::dra`) prints them.
@@ -30,6 +31,7 @@ pub mod model;
 pub mod opaque;
 pub mod partition;
 pub mod slices;
+pub mod status;
 
 /// Default driver name (`--dra-driver-name`).
 pub const DEFAULT_DRIVER_NAME: &str = "gpu-slicer.io";

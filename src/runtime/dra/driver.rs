@@ -11,15 +11,18 @@
 //! shares), write the spec, then the checkpoint, and only then answer; a failure after an
 //! instance was made destroys it again. Unprepare destroys the claim's made instances before
 //! it forgets the claim. Every claim gets an entry; a claim's failure is its own `error`,
-//! never the call's.
+//! never the call's. A newly prepared claim's `status.devices` (and their removal at
+//! Unprepare) is queued for [`super::status`] to write afterwards.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
+use super::status::{StatusJob, StatusQueue};
 use crate::domain::cdi::shares::HookSettings;
 use crate::domain::dra::claim::{ClaimRef, NodeContext, resolve};
+use crate::domain::dra::status::{DeviceStatus, device_status};
 use crate::domain::dra::{cdi as dra_cdi, slices};
 use crate::platform::claims::ClaimSource;
 use crate::platform::dra_mig::InstanceOps;
@@ -56,6 +59,8 @@ struct Inner {
     files: DraFiles,
     prepared: Mutex<Prepared>,
     extras: DriverExtras,
+    /// Where claim status writes are queued (none: status is not written).
+    status: std::sync::OnceLock<StatusQueue>,
 }
 
 impl Driver {
@@ -97,7 +102,22 @@ impl Driver {
                 files,
                 prepared: Mutex::new(prepared),
                 extras,
+                status: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Report prepared claims in their `status.devices` through `queue` (set once).
+    pub(crate) fn write_status_with(&self, queue: StatusQueue) {
+        let _ = self.inner.status.set(queue);
+    }
+
+    fn queue_status(&self, claim: &ClaimRef, devices: Vec<DeviceStatus>) {
+        if let Some(q) = self.inner.status.get() {
+            q.push(StatusJob {
+                claim: claim.clone(),
+                devices,
+            });
         }
     }
 
@@ -227,11 +247,24 @@ impl Driver {
         }
         *prepared = next;
         tracing::info!(claim = %want, devices = answer.len(), "claim prepared");
+        let status = answer
+            .iter()
+            .filter_map(|a| {
+                let d = devices.get(&a.device)?;
+                let made = a.made.as_ref().map(|m| m.uuid.as_str());
+                Some(
+                    device_status(&self.inner.node, d, &a.cdi_ids)
+                        .prepared_as(a.share_id.clone(), made),
+                )
+            })
+            .collect();
+        self.queue_status(want, status);
         Ok(answer)
     }
 
-    /// Write the claim's spec, then the checkpoint: a crash between them leaves a spec the
-    /// recovery finds, never a checkpoint entry without its spec.
+    /// Write the claim's record, its spec, then the checkpoint: a crash between them leaves
+    /// a spec the next load adopts from its record, never a checkpoint entry without its
+    /// spec.
     async fn persist(
         &self,
         want: &ClaimRef,
@@ -241,6 +274,9 @@ impl Driver {
         let files = self.inner.files.clone();
         let (uid, to_save) = (want.uid.clone(), next.clone());
         tokio::task::spawn_blocking(move || {
+            if let Some(claim) = to_save.claims.get(&uid) {
+                files.write_record(&uid, &to_save.boot_id, claim)?;
+            }
             files.write_spec(&uid, &spec)?;
             files.save(&to_save)
         })
@@ -268,11 +304,14 @@ impl Driver {
             let uid = c.uid.clone();
             let result = tokio::task::spawn_blocking(move || {
                 files.remove_spec(&uid)?;
-                if known {
+                let saved = if known {
                     files.save(&next).map(|()| Some(next))
                 } else {
                     Ok(None)
-                }
+                };
+                // Last: a crash before this leaves a record without its spec, dropped at load.
+                files.remove_record(&uid)?;
+                saved
             })
             .await
             .map_err(|e| format!("claim {c}: remove task failed: {e}"))
@@ -281,6 +320,7 @@ impl Driver {
                 Ok(Some(next)) => {
                     *prepared = next;
                     tracing::info!(claim = %c, "claim unprepared");
+                    self.queue_status(c, Vec::new());
                     out.insert(c.uid.clone(), Ok(()));
                 }
                 Ok(None) => {

@@ -8,13 +8,15 @@
 //! daemon or the handle stops it. When the registration socket disappears (the kubelet's plugin
 //! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
 //! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
-//! Kubernetes API in the daemon, a map in tests). [`publish`] keeps the node's ResourceSlices
+//! Kubernetes API in the daemon, a map in tests), which also takes their `status.devices`
+//! (`status`: written after the answer, never holding it). [`publish`] keeps the node's ResourceSlices
 //! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
 
 pub mod driver;
 mod instances;
 pub mod publish;
 pub mod service;
+mod status;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -151,38 +153,13 @@ async fn start(
         cdi_dir: settings.cdi_dir.clone(),
         driver: settings.driver.clone(),
     };
-    let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
-    let load_files = files.clone();
-    let (prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
-        .await
-        .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
-            path: files.checkpoint.clone(),
-            message: format!("load task failed: {e}"),
-        })??;
-    match &loaded {
-        LoadOutcome::Corrupt { kept_as } => {
-            metrics.dra_checkpoint_recoveries.inc();
-            tracing::error!(
-                checkpoint = %files.checkpoint.display(),
-                kept_as = %kept_as.display(),
-                recovered = prepared.claims.len(),
-                "DRA checkpoint unreadable: kept aside, prepared claims recovered from the CDI specs"
-            );
-            // Written back at once, so the next start reads the recovered claims instead of
-            // recovering again; a failure here is not fatal, the next prepare writes it too.
-            let save_files = files.clone();
-            let recovered = prepared.clone();
-            match tokio::task::spawn_blocking(move || save_files.save(&recovered)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
-                Err(e) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
-            }
-        }
-        LoadOutcome::OtherBoot => {
-            tracing::info!("DRA checkpoint from an earlier boot: entries void")
-        }
-        _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
-    }
+    let (prepared, loaded) = load(&settings, &files, metrics).await?;
+    let queue = status::spawn(
+        claims.clone(),
+        settings.driver.clone(),
+        tracker,
+        stop.clone(),
+    );
     if let Some(ops) = &settings.extras.instances {
         clean_dynamic_gpus(ops, &store, &prepared, &loaded).await;
     }
@@ -194,6 +171,7 @@ async fn start(
         (files, prepared),
         settings.extras.clone(),
     );
+    driver.write_status_with(queue);
     let service_path = settings.service_socket();
     let listener = bind(&service_path)?;
     let router = tonic::transport::Server::builder()
@@ -254,6 +232,58 @@ async fn start(
         loaded,
         registration,
     })
+}
+
+/// Load the checkpoint (and what the disk adds to it; see `crate::platform::dra_state`), give
+/// claims recovered without a pool this node's, and report and write back a recovery.
+async fn load(
+    settings: &DraSettings,
+    files: &DraFiles,
+    metrics: &crate::runtime::metrics::Metrics,
+) -> Result<(crate::platform::dra_state::Prepared, LoadOutcome), DraRuntimeError> {
+    let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
+    let load_files = files.clone();
+    let (mut prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
+        .await
+        .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
+            path: files.checkpoint.clone(),
+            message: format!("load task failed: {e}"),
+        })??;
+    // A claim recovered from its spec alone has no pool: it can only be this node's.
+    for d in prepared
+        .claims
+        .values_mut()
+        .flat_map(|c| c.devices.iter_mut())
+    {
+        if d.pool.is_empty() {
+            d.pool.clone_from(&settings.node);
+        }
+    }
+    match &loaded {
+        LoadOutcome::Corrupt { kept_as } => {
+            metrics.dra_checkpoint_recoveries.inc();
+            tracing::error!(
+                checkpoint = %files.checkpoint.display(),
+                kept_as = %kept_as.display(),
+                recovered = prepared.claims.len(),
+                "DRA checkpoint unreadable: kept aside, prepared claims recovered from their records and CDI specs"
+            );
+            // Written back at once, so the next start reads the recovered claims instead of
+            // recovering again; a failure here is not fatal, the next prepare writes it too.
+            let save_files = files.clone();
+            let recovered = prepared.clone();
+            match tokio::task::spawn_blocking(move || save_files.save(&recovered)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
+                Err(e) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
+            }
+        }
+        LoadOutcome::OtherBoot => {
+            tracing::info!("DRA checkpoint from an earlier boot: entries void")
+        }
+        _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
+    }
+    Ok((prepared, loaded))
 }
 
 /// Destroy the MIG instances on dynamic GPUs that no claim of the checkpoint owns (made by a
