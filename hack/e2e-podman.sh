@@ -8,6 +8,10 @@
 # agent (`gpu-slicer run`, with hack/fake-mps-control as the daemon) gives each daemon its own
 # size-bounded tmpfs as /dev/shm; share containers of GPU 2 and GPU 3 each see only their
 # daemon's, never each other's nor the host's, and lose it when the agent stops.
+# DRA (`run --dra` against `gpu-slicer emulate`): claims prepared into per-claim specs and run
+# by Podman; shares of one GPU (consumable capacity) each limited to their own bytes by the
+# hook, which NVML and CUDA inside the container report as the GPU's total, an over-committed
+# share refused.
 #
 # Runs as root (CI: Debian 12 after `apt-get install -y podman runc busybox-static`).
 # Idempotent and self-cleaning: all state lives in a temp dir; the spec directories Podman
@@ -522,7 +526,7 @@ dra_agent() {
     "$BIN" run --backend sim:mixed-a100 --config "$WD/dra.yaml" --dra --node-name node-a \
     --kubeconfig "$DRA/kubeconfig" --kubelet-registry-dir "$DRA/registry" \
     --kubelet-plugins-dir "$DRA/plugins" --device-plugin-dir "$WD/dp-dra" --cdi-dir "$DRA_CDI" \
-    --dev-root "$DEVROOT" --driver-root "$FDR" --usage-interval 0 >>"$WD/dra-agent.log" 2>&1 &
+    --dev-root "$DEVROOT" --driver-root "$FDR" --usage-interval 0 "$@" >>"$WD/dra-agent.log" 2>&1 &
   DRA_PID=$!
 }
 # claim_file NAME DEVICE...: a claim allocated as the scheduler leaves it, one request per device.
@@ -638,6 +642,62 @@ if [ "$EMU_REPLY" = "ok k8s.$DRIVER/claim=$THIEF-gpu-2" ]; then
   ok "DRA: GPU 2 prepared for the other claim once released"
 else
   ko "DRA prepare after release" "$EMU_REPLY"
+fi
+
+# --- DRA shares (consumable capacity): GPU 2 shared with driver-enforced memory. Two claims
+# of 10 GiB and 30 GiB of its 80 GiB, as the scheduler writes them (shareID,
+# consumedCapacity): each container's cgroup gets exactly its bytes from the hook in its
+# claim's spec, and NVML and CUDA inside report that as the GPU's total; a third claim the
+# scheduler over-committed (50 GiB) is refused with the free figure, and fits once a share is
+# released. The agent restarts with the hook's fake-NVML environment (the GPUs are released
+# first: a device held whole counts as full once it is shared).
+emu unprepare e2e thief
+emu unprepare e2e two
+kill "$DRA_PID"
+wait "$DRA_PID" 2>/dev/null
+printf '%s\n' 'flags: {migStrategy: mixed}' 'sharing:' '  timeSlicing:' '    resources:' \
+  '    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.mem, devices: [2], replicas: 4, isolation: memory}' \
+  >"$WD/dra.yaml"
+dra_agent --cdi-hook-nvml-lib "$FAKE_LIB" \
+  --cdi-hook-env "FAKE_NVML_NODE=$NODE_FILE,FAKE_NVML_LIMITS_FILE=$FG/limits.json"
+# share_claim NAME GIB SHARE: a claim for GIB GiB of GPU 2, allocated with share ID SHARE.
+share_claim() {
+  printf 'apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: %s, namespace: e2e}\n' "$1"
+  printf 'spec:\n  devices:\n    requests:\n    - {name: r0, exactly: {deviceClassName: any, capacity: {requests: {memory: %sGi}}}}\n' "$2"
+  printf 'status:\n  allocation:\n    devices:\n      results:\n'
+  printf '      - {request: r0, driver: %s, pool: node-a, device: gpu-2, shareID: %s, consumedCapacity: {memory: %sGi, compute: "0"}}\n' \
+    "$DRIVER" "$3" "$2"
+}
+share_ids=()
+for gib in 10 30 50; do
+  share_claim "share$gib" "$gib" "5a4e0000-0000-4000-8000-0000000000$gib" >"$DRA/share$gib.yaml"
+  emu claim "$DRA/share$gib.yaml"
+  emu prepare e2e "share$gib"
+  share_ids+=("$EMU_REPLY")
+done
+if [[ ${share_ids[0]} == "ok k8s.$DRIVER/claim="*"-gpu-2-5a4e0000-0000-4000-8000-000000000010" ]] &&
+  [[ ${share_ids[1]} == "ok "* ]] && [[ ${share_ids[2]} == "error "*"gpu-2"*"50Gi"*"only 40Gi of its 80Gi"* ]]; then
+  ok "DRA shares: 10 GiB and 30 GiB of GPU 2 prepared, the over-committed 50 GiB refused (${share_ids[2]#error })"
+else
+  ko "DRA shares" "${share_ids[*]}; $(tail -3 "$WD/dra-agent.log")"
+fi
+for i in 0 1; do
+  gib=$((i == 0 ? 10 : 30))
+  bytes=$((gib << 30))
+  expect_driver "DRA $gib GiB share of GPU 2" "$DRA_CDI" /dev/nvidia2 "$G2" "$G2" --cgroupns=host -- "${share_ids[$i]#ok }"
+  if grep -qx "NVML $G2: total $bytes free $bytes" <<<"$SMI_OUT" &&
+    grep -q "^CUDA 0: .*(UUID: $G2) free $bytes total $bytes\$" <<<"$SMI_OUT"; then
+    ok "DRA share: NVML and CUDA in the container report its own $gib GiB as GPU 2's total"
+  else
+    ko "DRA share memory ($gib GiB)" "$SMI_OUT"
+  fi
+done
+emu unprepare e2e share10
+emu prepare e2e share50
+if [[ $EMU_REPLY == "ok "*"-gpu-2-5a4e0000-0000-4000-8000-000000000050" ]]; then
+  ok "DRA shares: with 10 GiB released, the 50 GiB claim fits"
+else
+  ko "DRA share after release" "$EMU_REPLY"
 fi
 
 kill "$DRA_PID"

@@ -125,7 +125,7 @@ impl Prepared {
                     crate::domain::dra::capacity::Holding {
                         claim: uid.clone(),
                         share_id: d.share_id.clone(),
-                        consumed: d.consumed.unwrap_or_default(),
+                        consumed: d.consumed,
                     },
                 );
             }

@@ -146,8 +146,9 @@ pub struct Holding {
     pub claim: String,
     /// Its share ID (`None` for a whole-device allocation).
     pub share_id: Option<String>,
-    /// What it takes.
-    pub consumed: Consumed,
+    /// What it takes; `None`: the whole device (prepared exclusively, e.g. before a config
+    /// change made the device shared).
+    pub consumed: Option<Consumed>,
 }
 
 /// Whether `want` still fits on `device` (of `memory_bytes`) next to `held`. The error names
@@ -158,8 +159,9 @@ pub fn check_fits(
     held: &[Holding],
     want: Consumed,
 ) -> Result<(), String> {
-    let used_memory: u64 = held.iter().map(|h| h.consumed.memory_bytes).sum();
-    let used_compute: u32 = held.iter().map(|h| h.consumed.compute_percent).sum();
+    let taken = |h: &Holding| h.consumed.unwrap_or(Consumed::whole(memory_bytes));
+    let used_memory: u64 = held.iter().map(|h| taken(h).memory_bytes).sum();
+    let used_compute: u32 = held.iter().map(|h| taken(h).compute_percent).sum();
     let free_memory = memory_bytes.saturating_sub(used_memory);
     let free_compute = FULL_COMPUTE.saturating_sub(used_compute);
     let others = held.len();
@@ -201,10 +203,10 @@ mod tests {
         Holding {
             claim: claim.into(),
             share_id: Some(format!("s-{claim}")),
-            consumed: Consumed {
+            consumed: Some(Consumed {
                 memory_bytes: gib << 30,
                 compute_percent: compute,
-            },
+            }),
         }
     }
 
@@ -262,14 +264,23 @@ mod tests {
     #[test]
     fn an_over_commit_names_the_device_the_claim_and_the_free_figure() {
         let held = [share("a", 10, 25), share("b", 30, 50)];
-        assert!(check_fits("gpu-0", 80 << 30, &held, share("c", 40, 25).consumed).is_ok());
-        let e = check_fits("gpu-0", 80 << 30, &held, share("c", 50, 0).consumed).unwrap_err();
+        let want = |gib, compute| share("c", gib, compute).consumed.unwrap();
+        assert!(check_fits("gpu-0", 80 << 30, &held, want(40, 25)).is_ok());
+        let e = check_fits("gpu-0", 80 << 30, &held, want(50, 0)).unwrap_err();
         assert!(
             e.contains("gpu-0") && e.contains("50Gi") && e.contains("40Gi") && e.contains("80Gi"),
             "{e}"
         );
-        let e = check_fits("gpu-0", 80 << 30, &held, share("c", 1, 30).consumed).unwrap_err();
+        let e = check_fits("gpu-0", 80 << 30, &held, want(1, 30)).unwrap_err();
         assert!(e.contains("30 %") && e.contains("25 %"), "{e}");
+        // A device held whole (prepared before it was shared) has nothing free.
+        let whole = Holding {
+            claim: "old".into(),
+            share_id: None,
+            consumed: None,
+        };
+        let e = check_fits("gpu-0", 80 << 30, &[whole], want(1, 0)).unwrap_err();
+        assert!(e.contains("only 0 of its 80Gi"), "{e}");
     }
 
     #[test]

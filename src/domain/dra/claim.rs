@@ -237,7 +237,7 @@ pub fn resolve(
             .map(|s| Holding {
                 claim: want.uid.clone(),
                 share_id: s.share_id.clone(),
-                consumed: s.consumed,
+                consumed: Some(s.consumed),
             })
             .collect();
         devices.push(resolve_result(want, r, alloc, ctx, &own)?);

@@ -44,7 +44,7 @@ fn held_by(claim: &str) -> Vec<Holding> {
     vec![Holding {
         claim: claim.into(),
         share_id: None,
-        consumed: Consumed::default(),
+        consumed: None,
     }]
 }
 
@@ -385,10 +385,10 @@ fn the_node_refuses_an_over_committed_share_naming_the_free_figure() {
     let held = |claim: &str, gib: u64| Holding {
         claim: claim.into(),
         share_id: Some(format!("share-{claim}")),
-        consumed: Consumed {
+        consumed: Some(Consumed {
             memory_bytes: gib << 30,
             compute_percent: 0,
-        },
+        }),
     };
     s.node
         .prepared
