@@ -5,8 +5,13 @@
 //!   `dgx-h100` and `mixed-a100` sim nodes;
 //! - the NodePrepareResources handler for one claim without the API round trip
 //!   (`Driver::prepare` with the in-memory claim map: resolve, cut the CDI spec, write the
-//!   spec file and the checkpoint atomically with fsync, then unprepare to reset), in a
-//!   temp dir.
+//!   claim's record, the spec file and the checkpoint atomically with fsync, then unprepare to
+//!   reset), in a temp dir;
+//! - NodePrepareResources end to end through the emulators: the kubelet's DRA client over the
+//!   real unix socket, the driver reading the claim with the `kube` client over HTTP from the
+//!   API-server emulator (status writes on), then NodeUnprepareResources; p50/p99.
+//!
+//! Figures go to `hack/bench.sh` as `FIGURE|` lines, methods as `METHOD|` lines.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -18,16 +23,17 @@ use gpu_slicer::domain::dra::slices;
 use gpu_slicer::domain::snapshot::Snapshot;
 use gpu_slicer::domain::view::Overlay;
 use gpu_slicer::platform::dra_state::{DraFiles, Prepared};
-use gpu_slicer::runtime::dra::Driver;
+use gpu_slicer::runtime::dra::{DraSettings, Driver};
 use gpu_slicer::state::Store;
 use gpu_slicer::testkit::fixtures;
-use gpu_slicer::testkit::kubelet::dra::Claims;
+use gpu_slicer::testkit::kubelet::dra::{Claims, KubeletClaim, register};
+use gpu_slicer::testkit::stats::percentile;
 
 const RUNS: usize = 201;
+const UID: &str = "aaaaaaaa-0000-4000-8000-000000000001";
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+fn median(v: &[Duration]) -> Duration {
+    percentile(v, 0.5)
 }
 
 fn slices_bench(profile: &str) {
@@ -40,6 +46,7 @@ fn slices_bench(profile: &str) {
     };
     let mut times = Vec::with_capacity(RUNS);
     let mut bytes = 0;
+    let mut count = 0;
     for _ in 0..RUNS {
         let t = Instant::now();
         let health = slices::health_map(&plan, &Overlay::default());
@@ -48,20 +55,27 @@ fn slices_bench(profile: &str) {
         let out = serde_json::to_vec(&built).expect("json");
         times.push(t.elapsed());
         bytes = out.len();
+        count = devices.devices.len();
         black_box(out);
     }
+    let m = median(&times);
+    println!("slices {profile:<11} build+serialise  median {m:>9.1?}  ({bytes} bytes JSON)");
     println!(
-        "slices {profile:<11} build+serialise  median {:>9.1?}  ({bytes} bytes JSON)",
-        median(times)
+        "FIGURE|DRA ResourceSlice build + JSON, {profile} ({count} devices, {bytes} B)|{m:.1?}"
     );
 }
 
-fn prepare_bench() {
+/// `mixed-a100` with its node CDI spec, as the daemon serves it.
+fn store() -> Store {
     let (inv, cfg, plan) =
         fixtures::planned("mixed-a100", "version: v1\nflags:\n  migStrategy: mixed\n");
     let spec = generate(&inv, &GenerateOptions::new("nvidia.com/gpu"), &NoProbe).expect("spec");
     let mut snap = Snapshot::serving(cfg, inv, plan);
     snap.spec = Some(Arc::new(spec));
+    Store::new(snap)
+}
+
+fn prepare_bench() {
     let dir = tempfile::tempdir().expect("tempdir");
     let files = DraFiles {
         checkpoint: dir.path().join("state/dra-prepared.json"),
@@ -69,14 +83,13 @@ fn prepare_bench() {
         driver: "gpu-slicer.io".into(),
     };
     let claims = Claims::new();
-    let uid = "aaaaaaaa-0000-4000-8000-000000000001";
-    claims.put(serde_json::json!({"metadata": {"namespace": "ml", "name": "a", "uid": uid},
+    claims.put(serde_json::json!({"metadata": {"namespace": "ml", "name": "a", "uid": UID},
         "status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu-slicer.io", "pool": "node-a", "device": "gpu-2"}]}}}}));
     let driver = Driver::new(
         "gpu-slicer.io",
         "node-a",
-        Store::new(snap),
+        store(),
         claims,
         files,
         Prepared::default(),
@@ -87,7 +100,7 @@ fn prepare_bench() {
         .expect("runtime");
     let want = [ClaimRef {
         namespace: "ml".into(),
-        uid: uid.into(),
+        uid: UID.into(),
         name: "a".into(),
     }];
     let mut times = Vec::with_capacity(RUNS);
@@ -96,13 +109,104 @@ fn prepare_bench() {
             let t = Instant::now();
             let out = driver.prepare(&want).await;
             times.push(t.elapsed());
-            assert!(out[uid].is_ok(), "{out:?}");
+            assert!(out[UID].is_ok(), "{out:?}");
             driver.unprepare(&want).await;
         }
     });
+    let m = median(&times);
+    println!("prepare one claim (record + spec + checkpoint, fsync)  median {m:>9.1?}");
     println!(
-        "prepare one claim (spec + checkpoint, fsync)  median {:>9.1?}",
-        median(times)
+        "FIGURE|DRA NodePrepareResources handler, one claim, no API (record + spec + checkpoint, fsync)|{m:.1?}"
+    );
+    println!(
+        "METHOD|DRA prepare handler: Driver::prepare of one whole-GPU claim on mixed-a100 from an in-memory claim map (resolve, per-claim CDI spec cut from the node spec, three atomic writes with fsync: record, spec, checkpoint), unprepare between runs; median of {RUNS}, {}",
+        fs_of(dir.path())
+    );
+}
+
+/// The file system type of `path` (fsync costs differ by orders of magnitude).
+fn fs_of(path: &std::path::Path) -> String {
+    std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(path)
+        .output()
+        .ok()
+        .map(|o| format!("temp dir on {}", String::from_utf8_lossy(&o.stdout).trim()))
+        .unwrap_or_default()
+}
+
+/// NodePrepareResources over the kubelet's socket, the claim read from the API emulator.
+async fn end_to_end(calls: usize) -> Vec<Duration> {
+    use gpu_slicer::testkit::apiserver::ApiServer;
+    gpu_slicer::platform::kube::install_crypto_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ApiServer::start().await.expect("api server");
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ml", "name": "a", "uid": UID},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu-slicer.io", "pool": "node-a", "device": "gpu-2"}]}}}}))
+        .expect("claim");
+    server.insert(&claim).expect("insert");
+    let ctx = gpu_slicer::runtime::Context::new(store());
+    let settings = DraSettings {
+        driver: "gpu-slicer.io".into(),
+        node: "node-a".into(),
+        registry_dir: dir.path().join("reg"),
+        plugins_dir: dir.path().join("plugins"),
+        cdi_dir: dir.path().join("cdi"),
+        state_dir: dir.path().join("state"),
+        proc_root: dir.path().join("proc"),
+        health_resend: Duration::from_secs(20),
+        socket_check: Duration::from_secs(1),
+    };
+    let claims = gpu_slicer::platform::kube::KubeClaims::new(server.client().expect("client"));
+    let _driver = gpu_slicer::runtime::dra::spawn(settings, Arc::new(claims), &ctx)
+        .await
+        .expect("driver");
+    let kubelet = register(&dir.path().join("reg/gpu-slicer.io-reg.sock"))
+        .await
+        .expect("registered");
+    let want = [KubeletClaim {
+        namespace: "ml".into(),
+        uid: UID.into(),
+        name: "a".into(),
+    }];
+    let mut times = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        let out = kubelet.prepare(&want, None).await.expect("prepare");
+        times.push(t.elapsed());
+        assert!(out[UID].is_ok(), "{out:?}");
+        kubelet.unprepare(&want).await.expect("unprepare");
+    }
+    ctx.token.cancel();
+    ctx.tracker.close();
+    ctx.tracker.wait().await;
+    server.stop().await;
+    times
+}
+
+fn end_to_end_bench() {
+    let calls = if std::env::var_os("BENCH_QUICK").is_some() {
+        200
+    } else {
+        1000
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let times = rt.block_on(end_to_end(calls));
+    let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+    println!("prepare end to end (socket + API GET)  p50 {p50:>9.1?}  p99 {p99:>9.1?}");
+    println!(
+        "FIGURE|DRA NodePrepareResources end to end, one claim (kubelet socket, claim GET from the API emulator)|p50 {p50:.1?} / p99 {p99:.1?}"
+    );
+    println!(
+        "METHOD|DRA prepare end to end: the kubelet emulator's DRA client over the real unix socket to the driver (one tokio worker, as run), which GETs the claim with the kube client over HTTP from the in-process API-server emulator, writes record, spec and checkpoint, answers, then queues the status write; NodeUnprepareResources between calls (not timed); {calls} calls"
     );
 }
 
@@ -110,4 +214,5 @@ fn main() {
     slices_bench("dgx-h100");
     slices_bench("mixed-a100");
     prepare_bench();
+    end_to_end_bench();
 }
