@@ -271,13 +271,13 @@ impl DraFiles {
     }
 
     /// The record of a claim (`/` in the UID as `_`, as in the spec's file name).
-    pub fn record_path(&self, claim_uid: &str) -> PathBuf {
+    pub(crate) fn record_path(&self, claim_uid: &str) -> PathBuf {
         self.records_dir()
             .join(format!("{}.json", claim_uid.replace('/', "_")))
     }
 
     /// Write a claim's record atomically (before its spec: see the module header).
-    pub fn write_record(
+    pub(crate) fn write_record(
         &self,
         claim_uid: &str,
         boot_id: &str,
@@ -303,7 +303,7 @@ impl DraFiles {
     }
 
     /// Remove a claim's record (absent is fine).
-    pub fn remove_record(&self, claim_uid: &str) -> Result<(), DraStateError> {
+    pub(crate) fn remove_record(&self, claim_uid: &str) -> Result<(), DraStateError> {
         atomic_file::remove_if_present(&self.record_path(claim_uid))?;
         Ok(())
     }
