@@ -6,7 +6,8 @@
 //! - the NodePrepareResources handler for one claim without the API round trip
 //!   (`Driver::prepare` with the in-memory claim map: resolve, cut the CDI spec, write the
 //!   claim's record, the spec file and the checkpoint atomically with fsync, then unprepare to
-//!   reset), in a temp dir;
+//!   reset), laid out as deployed: the CDI dir on tmpfs (`/dev/shm`, as `/var/run/cdi` is),
+//!   the state dir on disk (a temp dir under `/tmp`);
 //! - NodePrepareResources end to end through the emulators: the kubelet's DRA client over the
 //!   real unix socket, the driver reading the claim with the `kube` client over HTTP from the
 //!   API-server emulator (status writes on), then NodeUnprepareResources; p50/p99.
@@ -75,11 +76,19 @@ fn store() -> Store {
     Store::new(snap)
 }
 
+/// A temp dir for CDI specs on tmpfs, as `/var/run/cdi` is on a node (else under `/tmp`).
+fn cdi_tempdir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("tempdir")
+}
+
 fn prepare_bench() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let cdi = cdi_tempdir();
     let files = DraFiles {
         checkpoint: dir.path().join("state/dra-prepared.json"),
-        cdi_dir: dir.path().join("cdi"),
+        cdi_dir: cdi.path().to_path_buf(),
         driver: "gpu-slicer.io".into(),
     };
     let claims = Claims::new();
@@ -114,13 +123,14 @@ fn prepare_bench() {
         }
     });
     let m = median(&times);
-    println!("prepare one claim (record + spec + checkpoint, fsync)  median {m:>9.1?}");
+    println!("prepare one claim (record + spec on tmpfs, checkpoint on disk, fsync)  median {m:>9.1?}");
     println!(
-        "FIGURE|DRA NodePrepareResources handler, one claim, no API (record + spec + checkpoint, fsync)|{m:.1?}"
+        "FIGURE|DRA NodePrepareResources handler, one claim, no API (record + spec on tmpfs, checkpoint on disk, fsync)|{m:.1?}"
     );
     println!(
-        "METHOD|DRA prepare handler: Driver::prepare of one whole-GPU claim on mixed-a100 from an in-memory claim map (resolve, per-claim CDI spec cut from the node spec, three atomic writes with fsync: record, spec, checkpoint), unprepare between runs; median of {RUNS}, {}",
-        fs_of(dir.path())
+        "METHOD|DRA prepare handler: Driver::prepare of one whole-GPU claim on mixed-a100 from an in-memory claim map (resolve, per-claim CDI spec cut from the node spec, three atomic writes with fsync: record, spec, checkpoint), unprepare between runs; median of {RUNS}; state dir on {}, CDI dir on {}",
+        fs_of(dir.path()),
+        fs_of(cdi.path())
     );
 }
 
@@ -131,7 +141,7 @@ fn fs_of(path: &std::path::Path) -> String {
         .arg(path)
         .output()
         .ok()
-        .map(|o| format!("temp dir on {}", String::from_utf8_lossy(&o.stdout).trim()))
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
 }
 
@@ -140,6 +150,7 @@ async fn end_to_end(calls: usize) -> Vec<Duration> {
     use gpu_slicer::testkit::apiserver::ApiServer;
     gpu_slicer::platform::kube::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
+    let cdi = cdi_tempdir();
     let server = ApiServer::start().await.expect("api server");
     let claim: k8s_openapi::api::resource::v1::ResourceClaim =
         serde_json::from_value(serde_json::json!({
@@ -155,7 +166,7 @@ async fn end_to_end(calls: usize) -> Vec<Duration> {
         node: "node-a".into(),
         registry_dir: dir.path().join("reg"),
         plugins_dir: dir.path().join("plugins"),
-        cdi_dir: dir.path().join("cdi"),
+        cdi_dir: cdi.path().to_path_buf(),
         state_dir: dir.path().join("state"),
         proc_root: dir.path().join("proc"),
         health_resend: Duration::from_secs(20),
@@ -206,7 +217,7 @@ fn end_to_end_bench() {
         "FIGURE|DRA NodePrepareResources end to end, one claim (kubelet socket, claim GET from the API emulator)|p50 {p50:.1?} / p99 {p99:.1?}"
     );
     println!(
-        "METHOD|DRA prepare end to end: the kubelet emulator's DRA client over the real unix socket to the driver (one tokio worker, as run), which GETs the claim with the kube client over HTTP from the in-process API-server emulator, writes record, spec and checkpoint, answers, then queues the status write; NodeUnprepareResources between calls (not timed); {calls} calls"
+        "METHOD|DRA prepare end to end: the kubelet emulator's DRA client over the real unix socket to the driver (one tokio worker, as run), which GETs the claim with the kube client over HTTP from the in-process API-server emulator, writes record, spec and checkpoint, answers, then queues the status write; NodeUnprepareResources between calls (not timed); CDI dir on tmpfs, state dir on disk; {calls} calls"
     );
 }
 
