@@ -680,8 +680,20 @@ mod accounting {
         rt.block_on(driver.unprepare(&all));
         prop_assert_eq!(held(dir.path()), (0, 0, 0));
         prop_assert!(rt.block_on(driver.prepared_claims()).is_empty());
-        let specs = std::fs::read_dir(dir.path().join("cdi")).map_or(0, |d| d.count());
-        prop_assert_eq!(specs, 0, "a spec outlived its claim");
+        // No spec and no claim record (in the records folder beside the specs) is left.
+        let files = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+            std::fs::read_dir(d)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect()
+        };
+        let left: Vec<_> = files(&dir.path().join("cdi"))
+            .into_iter()
+            .flat_map(|p| if p.is_dir() { files(&p) } else { vec![p] })
+            .collect();
+        prop_assert!(left.is_empty(), "left behind: {left:?}");
         Ok(())
     }
 

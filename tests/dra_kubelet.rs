@@ -238,12 +238,16 @@ async fn every_bad_claim_gets_its_own_error_and_the_good_one_is_prepared() {
         e.contains("ml/bad-config") && e.contains("parameters.kind") && e.contains("Bogus"),
         "{e}"
     );
-    // Only the good claim left a spec.
-    let specs: Vec<_> = std::fs::read_dir(dir.path().join("cdi"))
-        .unwrap()
-        .flatten()
-        .collect();
-    assert_eq!(specs.len(), 1);
+    // Only the good claim left a spec (and a record, in the records folder beside them).
+    let files = |d: &str| -> Vec<_> {
+        std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .collect()
+    };
+    assert_eq!(files("cdi").len(), 1);
+    assert_eq!(files(&format!("cdi/k8s.{DRIVER}-claim-records")).len(), 1);
     r.stop().await;
 }
 

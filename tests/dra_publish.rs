@@ -1,7 +1,8 @@
 //! The DRA driver's ResourceSlices published through the real `kube` client to the in-process
 //! API-server emulator: on start (owner reference to the Node, generation 1), again at the
 //! next generation when a device's health changes (a taint) and when it recovers, re-created
-//! after a delete, converging after the API was down and after failed writes, and stale
+//! after a delete, converging after the API was down, after forbidden LISTs, failed and slow
+//! writes, and stale
 //! slices of the pool (an old generation, another split) removed.
 
 use std::time::Duration;
@@ -201,9 +202,13 @@ async fn deleted_slices_are_recreated_and_stale_ones_removed() {
 async fn converges_after_the_api_was_down_and_after_failed_writes() {
     let server = ApiServer::start().await.unwrap();
     server.insert(&node()).unwrap();
-    // The first creates fail (5xx, then a conflict): retried with backoff.
+    // The first LISTs are forbidden (RBAC not granted yet), the first creates fail (5xx,
+    // then a conflict), the next is slow: retried with backoff until it lands.
+    server.inject(Fault::status(Verb::List, "/resourceslices", 403).times(2));
     server.inject(Fault::status(Verb::Create, "/resourceslices", 500).times(2));
     server.inject(Fault::status(Verb::Create, "/resourceslices", 409).times(1));
+    server
+        .inject(Fault::delay(Verb::Create, "/resourceslices", Duration::from_millis(300)).times(1));
     let store = fixtures::store("dgx-h100", "version: v1\n");
     let gpu0 = store.current().inventory.gpus[0].uuid.clone();
     let p = start(&server, Context::new(store.clone()));
@@ -212,6 +217,7 @@ async fn converges_after_the_api_was_down_and_after_failed_writes() {
     })
     .await;
     assert!(server.count(Verb::Create, "/apis/resource.k8s.io/v1/resourceslices") >= 4);
+    assert!(server.count(Verb::List, "/apis/resource.k8s.io/v1/resourceslices") >= 3);
 
     // The API goes away; meanwhile a device fails; the API comes back.
     server.go_down();

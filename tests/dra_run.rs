@@ -171,6 +171,11 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
         .path()
         .join("cdi")
         .join(format!("k8s.{DRIVER}-claim_{uid}.json"));
+    // The claim's record beside the specs, removed with it at Unprepare.
+    let record = dir
+        .path()
+        .join(format!("cdi/k8s.{DRIVER}-claim-records/{uid}.json"));
+    assert!(record.exists());
     let spec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
     assert_eq!(spec["kind"], format!("k8s.{DRIVER}/claim"));
@@ -221,11 +226,7 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
     let gone = kubelet.unprepare(&kc).await.unwrap();
     assert_eq!(gone[&uid], "");
     assert!(!spec_path.exists());
-    assert!(
-        !dir.path()
-            .join(format!("state/dra-claims/{uid}.json"))
-            .exists()
-    );
+    assert!(!record.exists());
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(agent.id().unwrap()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();

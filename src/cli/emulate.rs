@@ -61,7 +61,7 @@ pub enum EmulateError {
 }
 
 /// Serve the emulators and answer commands from stdin until `quit` or end of input.
-pub async fn emulate(
+pub(crate) async fn emulate(
     args: &EmulateArgs,
     out: &mut impl std::io::Write,
 ) -> Result<(), EmulateError> {

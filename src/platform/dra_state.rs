@@ -2,12 +2,16 @@
 //! with the boot ID: entries of an earlier boot are void) and the per-claim CDI specs.
 //!
 //! Both are written with [`super::atomic_file`] before the kubelet gets an answer, so a
-//! SIGKILL never loses a prepared claim. Beside them, each prepared claim has a record
-//! `<state dir>/dra-claims/<claimUID>.json` (boot ID, namespace, name, and its devices with
-//! request, pool and CDI IDs: the checkpoint's entry, alone), written before its spec and
-//! removed after it. It is what the spec cannot carry for Podman 4.3 (spec annotations need
-//! cdiVersion 0.6.0, which it refuses), so that a claim recovered from disk is the claim as
-//! prepared, not only its device names.
+//! SIGKILL never loses a prepared claim. Beside its spec, each prepared claim has a record
+//! `<cdi dir>/k8s.<driver>-claim-records/<claimUID>.json` (boot ID, namespace, name, and its
+//! devices with request, pool and CDI IDs: the checkpoint's entry, alone), written before the
+//! spec and removed after it. It is what the spec cannot carry for Podman 4.3 (spec
+//! annotations need cdiVersion 0.6.0, which it refuses), so that a claim recovered from disk is
+//! the claim as prepared, not only its device names. It lives with the specs rather than in
+//! the state directory: it shares their fate (a reboot that empties `/var/run/cdi` voids both),
+//! and on that tmpfs its durable write costs microseconds, not a second disk fsync per
+//! prepare. CDI runtimes read only `*.json` / `*.yaml` files directly in the directory, never
+//! a subdirectory.
 //!
 //! On load, a checkpoint that does not parse is kept aside as
 //! `dra-prepared.json.corrupt-<unix seconds>[.<n>]` (never over an earlier one), so a bad
@@ -28,8 +32,9 @@ use super::atomic_file::{self, IoAt};
 /// File name of the checkpoint inside `--state-dir`.
 pub const CHECKPOINT_FILE: &str = "dra-prepared.json";
 
-/// Folder of the per-claim records inside `--state-dir` (`<claimUID>.json` each).
-pub const CLAIMS_DIR: &str = "dra-claims";
+/// Suffix of the per-claim records' folder in the CDI directory, after `k8s.<driver>-claim`
+/// (`<claimUID>.json` each).
+pub const RECORDS_SUFFIX: &str = "-records";
 
 /// Errors reading or writing the DRA driver's files.
 #[derive(Debug, thiserror::Error)]
@@ -293,22 +298,23 @@ impl DraFiles {
         })
     }
 
-    /// The record folder, beside the checkpoint.
-    fn records_dir(&self) -> PathBuf {
-        self.checkpoint
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(CLAIMS_DIR)
+    /// The record folder, beside the specs: `<cdi dir>/k8s.<driver>-claim-records`.
+    pub(crate) fn records_dir(&self) -> PathBuf {
+        self.cdi_dir.join(format!(
+            "{}-{}{RECORDS_SUFFIX}",
+            crate::domain::dra::cdi_vendor(&self.driver),
+            crate::domain::dra::cdi::CLAIM_CLASS
+        ))
     }
 
     /// The record of a claim (`/` in the UID as `_`, as in the spec's file name).
-    pub fn record_path(&self, claim_uid: &str) -> PathBuf {
+    pub(crate) fn record_path(&self, claim_uid: &str) -> PathBuf {
         self.records_dir()
             .join(format!("{}.json", claim_uid.replace('/', "_")))
     }
 
     /// Write a claim's record atomically (before its spec: see the module header).
-    pub fn write_record(
+    pub(crate) fn write_record(
         &self,
         claim_uid: &str,
         boot_id: &str,
@@ -334,7 +340,7 @@ impl DraFiles {
     }
 
     /// Remove a claim's record (absent is fine).
-    pub fn remove_record(&self, claim_uid: &str) -> Result<(), DraStateError> {
+    pub(crate) fn remove_record(&self, claim_uid: &str) -> Result<(), DraStateError> {
         atomic_file::remove_if_present(&self.record_path(claim_uid))?;
         Ok(())
     }
@@ -555,6 +561,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = files(dir.path());
         prepared_on_disk(&f, "boot-1");
+        std::fs::create_dir_all(f.checkpoint.parent().unwrap()).unwrap();
         std::fs::write(&f.checkpoint, "{\"bootId\": \"boot-1\", \"cla").unwrap();
         let (prepared, outcome) = f.load("boot-1").unwrap();
         assert!(
