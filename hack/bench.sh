@@ -2,7 +2,11 @@
 # Print every figure the issues ask for, then one figure table: CDI generation scaling,
 # device-plugin RPC latencies / restart / start, the scaling curve (1x, 4x, 16x dgx-h100:
 # devices advertised vs Allocate, GetPreferredAllocation and CDI spec time), reload and health
-# latency, and idle RSS and threads of `run`. Latencies are percentiles over thousands of
+# latency, the DRA driver (benches/dra.rs: ResourceSlice build + JSON for dgx-h100 and
+# mixed-a100, the NodePrepareResources handler without the API, and NodePrepareResources end
+# to end through the kubelet and API-server emulators), and idle RSS (anonymous and
+# file-backed apart) and threads of `run`, and of `run --dra` against `gpu-slicer emulate` as
+# its API server (slices published, its watch open). Latencies are percentiles over thousands of
 # calls; the scaling figures are medians over 3 rounds on fresh daemons; RSS is the median of
 # 5 starts. Usage sampling cost: CPU time per sampling round (utime+stime from
 # /proc/<pid>/stat over 10 s at --usage-interval 100ms, minus the same daemon with sampling
@@ -26,10 +30,10 @@ cd "$(dirname "$0")/.."
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-benches=(cdi plugin socket reload health scaling usage topology)
+benches=(cdi plugin socket reload health scaling usage topology dra)
 starts=5
 if [ -n "${BENCH_QUICK:-}" ]; then
-  benches=(socket topology)
+  benches=(socket topology dra)
   starts=3
 fi
 for bench in "${benches[@]}"; do
@@ -38,25 +42,50 @@ done
 cargo build --release --bin gpu-slicer -q
 
 mkdir -p "$wd/dp" "$wd/cdi"
+# "VmRSS RssAnon RssFile Threads" of a pid, in KiB (threads a count).
+memory_of() { awk '/^(VmRSS|RssAnon|RssFile|Threads):/ {printf "%s ", $2} END {print ""}' "/proc/$1/status"; }
 samples=()
 stops=()
-threads=0
 for _ in $(seq "$starts"); do
   # As deployed: HTTP endpoint on and the ledger running (hack/idle-run.sh).
   idle_run target/release/gpu-slicer "$wd"
   sleep 1
-  samples+=("$(awk '/VmRSS/ {print $2}' /proc/$pid/status)")
-  threads=$(awk '/Threads/ {print $2}' /proc/$pid/status)
+  samples+=("$(memory_of "$pid")")
   t0=$(date +%s%N)
   kill -TERM "$pid"
   wait "$pid" || true
   stops+=("$(( ($(date +%s%N) - t0) / 1000000 ))")
 done
 mid=$(( (starts + 1) / 2 ))
-median=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n "${mid}p")
+read -r median anon file threads < <(printf '%s\n' "${samples[@]}" | sort -n | sed -n "${mid}p")
+
+# The same start in DRA mode, `gpu-slicer emulate` as its API server (fed from a FIFO that
+# stays open until `quit`).
+mkfifo "$wd/emu.in"
+exec 8<>"$wd/emu.in"
+target/release/gpu-slicer emulate --dir "$wd/emu" <"$wd/emu.in" >"$wd/emu.out" 2>&1 &
+emu_pid=$!
+for _ in $(seq 200); do [ -s "$wd/emu.out" ] && break; sleep 0.05; done
+dra_args=(--dra --node-name node-a --kubeconfig "$wd/emu/kubeconfig"
+  --kubelet-registry-dir "$wd/registry" --kubelet-plugins-dir "$wd/plugins")
+dra_samples=()
+for _ in $(seq "$starts"); do
+  idle_run target/release/gpu-slicer "$wd" "${dra_args[@]}"
+  sleep 1
+  dra_samples+=("$(memory_of "$pid")")
+  kill -TERM "$pid"
+  wait "$pid" || true
+done
+echo quit >&8
+exec 8>&-
+wait "$emu_pid" || true
+read -r dra_median dra_anon dra_file dra_threads < <(printf '%s\n' "${dra_samples[@]}" | sort -n | sed -n "${mid}p")
 {
-  echo "FIGURE|idle run RSS (sim:mixed-a100, median of $starts starts)|${median} KiB"
+  echo "FIGURE|idle run RSS (sim:mixed-a100, median of $starts starts)|${median} KiB (anon ${anon}, file ${file})"
   echo "FIGURE|idle run threads|${threads}"
+  echo "FIGURE|idle run --dra RSS, slices published to the API emulator (median of $starts)|${dra_median} KiB (anon ${dra_anon}, file ${dra_file}): $((dra_median - median)) KiB more (anon $((dra_anon - anon)), file $((dra_file - file)))"
+  echo "FIGURE|idle run --dra threads|${dra_threads} ($((dra_threads - threads)) more)"
+  echo "METHOD|idle RSS: VmRSS, RssAnon, RssFile and Threads from /proc/<pid>/status 1 s after the start is idle (hack/idle-run.sh: sim:mixed-a100, time-slicing, HTTP and ledger on); run --dra the same with its kubeconfig on \`gpu-slicer emulate\` (another process), the median start by VmRSS"
   echo "FIGURE|SIGTERM -> exit of idle run (median of $starts)|$(printf '%s\n' "${stops[@]}" | sort -n | sed -n "${mid}p") ms"
   echo "FIGURE|release binary size|$(stat -c %s target/release/gpu-slicer) bytes"
 } >>"$wd/figures.log"

@@ -8,6 +8,10 @@
 # agent (`gpu-slicer run`, with hack/fake-mps-control as the daemon) gives each daemon its own
 # size-bounded tmpfs as /dev/shm; share containers of GPU 2 and GPU 3 each see only their
 # daemon's, never each other's nor the host's, and lose it when the agent stops.
+# DRA (`run --dra` against `gpu-slicer emulate`): claims prepared into per-claim specs and run
+# by Podman; shares of one GPU (consumable capacity) each limited to their own bytes by the
+# hook, which NVML and CUDA inside the container report as the GPU's total, an over-committed
+# share refused.
 #
 # Runs as root (CI: Debian 12 after `apt-get install -y podman runc busybox-static`).
 # Idempotent and self-cleaning: all state lives in a temp dir; the spec directories Podman
@@ -60,8 +64,10 @@ NODE_FILE=$PWD/hack/nodes/mixed-a100.yaml
 WD=$(mktemp -d /tmp/gpu-slicer-e2e.XXXXXX)
 made_dirs=()
 AGENT_PID=
+DRA_PID=
+EMU_PID=
 cleanup() {
-  if [ -n "$AGENT_PID" ]; then kill "$AGENT_PID" 2>/dev/null; wait "$AGENT_PID" 2>/dev/null; fi
+  for p in $AGENT_PID $DRA_PID $EMU_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   # An agent that died uncleanly leaves its shm tmpfs mounts under $WD: detach them first.
   for m in $(awk -v wd="$WD/" 'index($5, wd) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
     umount -l "$m"
@@ -501,6 +507,212 @@ else
   ko "agent stop" "agent exit $rc; mounts [$(shm_mount "$MPS/$GPU2/shm")$(shm_mount "$MPS/$GPU3/shm")]; container exit $crc: $out; $(ls "$MPS"/* 2>&1 | tr '\n' ' ')"
 fi
 
+# --- DRA: `run --dra` on the same node, over the same dev root and fake driver root. The
+# emulators run in `gpu-slicer emulate` (a coprocess: one command line in, one answer line
+# out); the agent reads claims from its API server and registers in its plugin directory.
+DRA=$WD/dra
+DRA_CDI=$WD/cdi-dra
+DRIVER=gpu-slicer.io
+mkdir -p "$DRA" "$DRA_CDI"
+echo 'flags: {migStrategy: mixed}' >"$WD/dra.yaml"
+coproc EMU { exec "$BIN" emulate --dir "$DRA" --node-name node-a 2>"$WD/emulate.log"; }
+EMU_REPLY=
+emu() { # command words...: sets EMU_REPLY to the answer line
+  EMU_REPLY=
+  echo "$*" >&"${EMU[1]}" && read -r -t 90 EMU_REPLY <&"${EMU[0]}"
+}
+dra_agent() {
+  STATE_DIR=$WD/dra-state LABELS_FILE=$WD/dra-labels HTTP_LISTEN=127.0.0.1:0 POD_RESOURCES_SOCKET="" \
+    "$BIN" run --backend sim:mixed-a100 --config "$WD/dra.yaml" --dra --node-name node-a \
+    --kubeconfig "$DRA/kubeconfig" --kubelet-registry-dir "$DRA/registry" \
+    --kubelet-plugins-dir "$DRA/plugins" --device-plugin-dir "$WD/dp-dra" --cdi-dir "$DRA_CDI" \
+    --dev-root "$DEVROOT" --driver-root "$FDR" --usage-interval 0 "$@" >>"$WD/dra-agent.log" 2>&1 &
+  DRA_PID=$!
+}
+# claim_file NAME DEVICE...: a claim allocated as the scheduler leaves it, one request per device.
+claim_file() {
+  local name=$1 i=0 d
+  shift
+  {
+    printf 'apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: %s, namespace: e2e}\n' "$name"
+    printf 'spec:\n  devices:\n    requests:\n'
+    for d in "$@"; do printf '    - {name: r%d, exactly: {deviceClassName: any}}\n' $((i++)); done
+    printf 'status:\n  allocation:\n    devices:\n      results:\n'
+    i=0
+    for d in "$@"; do printf '      - {request: r%d, driver: %s, pool: node-a, device: %s}\n' $((i++)) "$DRIVER" "$d"; done
+  } >"$DRA/$name.yaml"
+}
+# dra_claim NAME DEVICE...: store it; sets CLAIM_UID.
+dra_claim() {
+  claim_file "$@"
+  emu claim "$DRA/$1.yaml"
+  CLAIM_UID=${EMU_REPLY#ok }
+}
+dra_spec() { echo "$DRA_CDI/k8s.$DRIVER-claim_$1.json"; }
+
+read -r -t 30 EMU_REPLY <&"${EMU[0]}"
+dra_agent
+emu slices
+SLICES=${EMU_REPLY#ok }
+dra_name() { tr ' ' '\n' <<<"$SLICES" | sed -n "s/=$1\$//p"; }
+MIG01=$(dra_name "${M0[1]}")
+MIG13=$(dra_name "${M1[3]}")
+if [[ $EMU_REPLY == "ok "* ]] && [ "$(dra_name "$G2")" = gpu-2 ] && [ "$(dra_name "$G3")" = gpu-3 ] &&
+  [ -n "$MIG01" ] && [ -n "$MIG13" ] && [ -z "$(dra_name "$G0")" ]; then
+  ok "DRA: run --dra published node-a's slice: $(wc -w <<<"$SLICES") devices, MIG 0:1 as $MIG01, no whole GPU 0"
+else
+  ko "DRA slices" "$EMU_REPLY; $(tail -5 "$WD/dra-agent.log")"
+fi
+
+# One whole GPU of four: the per-claim spec validates and gives exactly GPU 2.
+dra_claim whole gpu-2
+WHOLE=$CLAIM_UID
+emu prepare e2e whole
+WHOLE_ID=k8s.$DRIVER/claim=$WHOLE-gpu-2
+if [ "$EMU_REPLY" = "ok $WHOLE_ID" ] && "$BIN" cdi validate "$(dra_spec "$WHOLE")" >/dev/null; then
+  ok "DRA: claim e2e/whole prepared as $WHOLE_ID, its spec validates"
+else
+  ko "DRA prepare whole" "$EMU_REPLY; $(tail -5 "$WD/dra-agent.log")"
+fi
+expect_driver "DRA claim of GPU 2" "$DRA_CDI" /dev/nvidia2 "$G2" "$G2" -- "$WHOLE_ID"
+# The agent writes the claim's status.devices after answering: poll for it.
+for _ in $(seq 100); do
+  emu claim-status e2e whole
+  [[ $EMU_REPLY == *"\"uuid\":\"$G2\""* ]] && break
+  sleep 0.1
+done
+if [[ $EMU_REPLY == *'"device":"gpu-2"'* && $EMU_REPLY == *"\"uuid\":\"$G2\""* && $EMU_REPLY == *'"status":"True"'* ]]; then
+  ok "DRA: the claim's status.devices names GPU 2's UUID, Ready"
+else
+  ko "DRA claim status" "$EMU_REPLY"
+fi
+
+# A MIG device, and a claim of two devices (a MIG slice of GPU 1 and GPU 3).
+dra_claim mig "$MIG01"
+MIG=$CLAIM_UID
+emu prepare e2e mig
+MIG_ID=${EMU_REPLY#ok }
+[ "$MIG_ID" = "k8s.$DRIVER/claim=$MIG-$MIG01" ] || ko "DRA prepare mig" "$EMU_REPLY"
+expect_driver "DRA claim of MIG 0:1" "$DRA_CDI" "$(printf '/dev/nvidia0\n'; caps 75 76)" \
+  "$G0 ${M0[1]}" "${M0[1]}" -- "$MIG_ID"
+dra_claim two "$MIG13" gpu-3
+emu prepare e2e two
+read -r -a TWO_IDS <<<"${EMU_REPLY#ok }"
+[ "${#TWO_IDS[@]}" = 2 ] || ko "DRA prepare two" "$EMU_REPLY"
+expect_driver "DRA claim of MIG 1:3 + GPU 3" "$DRA_CDI" "$(printf '/dev/nvidia1\n/dev/nvidia3\n'; caps 228 229)" \
+  "$G1 ${M1[3]} $G3" "${M1[3]} $G3" -- "${TWO_IDS[@]}"
+
+# GPU 2 is the whole claim's: another claim for it is refused, nothing written for it.
+dra_claim thief gpu-2
+THIEF=$CLAIM_UID
+emu prepare e2e thief
+if [[ $EMU_REPLY == "error "*"already prepared for claim $WHOLE"* ]] && [ ! -e "$(dra_spec "$THIEF")" ]; then
+  ok "DRA: a second claim for GPU 2 refused (${EMU_REPLY#error })"
+else
+  ko "DRA exclusive" "$EMU_REPLY"
+fi
+
+# SIGKILL: the restarted agent answers the MIG claim again from its checkpoint, the same ID,
+# and the spec still serves it.
+kill -KILL "$DRA_PID"
+wait "$DRA_PID" 2>/dev/null
+dra_agent
+emu prepare e2e mig
+if [ "$EMU_REPLY" = "ok $MIG_ID" ]; then
+  ok "DRA: after SIGKILL and restart the MIG claim is still prepared ($MIG_ID)"
+else
+  ko "DRA restart" "$EMU_REPLY; $(tail -5 "$WD/dra-agent.log")"
+fi
+expect_driver "DRA claim of MIG 0:1 after the restart" "$DRA_CDI" "$(printf '/dev/nvidia0\n'; caps 75 76)" \
+  "$G0 ${M0[1]}" "${M0[1]}" -- "$MIG_ID"
+
+# Unprepare: the spec is gone and podman refuses the device name; GPU 2 is free for the other claim.
+emu unprepare e2e whole
+u=$EMU_REPLY
+got=$(in_ns_dir "$DRA_CDI" "${PODMAN[@]}" --log-level=error run --rm --network none --device "$WHOLE_ID" \
+  localhost/busybox true 2>&1)
+rc=$?
+if [ "$u" = ok ] && [ ! -e "$(dra_spec "$WHOLE")" ] && [ $rc != 0 ] && grep -q "unresolvable CDI devices" <<<"$got"; then
+  ok "DRA: after Unprepare the spec is gone and podman refuses $WHOLE_ID (exit $rc)"
+else
+  ko "DRA unprepare" "unprepare [$u]; exit $rc: $got"
+fi
+emu prepare e2e thief
+if [ "$EMU_REPLY" = "ok k8s.$DRIVER/claim=$THIEF-gpu-2" ]; then
+  ok "DRA: GPU 2 prepared for the other claim once released"
+else
+  ko "DRA prepare after release" "$EMU_REPLY"
+fi
+
+# --- DRA shares (consumable capacity): GPU 2 shared with driver-enforced memory. Two claims
+# of 10 GiB and 30 GiB of its 80 GiB, as the scheduler writes them (shareID,
+# consumedCapacity): each container's cgroup gets exactly its bytes from the hook in its
+# claim's spec, and NVML and CUDA inside report that as the GPU's total; a third claim the
+# scheduler over-committed (50 GiB) is refused with the free figure, and fits once a share is
+# released. The agent restarts with the hook's fake-NVML environment (the GPUs are released
+# first: a device held whole counts as full once it is shared).
+emu unprepare e2e thief
+emu unprepare e2e two
+kill "$DRA_PID"
+wait "$DRA_PID" 2>/dev/null
+printf '%s\n' 'flags: {migStrategy: mixed}' 'sharing:' '  timeSlicing:' '    resources:' \
+  '    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.mem, devices: [2], replicas: 4, isolation: memory}' \
+  >"$WD/dra.yaml"
+dra_agent --cdi-hook-nvml-lib "$FAKE_LIB" \
+  --cdi-hook-env "FAKE_NVML_NODE=$NODE_FILE,FAKE_NVML_LIMITS_FILE=$FG/limits.json"
+# share_claim NAME GIB SHARE: a claim for GIB GiB of GPU 2, allocated with share ID SHARE.
+share_claim() {
+  printf 'apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: %s, namespace: e2e}\n' "$1"
+  printf 'spec:\n  devices:\n    requests:\n    - {name: r0, exactly: {deviceClassName: any, capacity: {requests: {memory: %sGi}}}}\n' "$2"
+  printf 'status:\n  allocation:\n    devices:\n      results:\n'
+  printf '      - {request: r0, driver: %s, pool: node-a, device: gpu-2, shareID: %s, consumedCapacity: {memory: %sGi, compute: "0"}}\n' \
+    "$DRIVER" "$3" "$2"
+}
+share_ids=()
+for gib in 10 30 50; do
+  share_claim "share$gib" "$gib" "5a4e0000-0000-4000-8000-0000000000$gib" >"$DRA/share$gib.yaml"
+  emu claim "$DRA/share$gib.yaml"
+  emu prepare e2e "share$gib"
+  share_ids+=("$EMU_REPLY")
+done
+if [[ ${share_ids[0]} == "ok k8s.$DRIVER/claim="*"-gpu-2-5a4e0000-0000-4000-8000-000000000010" ]] &&
+  [[ ${share_ids[1]} == "ok "* ]] && [[ ${share_ids[2]} == "error "*"gpu-2"*"50Gi"*"only 40Gi of its 80Gi"* ]]; then
+  ok "DRA shares: 10 GiB and 30 GiB of GPU 2 prepared, the over-committed 50 GiB refused (${share_ids[2]#error })"
+else
+  ko "DRA shares" "${share_ids[*]}; $(tail -3 "$WD/dra-agent.log")"
+fi
+for i in 0 1; do
+  gib=$((i == 0 ? 10 : 30))
+  bytes=$((gib << 30))
+  expect_driver "DRA $gib GiB share of GPU 2" "$DRA_CDI" /dev/nvidia2 "$G2" "$G2" --cgroupns=host -- "${share_ids[$i]#ok }"
+  if grep -qx "NVML $G2: total $bytes free $bytes" <<<"$SMI_OUT" &&
+    grep -q "^CUDA 0: .*(UUID: $G2) free $bytes total $bytes\$" <<<"$SMI_OUT"; then
+    ok "DRA share: NVML and CUDA in the container report its own $gib GiB as GPU 2's total"
+  else
+    ko "DRA share memory ($gib GiB)" "$SMI_OUT"
+  fi
+done
+emu unprepare e2e share10
+emu prepare e2e share50
+if [[ $EMU_REPLY == "ok "*"-gpu-2-5a4e0000-0000-4000-8000-000000000050" ]]; then
+  ok "DRA shares: with 10 GiB released, the 50 GiB claim fits"
+else
+  ko "DRA share after release" "$EMU_REPLY"
+fi
+
+kill "$DRA_PID"
+wait "$DRA_PID"
+rc=$?
+DRA_PID=
+echo quit >&"${EMU[1]}"
+wait "$EMU_PID"
+erc=$?
+EMU_PID=
+if [ $rc = 0 ] && [ $erc = 0 ] && [ ! -e "$DRA/registry/$DRIVER-reg.sock" ]; then
+  ok "DRA: agent stopped (exit 0), registration socket removed; emulators stopped"
+else
+  ko "DRA stop" "agent exit $rc, emulate exit $erc; $(tail -3 "$WD/emulate.log")"
+fi
+
 echo "RESULT: $pass passed, $fail failed"
 [ "$fail" = 0 ]
-

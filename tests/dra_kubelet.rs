@@ -47,6 +47,7 @@ fn settings(root: &Path) -> DraSettings {
         proc_root: root.join("proc"),
         health_resend: Duration::from_secs(20),
         socket_check: Duration::from_millis(20),
+        extras: Default::default(),
     }
 }
 
@@ -237,12 +238,16 @@ async fn every_bad_claim_gets_its_own_error_and_the_good_one_is_prepared() {
         e.contains("ml/bad-config") && e.contains("parameters.kind") && e.contains("Bogus"),
         "{e}"
     );
-    // Only the good claim left a spec.
-    let specs: Vec<_> = std::fs::read_dir(dir.path().join("cdi"))
-        .unwrap()
-        .flatten()
-        .collect();
-    assert_eq!(specs.len(), 1);
+    // Only the good claim left a spec (and a record, in the records folder beside them).
+    let files = |d: &str| -> Vec<_> {
+        std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .collect()
+    };
+    assert_eq!(files("cdi").len(), 1);
+    assert_eq!(files(&format!("cdi/k8s.{DRIVER}-claim-records")).len(), 1);
     r.stop().await;
 }
 
@@ -354,6 +359,10 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     let r = run(dir.path(), store(), claims).await;
     assert_eq!(r.handle.loaded, LoadOutcome::OtherBoot);
     assert!(r.handle.driver.prepared_claims().await.is_empty());
+    assert!(
+        !spec_path(dir.path(), loser.1).exists(),
+        "the spec of a claim of an earlier boot is removed"
+    );
     r.stop().await;
 }
 

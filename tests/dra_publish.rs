@@ -1,7 +1,8 @@
 //! The DRA driver's ResourceSlices published through the real `kube` client to the in-process
 //! API-server emulator: on start (owner reference to the Node, generation 1), again at the
 //! next generation when a device's health changes (a taint) and when it recovers, re-created
-//! after a delete, converging after the API was down and after failed writes, and stale
+//! after a delete, converging after the API was down, after forbidden LISTs, failed and slow
+//! writes, and stale
 //! slices of the pool (an old generation, another split) removed.
 
 use std::time::Duration;
@@ -201,9 +202,13 @@ async fn deleted_slices_are_recreated_and_stale_ones_removed() {
 async fn converges_after_the_api_was_down_and_after_failed_writes() {
     let server = ApiServer::start().await.unwrap();
     server.insert(&node()).unwrap();
-    // The first creates fail (5xx, then a conflict): retried with backoff.
+    // The first LISTs are forbidden (RBAC not granted yet), the first creates fail (5xx,
+    // then a conflict), the next is slow: retried with backoff until it lands.
+    server.inject(Fault::status(Verb::List, "/resourceslices", 403).times(2));
     server.inject(Fault::status(Verb::Create, "/resourceslices", 500).times(2));
     server.inject(Fault::status(Verb::Create, "/resourceslices", 409).times(1));
+    server
+        .inject(Fault::delay(Verb::Create, "/resourceslices", Duration::from_millis(300)).times(1));
     let store = fixtures::store("dgx-h100", "version: v1\n");
     let gpu0 = store.current().inventory.gpus[0].uuid.clone();
     let p = start(&server, Context::new(store.clone()));
@@ -212,6 +217,7 @@ async fn converges_after_the_api_was_down_and_after_failed_writes() {
     })
     .await;
     assert!(server.count(Verb::Create, "/apis/resource.k8s.io/v1/resourceslices") >= 4);
+    assert!(server.count(Verb::List, "/apis/resource.k8s.io/v1/resourceslices") >= 3);
 
     // The API goes away; meanwhile a device fails; the API comes back.
     server.go_down();
@@ -234,4 +240,33 @@ async fn converges_after_the_api_was_down_and_after_failed_writes() {
     .await;
     p.stop().await;
     server.stop().await;
+}
+
+#[tokio::test]
+async fn the_layout_follows_the_servers_version() {
+    // Two dynamic MIG GPUs of mixed-a100: a counter set each.
+    let config = "version: v1\nflags:\n  migStrategy: mixed\n  dra: {dynamicMig: [0, 1]}\n";
+    for (minor, combined) in [("34", true), ("35+", false)] {
+        let server = ApiServer::start().await.unwrap();
+        server.insert(&node()).unwrap();
+        server.set_version("1", minor);
+        let p = start(&server, Context::new(fixtures::store("mixed-a100", config)));
+        wait_pool(&server, "published", |_, ours| {
+            let sets: usize = ours
+                .iter()
+                .map(|s| s.spec.shared_counters.iter().flatten().count())
+                .sum();
+            let mixing = ours.iter().any(|s| {
+                s.spec
+                    .shared_counters
+                    .as_ref()
+                    .is_some_and(|c| !c.is_empty())
+                    && s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())
+            });
+            sets == 2 && mixing == combined
+        })
+        .await;
+        p.stop().await;
+        server.stop().await;
+    }
 }

@@ -4,6 +4,7 @@
 //! node's ResourceSlice appears and follows a config change, no device-plugin socket is
 //! served, a claim allocated in the emulator is prepared into a per-claim CDI spec that
 //! parses, a SIGKILL and a restart keep the prepared claim (answered again without the API),
+//! also with the checkpoint cut short (recovered whole from the claim's record and spec),
 //! and Unprepare removes the spec. A restarting kubelet (every slice of the node deleted at
 //! once, the registration socket gone) gets the same devices published and a registration
 //! again; MIG devices carry their SM and engine capacities; a cut checkpoint is told as an
@@ -16,8 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
-use gpu_slicer::testkit::kubelet::dra::{DraPluginConn, KubeletClaim, register};
-use gpu_slicer::testkit::node::wait_until;
+use gpu_slicer::testkit::kubelet::dra::{DraPluginConn, KubeletClaim};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -31,14 +31,7 @@ const NODE: &str = "node-a";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn spawn_agent(dir: &Path, config: &Path) -> tokio::process::Child {
-    common::run_command(dir, "sim:mixed-a100", config)
-        .args(["--dra", "--node-name", NODE, "--usage-interval", "0"])
-        .arg("--kubeconfig")
-        .arg(dir.join("kubeconfig"))
-        .arg("--kubelet-registry-dir")
-        .arg(dir.join("reg"))
-        .arg("--kubelet-plugins-dir")
-        .arg(dir.join("plugins"))
+    common::dra_command(dir, "sim:mixed-a100", config, NODE)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -51,10 +44,7 @@ fn reg_socket(dir: &Path) -> PathBuf {
 
 /// Register as the plugin watcher does, once the agent has bound its socket.
 async fn registered(dir: &Path) -> DraPluginConn {
-    let socket = reg_socket(dir);
-    wait_until(WAIT, || async { register(&socket).await.ok() })
-        .await
-        .unwrap_or_else(|| panic!("no registration on {}", socket.display()))
+    common::dra_registered(&reg_socket(dir), WAIT).await
 }
 
 /// The device names of our pool once it is one complete slice, and its generation.
@@ -181,6 +171,11 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
         .path()
         .join("cdi")
         .join(format!("k8s.{DRIVER}-claim_{uid}.json"));
+    // The claim's record beside the specs, removed with it at Unprepare.
+    let record = dir
+        .path()
+        .join(format!("cdi/k8s.{DRIVER}-claim-records/{uid}.json"));
+    assert!(record.exists());
     let spec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
     assert_eq!(spec["kind"], format!("k8s.{DRIVER}/claim"));
@@ -200,14 +195,38 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
     let mut agent = spawn_agent(dir.path(), &config);
     let kubelet = registered(dir.path()).await;
     let again = kubelet.prepare(&kc, None).await.unwrap();
-    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id])]));
+    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id.clone()])]));
     assert!(spec_path.exists());
+
+    // SIGKILL again, the checkpoint cut short: the claim comes back whole from its record
+    // and spec (namespace, name, request, pool: the entry as prepared), still without the API.
+    let checkpoint = dir.path().join("state/dra-prepared.json");
+    let entry = |path: &Path| -> serde_json::Value {
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(path).unwrap()).unwrap()
+            ["claims"][&uid]
+            .clone()
+    };
+    let prepared = entry(&checkpoint);
+    assert_eq!(prepared["namespace"], "ml", "{prepared}");
+    assert_eq!(prepared["devices"][0]["request"], "gpu", "{prepared}");
+    agent.kill().await.unwrap();
+    std::fs::write(&checkpoint, "{\"bootId\": ").unwrap();
+    let mut agent = spawn_agent(dir.path(), &config);
+    let kubelet = registered(dir.path()).await;
+    let again = kubelet.prepare(&kc, None).await.unwrap();
+    assert_eq!(again[&uid], Ok(vec![(gpu.clone(), vec![want_id])]));
+    assert_eq!(
+        entry(&checkpoint),
+        prepared,
+        "recovered and written back as prepared"
+    );
     server.clear_faults();
 
     // Unprepare removes the spec.
     let gone = kubelet.unprepare(&kc).await.unwrap();
     assert_eq!(gone[&uid], "");
     assert!(!spec_path.exists());
+    assert!(!record.exists());
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(agent.id().unwrap()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();

@@ -51,6 +51,30 @@ pub struct SlicesArgs {
     /// Also print the driver's DeviceClasses.
     #[arg(long)]
     pub classes: bool,
+    /// The Kubernetes version the slices are for (`1.34`, `v1.35.2`): dynamic MIG counter
+    /// sets share slices with their devices up to 1.34 and have slices of their own from 1.35.
+    #[arg(long, value_name = "MAJOR.MINOR", default_value = "1.36")]
+    pub server_version: String,
+}
+
+/// The slice layout of `--server-version` (`1.34`, `v1.35.2`).
+fn server_format(version: &str) -> Result<slices::SliceFormat> {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split('.');
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor))
+            if !major.is_empty()
+                && major.bytes().all(|b| b.is_ascii_digit())
+                && minor.bytes().all(|b| b.is_ascii_digit())
+                && !minor.is_empty() =>
+        {
+            Ok(slices::SliceFormat::for_server(major, minor))
+        }
+        _ => Err(dra::DraError::ServerVersion {
+            value: version.to_string(),
+        }
+        .into()),
+    }
 }
 
 /// Run a `dra` subcommand.
@@ -66,10 +90,15 @@ fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
     let config = args.config.load()?;
     let backend = super::backend::open_backend(&args.backend)?;
     let inventory = backend.discover()?;
+    let format = server_format(&args.server_version)?;
     let plan = plan::build(&inventory, &config)?;
     // Offline there are no health events: only what discovery found unhealthy is tainted.
     let health = slices::health_map(&plan, &Overlay::default());
-    let devices = slices::node_devices(&inventory, &plan, &health);
+    let devices =
+        slices::node_devices_with(&inventory, &plan, &health, config.dra.dynamic_mig.as_ref());
+    for w in &devices.warnings {
+        tracing::warn!(warning = %w, "dynamic MIG");
+    }
     let target = slices::SliceTarget {
         driver: &args.driver_name,
         node_name: &node,
@@ -82,7 +111,7 @@ fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
             objects.push(serde_json::to_value(c)?);
         }
     }
-    for s in slices::build(&target, &devices) {
+    for s in slices::build_for(&target, &devices, format) {
         objects.push(serde_json::to_value(s)?);
     }
     match args.format {

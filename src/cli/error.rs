@@ -53,6 +53,9 @@ pub enum Error {
     /// `gpu-slicer demo`.
     #[error(transparent)]
     Demo(#[from] DemoError),
+    /// `gpu-slicer emulate` (test support).
+    #[error(transparent)]
+    Emulate(#[from] crate::cli::emulate::EmulateError),
     /// `gpu-slicer top`.
     #[error(transparent)]
     Top(#[from] crate::cli::top::TopError),
@@ -165,6 +168,7 @@ impl Error {
             Error::Enforce(_)
             | Error::Labels(_)
             | Error::Demo(_)
+            | Error::Emulate(_)
             | Error::Runtime(_)
             | Error::Output(_)
             | Error::Encode(_) => Class::Runtime,

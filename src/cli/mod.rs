@@ -8,6 +8,7 @@ pub mod cdi_hook;
 pub mod demo;
 pub mod dra;
 pub mod dra_args;
+pub mod emulate;
 pub mod error;
 pub mod fleet_args;
 pub(crate) mod given;
@@ -83,6 +84,9 @@ pub enum Command {
     Dra(dra::DraCommand),
     /// A terminal view of the node's usage, read from the daemon's `/v1/state`.
     Top(top::TopArgs),
+    /// Test support: the API-server and kubelet DRA emulators, driven from stdin.
+    #[command(hide = true)]
+    Emulate(emulate::EmulateArgs),
 }
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the
@@ -99,6 +103,7 @@ pub fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Demo => block_on(demo::demo(&mut stdout)),
         Command::Top(args) => Ok(top::run(args, &mut stdout)?),
         Command::Dra(cmd) => dra::run(cmd, &mut stdout),
+        Command::Emulate(args) => block_on(emulate::emulate(args, &mut stdout)),
     }?;
     stdout.flush()?;
     Ok(())

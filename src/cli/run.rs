@@ -220,10 +220,30 @@ impl RunArgs {
                 proc_root: self.backend.proc_root.clone(),
                 health_resend: crate::runtime::dra::service::HEALTH_RESEND,
                 socket_check: std::time::Duration::from_secs(1),
+                extras: self.dra_extras()?,
             },
             claims: std::sync::Arc::new(KubeClaims::new(client)),
             publish: Some(publish),
         }))
+    }
+
+    /// What binds DRA shares and makes dynamic MIG devices: the memory-limit hook, MIG
+    /// instance operations through NVML (the `nvml` backend only), and the test-only fault
+    /// point `GPU_SLICER_FAULT=dra-after-mig-create`.
+    fn dra_extras(&self) -> Result<crate::runtime::dra::DriverExtras, RunError> {
+        use crate::platform::dra_mig::{InstanceOps, NvmlInstances};
+        let instances = (self.backend.backend == "nvml").then(|| {
+            std::sync::Arc::new(NvmlInstances {
+                lib: self.backend.nvml_lib.clone(),
+                proc_root: self.backend.proc_root.clone(),
+            }) as std::sync::Arc<dyn InstanceOps>
+        });
+        Ok(crate::runtime::dra::DriverExtras {
+            hook: Some(self.hook.settings(self.backend.nvml_lib.as_deref())?),
+            instances,
+            kill_after_mig_create: std::env::var("GPU_SLICER_FAULT")
+                .is_ok_and(|v| v == "dra-after-mig-create"),
+        })
     }
 
     /// The usage sampler's settings: NVML figures for `nvml`, the node file's `usage`

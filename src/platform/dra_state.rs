@@ -2,10 +2,25 @@
 //! with the boot ID: entries of an earlier boot are void) and the per-claim CDI specs.
 //!
 //! Both are written with [`super::atomic_file`] before the kubelet gets an answer, so a
-//! SIGKILL never loses a prepared claim. A checkpoint that does not parse is kept aside as
-//! `dra-prepared.json.corrupt-<unix seconds>[.<n>]` (never over an earlier one) and the prepared claims are recovered from the
-//! per-claim specs still on disk (their device names are `<claimUID>-<device>`), so a bad
-//! file never turns into a crash loop. Used by `crate::runtime::dra`.
+//! SIGKILL never loses a prepared claim. Beside its spec, each prepared claim has a record
+//! `<cdi dir>/k8s.<driver>-claim-records/<claimUID>.json` (boot ID, namespace, name, and its
+//! devices with request, pool and CDI IDs: the checkpoint's entry, alone), written before the
+//! spec and removed after it. It is what the spec cannot carry for Podman 4.3 (spec
+//! annotations need cdiVersion 0.6.0, which it refuses), so that a claim recovered from disk is
+//! the claim as prepared, not only its device names. It lives with the specs rather than in
+//! the state directory: it shares their fate (a reboot that empties `/var/run/cdi` voids both),
+//! and on that tmpfs its durable write costs microseconds, not a second disk fsync per
+//! prepare. CDI runtimes read only `*.json` / `*.yaml` files directly in the directory, never
+//! a subdirectory.
+//!
+//! On load, a checkpoint that does not parse is kept aside as
+//! `dra-prepared.json.corrupt-<unix seconds>[.<n>]` (never over an earlier one), so a bad
+//! file never turns into a crash loop; then every per-claim spec on disk that the checkpoint
+//! lacks is adopted from its record of this boot (a crash between the spec and the
+//! checkpoint write, or the lost checkpoint), or, after a corrupt checkpoint and without a
+//! record, from the spec alone (device names `<claimUID>-<device>`, request unknown).
+//! Records and specs of an earlier boot are removed: their claims are void. Used by
+//! `crate::runtime::dra`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +31,10 @@ use super::atomic_file::{self, IoAt};
 
 /// File name of the checkpoint inside `--state-dir`.
 pub const CHECKPOINT_FILE: &str = "dra-prepared.json";
+
+/// Suffix of the per-claim records' folder in the CDI directory, after `k8s.<driver>-claim`
+/// (`<claimUID>.json` each).
+pub const RECORDS_SUFFIX: &str = "-records";
 
 /// Errors reading or writing the DRA driver's files.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +72,16 @@ pub struct PreparedDevice {
     pub device: String,
     /// Fully qualified CDI IDs.
     pub cdi_ids: Vec<String>,
+    /// The share of a shared device this is (the scheduler's share ID).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "shareID")]
+    pub share_id: Option<String>,
+    /// What the share takes of its device (shared devices only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumed: Option<crate::domain::dra::capacity::Consumed>,
+    /// The MIG instance made for it (dynamic MIG devices only): Unprepare destroys it, a
+    /// restart keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<crate::domain::dra::partition::MadeInstance>,
 }
 
 /// One prepared claim.
@@ -90,6 +119,34 @@ impl Prepared {
         }
         out
     }
+
+    /// Device name → everything prepared on it: a whole-device holding per claim of an
+    /// exclusive device, one per share of a shared one.
+    pub fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
+        let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for (uid, c) in &self.claims {
+            for d in &c.devices {
+                out.entry(d.device.clone()).or_default().push(
+                    crate::domain::dra::capacity::Holding {
+                        claim: uid.clone(),
+                        share_id: d.share_id.clone(),
+                        consumed: d.consumed,
+                    },
+                );
+            }
+        }
+        out
+    }
+}
+
+/// A claim's record (see the module header): the checkpoint entry with the boot it
+/// belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimRecord {
+    boot_id: String,
+    #[serde(flatten)]
+    claim: PreparedClaim,
 }
 
 /// How a load went.
@@ -125,8 +182,23 @@ impl DraFiles {
         ))
     }
 
-    /// Load the checkpoint for `boot_id` (see the module header for the corrupt case).
+    /// Load the checkpoint for `boot_id` and adopt the claims whose specs it lacks (see the
+    /// module header).
     pub fn load(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
+        let (mut prepared, outcome) = self.read_checkpoint(boot_id)?;
+        let corrupt = matches!(outcome, LoadOutcome::Corrupt { .. });
+        if self.adopt_specs(&mut prepared, corrupt) > 0 && !corrupt {
+            // Written back at once (the corrupt case is the caller's, who reports it): the
+            // next start reads the adopted claims from the checkpoint. Not fatal: the next
+            // prepare or unprepare writes it too.
+            if let Err(error) = self.save(&prepared) {
+                tracing::warn!(%error, "checkpoint with the adopted DRA claims not written");
+            }
+        }
+        Ok((prepared, outcome))
+    }
+
+    fn read_checkpoint(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
         let fresh = || Prepared {
             boot_id: boot_id.to_string(),
             claims: BTreeMap::new(),
@@ -169,65 +241,164 @@ impl DraFiles {
                         source,
                     }
                 })?;
-                let mut p = fresh();
-                p.claims = self.recover_from_specs();
-                Ok((p, LoadOutcome::Corrupt { kept_as }))
+                Ok((fresh(), LoadOutcome::Corrupt { kept_as }))
             }
         }
     }
 
-    /// Claims whose per-claim spec is on disk, with their device names (the request and
-    /// pool are not in the spec: the request is left empty, the pool is unknown too).
-    pub fn recover_from_specs(&self) -> BTreeMap<String, PreparedClaim> {
+    /// The per-claim specs in the CDI directory: claim UID → path.
+    fn claim_specs(&self) -> BTreeMap<String, PathBuf> {
         let prefix = format!(
             "{}-{}_",
             crate::domain::dra::cdi_vendor(&self.driver),
             crate::domain::dra::cdi::CLAIM_CLASS
         );
-        let mut out = BTreeMap::new();
         let Ok(entries) = std::fs::read_dir(&self.cdi_dir) else {
-            return out;
+            return BTreeMap::new();
         };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(uid) = name
-                .strip_prefix(&prefix)
-                .and_then(|r| r.strip_suffix(".json"))
-            else {
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let uid = name.strip_prefix(&prefix)?.strip_suffix(".json")?;
+                Some((uid.to_string(), e.path()))
+            })
+            .collect()
+    }
+
+    /// A claim recovered from its spec alone: its device names and CDI IDs (the request is
+    /// not in the spec and is left empty: the kubelet then hands every device to every
+    /// container of the claim; the pool is left for the runtime to fill).
+    fn claim_from_spec(&self, uid: &str, path: &Path) -> Option<PreparedClaim> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let spec = crate::domain::cdi::Spec::parse(&text, path).ok()?;
+        let kind = crate::domain::dra::cdi::claim_kind(&self.driver);
+        let devices = spec
+            .devices
+            .iter()
+            .filter_map(|d| {
+                d.name
+                    .strip_prefix(&format!("{uid}-"))
+                    .map(|dev| (dev, &d.name))
+            })
+            .map(|(dev, full)| PreparedDevice {
+                request: String::new(),
+                pool: String::new(),
+                device: dev.to_string(),
+                cdi_ids: vec![format!("{kind}={full}")],
+                share_id: None,
+                consumed: None,
+                made: None,
+            })
+            .collect();
+        Some(PreparedClaim {
+            namespace: String::new(),
+            name: String::new(),
+            devices,
+        })
+    }
+
+    /// The record folder, beside the specs: `<cdi dir>/k8s.<driver>-claim-records`.
+    pub(crate) fn records_dir(&self) -> PathBuf {
+        self.cdi_dir.join(format!(
+            "{}-{}{RECORDS_SUFFIX}",
+            crate::domain::dra::cdi_vendor(&self.driver),
+            crate::domain::dra::cdi::CLAIM_CLASS
+        ))
+    }
+
+    /// The record of a claim (`/` in the UID as `_`, as in the spec's file name).
+    pub(crate) fn record_path(&self, claim_uid: &str) -> PathBuf {
+        self.records_dir()
+            .join(format!("{}.json", claim_uid.replace('/', "_")))
+    }
+
+    /// Write a claim's record atomically (before its spec: see the module header).
+    pub(crate) fn write_record(
+        &self,
+        claim_uid: &str,
+        boot_id: &str,
+        claim: &PreparedClaim,
+    ) -> Result<(), DraStateError> {
+        let path = self.record_path(claim_uid);
+        let record = ClaimRecord {
+            boot_id: boot_id.to_string(),
+            claim: claim.clone(),
+        };
+        let bytes = serde_json::to_vec_pretty(&record).map_err(|e| DraStateError::Encode {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let dir = self.records_dir();
+        std::fs::create_dir_all(&dir).map_err(|source| DraStateError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        atomic_file::replace(&dir, &path, &bytes, 0o600)?;
+        atomic_file::sync_dir(&dir)?;
+        Ok(())
+    }
+
+    /// Remove a claim's record (absent is fine).
+    pub(crate) fn remove_record(&self, claim_uid: &str) -> Result<(), DraStateError> {
+        atomic_file::remove_if_present(&self.record_path(claim_uid))?;
+        Ok(())
+    }
+
+    /// Every record on disk (unreadable ones left out): claim UID → record.
+    fn records(&self) -> BTreeMap<String, ClaimRecord> {
+        let Ok(entries) = std::fs::read_dir(self.records_dir()) else {
+            return BTreeMap::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let uid = name.strip_suffix(".json")?.to_string();
+                let bytes = std::fs::read(e.path()).ok()?;
+                Some((uid, serde_json::from_slice(&bytes).ok()?))
+            })
+            .collect()
+    }
+
+    /// Adopt the claims whose specs are on disk but not in `prepared` (module header), and
+    /// remove what an earlier boot left; how many were adopted. Best effort: a file that
+    /// cannot be read is left out, one that cannot be removed stays.
+    fn adopt_specs(&self, prepared: &mut Prepared, corrupt: bool) -> usize {
+        let mut adopted = 0;
+        let boot = prepared.boot_id.clone();
+        // An unreadable boot ID on either side: no reboot can be told, nothing is void.
+        let earlier =
+            |r: &ClaimRecord| !boot.is_empty() && !r.boot_id.is_empty() && r.boot_id != boot;
+        let specs = self.claim_specs();
+        let records = self.records();
+        for (uid, path) in &specs {
+            if prepared.claims.contains_key(uid) {
                 continue;
+            }
+            let claim = match records.get(uid) {
+                Some(r) if earlier(r) => {
+                    atomic_file::remove_if_present(path).ok();
+                    None
+                }
+                Some(r) => Some(r.claim.clone()),
+                None if corrupt => self.claim_from_spec(uid, path),
+                None => None,
             };
-            let Ok(text) = std::fs::read_to_string(e.path()) else {
-                continue;
-            };
-            let Ok(spec) = crate::domain::cdi::Spec::parse(&text, &e.path()) else {
-                continue;
-            };
-            let kind = crate::domain::dra::cdi::claim_kind(&self.driver);
-            let devices = spec
-                .devices
-                .iter()
-                .filter_map(|d| {
-                    d.name
-                        .strip_prefix(&format!("{uid}-"))
-                        .map(|dev| (dev, &d.name))
-                })
-                .map(|(dev, full)| PreparedDevice {
-                    request: String::new(),
-                    pool: String::new(),
-                    device: dev.to_string(),
-                    cdi_ids: vec![format!("{kind}={full}")],
-                })
-                .collect();
-            out.insert(
-                uid.to_string(),
-                PreparedClaim {
-                    namespace: String::new(),
-                    name: String::new(),
-                    devices,
-                },
-            );
+            if let Some(claim) = claim {
+                tracing::warn!(claim = %uid, spec = %path.display(), "prepared DRA claim adopted from its spec on disk");
+                prepared.claims.insert(uid.clone(), claim);
+                adopted += 1;
+            }
         }
-        out
+        for (uid, r) in &records {
+            let stale =
+                earlier(r) || (!specs.contains_key(uid) && !prepared.claims.contains_key(uid));
+            if stale {
+                self.remove_record(uid).ok();
+            }
+        }
+        adopted
     }
 
     /// Write the checkpoint atomically.
@@ -328,5 +499,114 @@ mod tests {
             f.save(&prepared).unwrap();
             assert_eq!(f.load("boot-1").unwrap(), (prepared, LoadOutcome::Loaded));
         }
+    }
+
+    const UID: &str = "00000000-0000-4000-8000-000000000009";
+
+    fn claim() -> PreparedClaim {
+        PreparedClaim {
+            namespace: "ml".into(),
+            name: "train".into(),
+            devices: vec![PreparedDevice {
+                request: "gpu".into(),
+                pool: "node-a".into(),
+                device: "gpu-2".into(),
+                cdi_ids: vec![format!("k8s.gpu-slicer.io/claim={UID}-gpu-2")],
+                share_id: None,
+                consumed: None,
+                made: None,
+            }],
+        }
+    }
+
+    /// What a prepare leaves on disk before its checkpoint write: the record and the spec.
+    fn prepared_on_disk(f: &DraFiles, boot: &str) {
+        f.write_record(UID, boot, &claim()).unwrap();
+        let spec = crate::domain::cdi::Spec {
+            cdi_version: "0.5.0".into(),
+            kind: "k8s.gpu-slicer.io/claim".into(),
+            devices: vec![crate::domain::cdi::Device {
+                name: format!("{UID}-gpu-2"),
+                container_edits: crate::domain::cdi::ContainerEdits {
+                    env: vec!["A=1".into()],
+                    ..Default::default()
+                },
+            }],
+            container_edits: crate::domain::cdi::ContainerEdits::default(),
+        };
+        f.write_spec(UID, &spec).unwrap();
+    }
+
+    #[test]
+    fn a_claim_whose_checkpoint_write_was_lost_is_adopted_whole_and_written_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path());
+        f.save(&Prepared {
+            boot_id: "boot-1".into(),
+            claims: BTreeMap::new(),
+        })
+        .unwrap();
+        prepared_on_disk(&f, "boot-1");
+        let (prepared, outcome) = f.load("boot-1").unwrap();
+        assert_eq!(outcome, LoadOutcome::Loaded);
+        assert_eq!(prepared.claims[UID], claim());
+        // The checkpoint now holds it: the next load needs no adoption.
+        let saved: Prepared =
+            serde_json::from_slice(&std::fs::read(&f.checkpoint).unwrap()).unwrap();
+        assert_eq!(saved, prepared);
+    }
+
+    #[test]
+    fn a_corrupt_checkpoint_is_recovered_from_the_records_or_else_the_specs() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path());
+        prepared_on_disk(&f, "boot-1");
+        std::fs::create_dir_all(f.checkpoint.parent().unwrap()).unwrap();
+        std::fs::write(&f.checkpoint, "{\"bootId\": \"boot-1\", \"cla").unwrap();
+        let (prepared, outcome) = f.load("boot-1").unwrap();
+        assert!(
+            matches!(outcome, LoadOutcome::Corrupt { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            prepared.claims[UID],
+            claim(),
+            "namespace, name, request, pool kept"
+        );
+
+        // Without its record only the spec speaks: device and CDI ID, no request or name.
+        f.remove_record(UID).unwrap();
+        std::fs::write(&f.checkpoint, "not json").unwrap();
+        let (prepared, _) = f.load("boot-1").unwrap();
+        let mut bare = claim();
+        bare.namespace.clear();
+        bare.name.clear();
+        bare.devices[0].request.clear();
+        bare.devices[0].pool.clear();
+        assert_eq!(prepared.claims[UID], bare);
+    }
+
+    #[test]
+    fn what_an_earlier_boot_left_is_removed_and_records_without_specs_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path());
+        prepared_on_disk(&f, "boot-0");
+        let (prepared, outcome) = f.load("boot-1").unwrap();
+        assert_eq!(outcome, LoadOutcome::Fresh);
+        assert!(prepared.claims.is_empty());
+        assert!(!f.spec_path(UID).exists() && !f.record_path(UID).exists());
+
+        // A record whose spec never got written (a crash in between): dropped, not adopted.
+        f.write_record(UID, "boot-1", &claim()).unwrap();
+        let (prepared, _) = f.load("boot-1").unwrap();
+        assert!(prepared.claims.is_empty());
+        assert!(!f.record_path(UID).exists());
+
+        // A spec with no record, and no corrupt checkpoint to recover: left alone.
+        prepared_on_disk(&f, "boot-1");
+        f.remove_record(UID).unwrap();
+        let (prepared, _) = f.load("boot-1").unwrap();
+        assert!(prepared.claims.is_empty());
+        assert!(f.spec_path(UID).exists());
     }
 }

@@ -373,6 +373,87 @@ fn run_step(nvml: &Nvml, index: u32, step: &Step) -> Result<()> {
     }
 }
 
+/// Create a GPU instance of `profile` at `start` with its full-size compute instance on GPU
+/// `index` (whose UUID must still be `uuid`): the create steps of `mig apply`, rolled back the
+/// same way when one fails. Returns the new GPU and compute instance ids.
+pub fn create_at(
+    nvml: &Nvml,
+    index: u32,
+    uuid: &str,
+    profile: &str,
+    start: u32,
+) -> Result<(u32, u32), String> {
+    let gpu = read_gpu(nvml, index).map_err(|e| e.to_string())?;
+    if gpu.facts.uuid != uuid {
+        return Err(format!(
+            "GPU {index} is {} now, not {uuid}: the GPUs were re-enumerated",
+            gpu.facts.uuid
+        ));
+    }
+    if !gpu.facts.mig_enabled {
+        return Err(format!("GPU {index} ({uuid}): MIG mode is off"));
+    }
+    let step = |kind| Step {
+        action: Action::Create,
+        kind,
+        profile: profile.to_string(),
+        placement: Some(start),
+        gpu_instance_id: None,
+        compute_instance_id: None,
+    };
+    let steps = [step(Kind::GpuInstance), step(Kind::ComputeInstance)];
+    apply(nvml, &gpu, &steps).map_err(|f| format!("GPU {index} ({uuid}): {f}"))?;
+    let now = read_gpu(nvml, index).map_err(|e| e.to_string())?;
+    now.instances
+        .iter()
+        .find(|g| g.profile == profile && g.start == start)
+        .and_then(|g| g.compute_instances.first().map(|c| (g.id, c.id)))
+        .ok_or_else(|| {
+            format!("GPU {index} ({uuid}): the {profile}@{start} instance made is not listed")
+        })
+}
+
+/// Destroy GPU instance `gi` of GPU `index` (and its compute instances), when it is still
+/// the `profile` instance at `start`; one that is gone already is success (an Unprepare the
+/// kubelet repeats). A failed step rolls the GPU back as `mig apply` does.
+pub fn destroy_at(
+    nvml: &Nvml,
+    index: u32,
+    gi: u32,
+    profile: &str,
+    start: u32,
+) -> Result<(), String> {
+    let gpu = read_gpu(nvml, index).map_err(|e| e.to_string())?;
+    let Some(found) = gpu
+        .instances
+        .iter()
+        .find(|g| g.id == gi && g.profile == profile && g.start == start)
+    else {
+        return Ok(());
+    };
+    let mut steps: Vec<Step> = found
+        .compute_instances
+        .iter()
+        .map(|c| Step {
+            action: Action::Destroy,
+            kind: Kind::ComputeInstance,
+            profile: profile.to_string(),
+            placement: Some(start),
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(c.id),
+        })
+        .collect();
+    steps.push(Step {
+        action: Action::Destroy,
+        kind: Kind::GpuInstance,
+        profile: profile.to_string(),
+        placement: Some(start),
+        gpu_instance_id: Some(gi),
+        compute_instance_id: None,
+    });
+    apply(nvml, &gpu, &steps).map_err(|f| format!("GPU {index} ({}): {f}", gpu.facts.uuid))
+}
+
 // ---------------------------------------------------------------- raw calls
 //
 // Each takes handles from the same `Nvml` and uses the `Result` symbol fields (the generated

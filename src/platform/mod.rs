@@ -8,6 +8,7 @@ pub mod cdi_writer;
 pub mod checkpoint;
 pub mod claims;
 pub mod config_file;
+pub mod dra_mig;
 pub mod dra_state;
 pub mod driver;
 pub mod enforce;

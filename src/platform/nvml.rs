@@ -61,6 +61,13 @@ impl NvmlBackend {
         open_nvml(self.lib_path.as_deref())
     }
 
+    /// GPU `index` as discovery sees it (its MIG devices with their capability minors),
+    /// through an NVML session the caller holds: what a MIG instance just made looks like.
+    pub fn discover_gpu(&self, nvml: &Nvml, index: u32) -> Result<Gpu> {
+        let minors = self.mig_minors()?;
+        self.gpu(nvml, index, minors.as_ref())
+    }
+
     fn mig_minors(&self) -> Result<Option<MigMinors>> {
         let path = self.proc_root.join("driver/nvidia-caps/mig-minors");
         match std::fs::read_to_string(&path) {

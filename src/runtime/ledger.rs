@@ -7,6 +7,13 @@
 //! `tokio::sync::watch` channel and mirrors it into [`Metrics`]. The reconciliation itself,
 //! [`reconcile`], is pure.
 //!
+//! In DRA mode ([`LedgerPeers::dra`]) the kubelet reports our devices per container as the
+//! devices of DRA claims (`dynamic_resources`: driver, pool, device): each device of our
+//! driver and pool is attributed to its container under the plan's resource and device IDs
+//! of the same physical device (a whole GPU, its replicas, or a MIG device), so metrics,
+//! usage and `top` name the pod as for a device-plugin device; and the kubelet's allocatable
+//! list, which only covers device plugins, is not compared with the plan.
+//!
 //! An absent or unreachable socket degrades the ledger rather than failing the daemon: the
 //! first failure is logged once, `gpu_slicer_ledger_up` drops to 0, the last known
 //! allocations are kept (a kubelet restart must not make the agent forget what containers
@@ -173,6 +180,90 @@ pub struct KubeletReport {
     pub assigned: Vec<(Holder, String, Vec<String>)>,
     /// (resource, device IDs) the kubelet can allocate.
     pub allocatable: Vec<(String, Vec<String>)>,
+    /// Devices of DRA claims, per container (every driver's).
+    pub claimed: Vec<ClaimedDevice>,
+}
+
+/// One device of a DRA claim a container holds, as PodResources reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedDevice {
+    /// The container.
+    pub holder: Holder,
+    /// Driver.
+    pub driver: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name in the pool.
+    pub device: String,
+}
+
+/// Which front-end serves the plan: what the kubelet's allocatable list can be compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// Device-plugin servers: the kubelet lists their devices as allocatable.
+    DevicePlugin,
+    /// The DRA driver: the kubelet's allocatable list does not cover its devices.
+    Dra,
+}
+
+/// The driver and pool whose claimed devices are ours (DRA mode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraPool {
+    /// Driver name.
+    pub driver: String,
+    /// Pool (the node name).
+    pub pool: String,
+}
+
+/// (holder, resource, device IDs) for the devices of `pool`'s claims in `claimed`: each DRA
+/// device maps to the plan's devices of the same physical device (the whole GPU or its
+/// replicas, or the MIG device), in every resource that serves it. A device the node does
+/// not have (any more) is kept under the driver's name, so its holder is still shown.
+pub(crate) fn dra_assigned(
+    claimed: &[ClaimedDevice],
+    pool: &DraPool,
+    snapshot: &crate::state::Snapshot,
+) -> Vec<(Holder, String, Vec<String>)> {
+    use crate::domain::dra::slices;
+    let ours: Vec<&ClaimedDevice> = claimed
+        .iter()
+        .filter(|c| c.driver == pool.driver && c.pool == pool.pool)
+        .collect();
+    if ours.is_empty() {
+        return Vec::new();
+    }
+    let health = slices::health_map(&snapshot.plan, &snapshot.overlay);
+    let devices = slices::node_devices(&snapshot.inventory, &snapshot.plan, &health);
+    let mut by_uuid: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+    for view in snapshot.views.values() {
+        for (d, _) in view.devices() {
+            by_uuid
+                .entry(d.physical.uuid.as_str())
+                .or_default()
+                .push((view.resource.name.as_str(), d.id.as_str()));
+        }
+    }
+    let mut out = Vec::new();
+    for c in ours {
+        let planned = devices
+            .get(&c.device)
+            .and_then(|d| by_uuid.get(d.uuid.as_str()));
+        match planned {
+            Some(ids) => out.extend(ids.iter().map(|(resource, id)| {
+                (
+                    c.holder.clone(),
+                    (*resource).to_string(),
+                    vec![(*id).to_string()],
+                )
+            })),
+            None => out.push((
+                c.holder.clone(),
+                pool.driver.clone(),
+                vec![c.device.clone()],
+            )),
+        }
+    }
+    out
 }
 
 impl KubeletReport {
@@ -181,16 +272,27 @@ impl KubeletReport {
         alloc: pb::AllocatableResourcesResponse,
     ) -> Self {
         let mut assigned = Vec::new();
+        let mut claimed = Vec::new();
         for pod in list.pod_resources {
             for c in pod.containers {
+                let holder = Holder {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: c.name.clone(),
+                };
                 for d in c.devices {
-                    let holder = Holder {
-                        namespace: pod.namespace.clone(),
-                        pod: pod.name.clone(),
-                        container: c.name.clone(),
-                    };
-                    assigned.push((holder, d.resource_name, d.device_ids));
+                    assigned.push((holder.clone(), d.resource_name, d.device_ids));
                 }
+                let devices = c
+                    .dynamic_resources
+                    .into_iter()
+                    .flat_map(|r| r.claim_resources);
+                claimed.extend(devices.map(|d| ClaimedDevice {
+                    holder: holder.clone(),
+                    driver: d.driver_name,
+                    pool: d.pool_name,
+                    device: d.device_name,
+                }));
             }
         }
         let allocatable = alloc
@@ -201,6 +303,7 @@ impl KubeletReport {
         Self {
             assigned,
             allocatable,
+            claimed,
         }
     }
 }
@@ -214,11 +317,13 @@ fn domain(resource: &str) -> &str {
 ///
 /// Drift is judged only for resources that are "ours": in the plan, or in a domain the
 /// plan serves (so `nvidia.com/mig-1g.10gb` still counts after a reload removed it, while
-/// another vendor's resources are recorded but never called drift).
+/// another vendor's resources are recorded but never called drift). Under [`Front::Dra`]
+/// the kubelet's allocatable list is not compared with the plan.
 pub fn reconcile(
     report: &KubeletReport,
     views: &[Arc<ResourceView>],
     rounds: u64,
+    front: Front,
 ) -> LedgerSnapshot {
     let planned: BTreeMap<&str, &ResourceView> = views
         .iter()
@@ -256,8 +361,32 @@ pub fn reconcile(
         }
     }
 
+    let kubelet_allocatable = match front {
+        Front::DevicePlugin => allocatable_drift(&report.allocatable, &planned, &ours, &mut drift),
+        Front::Dra => BTreeMap::new(),
+    };
+    drift.sort();
+    LedgerSnapshot {
+        up: true,
+        rounds,
+        failed_rounds: 0,
+        allocations,
+        kubelet_allocatable,
+        drift,
+        taken_at: None,
+    }
+}
+
+/// The kubelet's allocatable devices of our resources, and the drift between them and the
+/// plan (device-plugin mode).
+fn allocatable_drift(
+    allocatable: &[(String, Vec<String>)],
+    planned: &BTreeMap<&str, &ResourceView>,
+    ours: &dyn Fn(&str) -> bool,
+    drift: &mut Vec<Drift>,
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut kubelet_allocatable: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (resource, ids) in &report.allocatable {
+    for (resource, ids) in allocatable {
         if ours(resource) {
             kubelet_allocatable
                 .entry(resource.clone())
@@ -265,7 +394,7 @@ pub fn reconcile(
                 .extend(ids.iter().cloned());
         }
     }
-    for (name, view) in &planned {
+    for (name, view) in planned {
         let empty = BTreeSet::new();
         let kubelet = kubelet_allocatable.get(*name).unwrap_or(&empty);
         // A kubelet may or may not list unhealthy devices as allocatable (the real one
@@ -296,16 +425,7 @@ pub fn reconcile(
             }));
         }
     }
-    drift.sort();
-    LedgerSnapshot {
-        up: true,
-        rounds,
-        failed_rounds: 0,
-        allocations,
-        kubelet_allocatable,
-        drift,
-        taken_at: None,
-    }
+    kubelet_allocatable
 }
 
 /// Whether the kubelet is reachable, so that a state change is logged once and a
@@ -360,7 +480,13 @@ pub struct LedgerPeers {
     pub held: Option<HeldCheckpoint>,
     /// Asks the reloader for a rewrite that drops released CDI devices from the spec.
     pub reload: Option<mpsc::Sender<Cause>>,
+    /// DRA mode: whose claimed devices are ours (`None`: device-plugin mode).
+    pub dra: Option<DraPool>,
 }
+
+/// Turns a round's claimed devices into (holder, resource, device IDs) entries.
+type ClaimMapper =
+    Arc<dyn Fn(&[ClaimedDevice]) -> Vec<(Holder, String, Vec<String>)> + Send + Sync>;
 
 /// Start the ledger: the views come from the state store (a re-plan is seen on the next
 /// round); the first round runs at once, and the snapshot starts as
@@ -378,9 +504,14 @@ pub fn spawn(settings: LedgerSettings, peers: LedgerPeers, ctx: &Context) -> Han
     // kubelet records it once Allocate answered): only a device missing for longer than
     // this is released.
     let grace = (settings.interval * 2).max(RELEASE_GRACE_MIN);
+    let claims: Option<ClaimMapper> = peers.dra.clone().map(|pool| {
+        let live = ctx.store.clone();
+        Arc::new(move |claimed: &[ClaimedDevice]| dra_assigned(claimed, &pool, &live.current()))
+            as ClaimMapper
+    });
     ctx.tracker.spawn(reconcile_loop(
         settings,
-        views,
+        (views, claims),
         ctx.metrics.clone(),
         tx,
         token.clone(),
@@ -499,7 +630,7 @@ async fn query(
 
 async fn reconcile_loop(
     settings: LedgerSettings,
-    views: ViewSource,
+    (views, claims): (ViewSource, Option<ClaimMapper>),
     metrics: Arc<Metrics>,
     tx: watch::Sender<Arc<LedgerSnapshot>>,
     token: CancellationToken,
@@ -531,9 +662,17 @@ async fn reconcile_loop(
             r = round => r,
         };
         match outcome {
-            Ok(report) => {
+            Ok(mut report) => {
                 rounds += 1;
-                let mut snapshot = reconcile(&report, &views(), rounds);
+                let front = match &claims {
+                    Some(map) => {
+                        let held = map(&report.claimed);
+                        report.assigned.extend(held);
+                        Front::Dra
+                    }
+                    None => Front::DevicePlugin,
+                };
+                let mut snapshot = reconcile(&report, &views(), rounds, front);
                 snapshot.taken_at = Some(taken_at);
                 snapshot.failed_rounds = failed_rounds;
                 if reach.record(true) {
@@ -711,8 +850,9 @@ mod tests {
                     .chain(["stale".to_string()])
                     .collect(),
             )],
+            ..KubeletReport::default()
         };
-        let s = reconcile(&report, &v, 1);
+        let s = reconcile(&report, &v, 1, Front::DevicePlugin);
         assert!(s.up);
         assert_eq!(
             s.allocated_ids("nvidia.com/gpu"),
@@ -771,8 +911,9 @@ mod tests {
                 ),
             ],
             allocatable: vec![("nvidia.com/gpu".into(), ids.clone())],
+            ..KubeletReport::default()
         };
-        let snapshot = reconcile(&report, &v, 1);
+        let snapshot = reconcile(&report, &v, 1, Front::DevicePlugin);
         let metrics = Metrics::new();
         PublishedPods::default().publish(&metrics, &snapshot, &v);
         let text = metrics.encode_prometheus();
@@ -794,11 +935,71 @@ mod tests {
         let report = KubeletReport {
             assigned: vec![(holder("a"), "nvidia.com/gpu".into(), ids[..3].to_vec())],
             allocatable: vec![("nvidia.com/gpu".into(), ids.clone())],
+            ..KubeletReport::default()
         };
-        let s = reconcile(&report, &v, 7);
+        let s = reconcile(&report, &v, 7, Front::DevicePlugin);
         assert_eq!(s.drift, vec![]);
         assert_eq!(s.rounds, 7);
         assert_eq!(s.allocated_ids("nvidia.com/gpu").len(), 3);
+    }
+
+    #[test]
+    fn dra_devices_map_to_the_plan_devices_of_the_same_physical_device() {
+        let store = crate::testkit::fixtures::store("mixed-a100", "flags: {migStrategy: mixed}\n");
+        let snapshot = store.current();
+        let pool = DraPool {
+            driver: "gpu-slicer.io".into(),
+            pool: "node-a".into(),
+        };
+        let claimed = |driver: &str, pool: &str, device: &str| ClaimedDevice {
+            holder: holder("p"),
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+        };
+        let got = dra_assigned(
+            &[
+                claimed("gpu-slicer.io", "node-a", "gpu-2"),
+                claimed("gpu-slicer.io", "node-a", "gpu-0-mig-1g10gb-19-1"),
+                claimed("gpu-slicer.io", "node-a", "gpu-7"),
+                claimed("gpu-slicer.io", "node-b", "gpu-3"),
+                claimed("other.example.com", "node-a", "gpu-3"),
+            ],
+            &pool,
+            &snapshot,
+        );
+        let got: Vec<(String, Vec<String>)> = got.into_iter().map(|(_, r, ids)| (r, ids)).collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "nvidia.com/gpu".to_string(),
+                    vec!["GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02".to_string()]
+                ),
+                (
+                    "nvidia.com/mig-1g.10gb".to_string(),
+                    vec!["MIG-1b2c3d4e-0000-4a00-8000-000000000008".to_string()]
+                ),
+                // Not on this node (any more): kept under the driver's name, never dropped.
+                ("gpu-slicer.io".to_string(), vec!["gpu-7".to_string()]),
+            ]
+        );
+        // Under the DRA front-end the kubelet's (device-plugin) allocatable list is not drift.
+        let report = KubeletReport {
+            assigned: vec![(
+                holder("p"),
+                "nvidia.com/gpu".into(),
+                vec!["GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02".into()],
+            )],
+            ..KubeletReport::default()
+        };
+        let v = views(&store);
+        assert!(reconcile(&report, &v, 1, Front::Dra).drift.is_empty());
+        assert!(
+            !reconcile(&report, &v, 1, Front::DevicePlugin)
+                .drift
+                .is_empty()
+        );
     }
 
     #[test]

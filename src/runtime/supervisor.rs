@@ -271,6 +271,14 @@ async fn spawn_actors(
         hook,
     };
     let reloads = reloader::spawn(reloader, ReloaderPeers { fs: fs.clone() }, ctx).await?;
+    // The ledger attributes the devices of this driver's claims on this node's pool.
+    let dra_pool = settings
+        .dra
+        .as_ref()
+        .map(|d| crate::runtime::ledger::DraPool {
+            driver: d.driver.driver.clone(),
+            pool: d.driver.node.clone(),
+        });
     let front = match settings.dra {
         Some(dra) => FrontEnd::Dra(Box::new(dra)),
         None => {
@@ -309,6 +317,7 @@ async fn spawn_actors(
         labels: settings.labels,
         node_labels: settings.node_labels,
         ledger: settings.ledger,
+        dra_pool,
         usage: settings.usage,
         http_listen: settings.http_listen,
         health_monitor: settings.health_monitor,
@@ -360,7 +369,7 @@ async fn spawn_dra(
         // may be down, then the log line and the counter are all there is.
         let (node, token) = (p.node.clone(), ctx.child_token());
         let message = format!(
-            "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from the CDI specs",
+            "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from their records and CDI specs",
             kept_as.display()
         );
         ctx.tracker.spawn(async move {
@@ -400,6 +409,7 @@ struct Followers {
     labels: Option<crate::runtime::labels::LabelsSettings>,
     node_labels: Option<crate::runtime::node_labels::NodeLabelsSettings>,
     ledger: Option<crate::runtime::ledger::LedgerSettings>,
+    dra_pool: Option<crate::runtime::ledger::DraPool>,
     usage: Option<crate::runtime::usage::UsageSettings>,
     http_listen: Option<String>,
     health_monitor: Option<crate::runtime::health::HealthSettings>,
@@ -428,6 +438,7 @@ impl Followers {
             let peers = LedgerPeers {
                 held: Some(held),
                 reload: Some(reloads.requester.clone()),
+                dra: self.dra_pool,
             };
             crate::runtime::ledger::spawn(settings, peers, ctx).into_inner()
         });

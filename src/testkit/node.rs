@@ -111,7 +111,8 @@ impl Node {
     }
 
     /// Run the daemon with `settings` (sockets where `emulator` serves) on `backend`, with
-    /// [`FAST_BACKOFF`]; return once it is ready and every planned resource registered.
+    /// [`FAST_BACKOFF`]; return once it is ready and every planned resource registered
+    /// (in DRA mode: once it is ready).
     pub async fn launch(
         dir: TempDir,
         emulator: KubeletEmulator,
@@ -119,6 +120,8 @@ impl Node {
         backend: Arc<dyn Backend>,
     ) -> Result<Self, NodeError> {
         settings.backoff = FAST_BACKOFF;
+        // In DRA mode nothing registers with the device-plugin side.
+        let dra = settings.dra.is_some();
         let (tx, rx) = oneshot::channel();
         settings.on_ready = Some(tx);
         let shutdown = CancellationToken::new();
@@ -140,7 +143,7 @@ impl Node {
             app,
             started: Duration::ZERO,
         };
-        let names = node.resources();
+        let names = if dra { Vec::new() } else { node.resources() };
         bounded("registration", node.emulator.wait_registered(&names, 1)).await?;
         Ok(Self {
             started: t0.elapsed(),

@@ -36,3 +36,38 @@ pub(crate) fn run_command(
         .kill_on_drop(true);
     cmd
 }
+
+/// `gpu-slicer run --dra` on `backend` with `config` (see [`run_command`]) as node `node`,
+/// the API through `dir/kubeconfig`, the kubelet's registry and plugins folders in
+/// `dir/reg` and `dir/plugins`. Callers add flags and spawn.
+pub(crate) fn dra_command(
+    dir: &std::path::Path,
+    backend: &str,
+    config: &std::path::Path,
+    node: &str,
+) -> tokio::process::Command {
+    let mut cmd = run_command(dir, backend, config);
+    cmd.args(["--dra", "--node-name", node, "--usage-interval", "0"])
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .arg("--kubelet-registry-dir")
+        .arg(dir.join("reg"))
+        .arg("--kubelet-plugins-dir")
+        .arg(dir.join("plugins"));
+    cmd
+}
+
+/// Register the DRA driver behind `socket` as the plugin watcher does, once the agent has
+/// bound it (bounded by `limit`).
+pub(crate) async fn dra_registered(
+    socket: &std::path::Path,
+    limit: std::time::Duration,
+) -> gpu_slicer::testkit::kubelet::dra::DraPluginConn {
+    wait_until(limit, || async {
+        gpu_slicer::testkit::kubelet::dra::register(socket)
+            .await
+            .ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no registration on {}", socket.display()))
+}

@@ -205,18 +205,32 @@ pub fn share_devices(
 }
 
 fn mps_edits(edits: &mut ContainerEdits, daemon: &crate::domain::mps::DaemonSpec, s: &ShareLimits) {
+    mps_client(edits, daemon, Some(s.thread_percent), s.memory_bytes);
+}
+
+/// The edits of an MPS client of `daemon`: its pipe directory and `/dev/shm`, plus
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (when given) and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`
+/// (`pinned_bytes`, in whole MiB) for the one device the daemon sees. Also used for DRA
+/// claim shares (`crate::domain::dra::cdi`).
+pub fn mps_client(
+    edits: &mut ContainerEdits,
+    daemon: &crate::domain::mps::DaemonSpec,
+    thread_percent: Option<u32>,
+    pinned_bytes: u64,
+) {
     let client = daemon.client_edits();
     edits
         .env
         .extend(client.env.iter().map(|(k, v)| format!("{k}={v}")));
-    edits.env.push(format!(
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}",
-        s.thread_percent
-    ));
+    if let Some(t) = thread_percent {
+        edits
+            .env
+            .push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={t}"));
+    }
     // The daemon sees one device, index 0.
     edits.env.push(format!(
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M",
-        s.memory_bytes >> 20
+        pinned_bytes >> 20
     ));
     edits
         .mounts

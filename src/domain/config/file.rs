@@ -47,6 +47,9 @@ pub struct FileDra {
     pub enabled: Option<bool>,
     #[serde(default)]
     pub driver_name: Option<String>,
+    /// `all` or a list of GPUs whose MIG instances are created per claim.
+    #[serde(default)]
+    pub dynamic_mig: Option<FileDevices>,
 }
 
 /// A YAML value that is either one string or a list of strings.

@@ -21,7 +21,9 @@ mod settings;
 mod sharing;
 mod values;
 
-use file::{FileConfig, FileDra, FileImex, FileMigLayouts, FileResources, FileSharing};
+use file::{
+    FileConfig, FileDevices, FileDra, FileImex, FileMigLayouts, FileResources, FileSharing,
+};
 
 pub use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
 pub use origin::{Given, Origin, Refusal};
@@ -97,12 +99,16 @@ pub struct DraFlags {
     /// `flags.dra.driverName`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_name: Option<String>,
+    /// `flags.dra.dynamicMig`: the GPUs (`all` or a `devices`-style list of GPU indices and
+    /// UUIDs) whose MIG instances the DRA driver creates per claim; `None`: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_mig: Option<DeviceSelector>,
 }
 
 impl DraFlags {
     /// Nothing set in the file.
     pub fn is_unset(&self) -> bool {
-        self.enabled.is_none() && self.driver_name.is_none()
+        self.enabled.is_none() && self.driver_name.is_none() && self.dynamic_mig.is_none()
     }
 }
 
@@ -206,7 +212,7 @@ fn from_file_config(
     let flags = &raw.flags;
     flags.resolve(ov, origin, &mut cfg)?;
     cfg.mig_layouts = mig_layouts(flags.mig_layouts.as_ref(), ov, origin)?;
-    cfg.dra = dra(flags.dra.as_ref());
+    cfg.dra = dra(flags.dra.as_ref(), origin)?;
     flags.plugin.resolve(ov, origin, &mut cfg)?;
     imex(raw.imex.as_ref(), origin)?;
     let warnings = resources(raw.resources.as_ref(), origin);
@@ -262,12 +268,36 @@ fn mig_layouts(
 }
 
 /// `flags.dra`, as written (an empty driver name is unset); `run` resolves it with its flags.
-fn dra(file: Option<&FileDra>) -> DraFlags {
-    file.map(|d| DraFlags {
+fn dra(file: Option<&FileDra>, origin: &str) -> Result<DraFlags> {
+    let Some(d) = file else {
+        return Ok(DraFlags::default());
+    };
+    Ok(DraFlags {
         enabled: d.enabled,
         driver_name: d.driver_name.clone().filter(|s| !s.is_empty()),
+        dynamic_mig: d
+            .dynamic_mig
+            .as_ref()
+            .map(|v| dynamic_mig(v, origin))
+            .transpose()?,
     })
-    .unwrap_or_default()
+}
+
+/// `flags.dra.dynamicMig` as a GPU selector: like a sharing entry's `devices`, but GPUs
+/// only (a MIG index names a slice, not a GPU whose slices are made on demand).
+fn dynamic_mig(value: &FileDevices, origin: &str) -> Result<DeviceSelector> {
+    const FIELD: &str = "flags.dra.dynamicMig";
+    let selector = sharing::device_selector(Some(value), origin, FIELD)?;
+    if let DeviceSelector::List(refs) = &selector
+        && let Some((i, r)) = refs.iter().enumerate().find(|(_, r)| {
+            matches!(r, DeviceRef::MigIndex(..))
+                || matches!(r, DeviceRef::Uuid(u) if u.starts_with("MIG-"))
+        })
+    {
+        return Err(Origin::file(origin, &format!("{FIELD}[{i}]"))
+            .invalid(r, "names a MIG device; list GPUs (index or GPU UUID)"));
+    }
+    Ok(selector)
 }
 
 /// `imex`: accepted for compatibility; only `channelIDs: []` or `[0]`, as upstream.

@@ -252,54 +252,7 @@ impl Entry<'_> {
 
     /// `devices`: all (absent or `all`), a count, one reference or a list of them.
     fn devices(&self, devices: Option<&FileDevices>) -> Result<DeviceSelector> {
-        Ok(match devices {
-            None => DeviceSelector::All,
-            Some(FileDevices::Word(w)) if w == "all" => DeviceSelector::All,
-            Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
-                parse_device_ref(w).map_err(|m| self.invalid("devices", format!("`{w}`"), m))?,
-            ]),
-            Some(FileDevices::Count(n)) => DeviceSelector::Count(
-                u32::try_from(*n)
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| self.invalid("devices", n.to_string(), "must be positive"))?,
-            ),
-            Some(FileDevices::List(list)) => DeviceSelector::List(self.device_list(list)?),
-        })
-    }
-
-    /// A `devices` list: not empty, each reference valid and listed once.
-    fn device_list(&self, list: &[DeviceRefValue]) -> Result<Vec<DeviceRef>> {
-        if list.is_empty() {
-            return Err(self.invalid(
-                "devices",
-                "`[]`".into(),
-                "empty list selects nothing; omit `devices` for all",
-            ));
-        }
-        let mut refs = Vec::new();
-        for (i, v) in list.iter().enumerate() {
-            let item = |value: String, message: String| {
-                invalid(
-                    self.origin,
-                    format!("{}[{i}]", self.field("devices")),
-                    value,
-                    message,
-                )
-            };
-            let dr = match v {
-                DeviceRefValue::Index(n) => u32::try_from(*n)
-                    .map(DeviceRef::Index)
-                    .map_err(|_| "index must be >= 0".to_string()),
-                DeviceRefValue::Text(t) => parse_device_ref(t),
-            }
-            .map_err(|m| item(format!("`{v}`"), m))?;
-            if refs.contains(&dr) {
-                return Err(item(format!("`{dr}`"), "listed twice".into()));
-            }
-            refs.push(dr);
-        }
-        Ok(refs)
+        device_selector(devices, self.origin, &self.field("devices"))
     }
 
     /// `isolation`: as written, else `mps` under `sharing.mps` and `none` under
@@ -386,4 +339,55 @@ pub fn parse_device_ref(s: &str) -> std::result::Result<DeviceRef, String> {
         return Ok(DeviceRef::Index(i));
     }
     Err("expected a GPU index `i`, a MIG index `i:j`, a `GPU-…` or a `MIG-…` UUID".into())
+}
+
+/// A `devices`-style value (`all` or absent, a count, one reference or a list of them) as a
+/// selector; `field` names it in errors (a list item as `field[i]`). Sharing entries and
+/// `flags.dra.dynamicMig` take the same form.
+pub(super) fn device_selector(
+    devices: Option<&FileDevices>,
+    origin: &str,
+    field: &str,
+) -> Result<DeviceSelector> {
+    let bad = |field: String, value: String, message: &str| {
+        invalid(origin, field, value, message.to_string())
+    };
+    Ok(match devices {
+        None => DeviceSelector::All,
+        Some(FileDevices::Word(w)) if w == "all" => DeviceSelector::All,
+        Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
+            parse_device_ref(w).map_err(|m| bad(field.into(), format!("`{w}`"), &m))?,
+        ]),
+        Some(FileDevices::Count(n)) => DeviceSelector::Count(
+            u32::try_from(*n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad(field.into(), n.to_string(), "must be positive"))?,
+        ),
+        Some(FileDevices::List(list)) if list.is_empty() => {
+            return Err(bad(
+                field.into(),
+                "`[]`".into(),
+                "empty list selects nothing; omit `devices` for all",
+            ));
+        }
+        Some(FileDevices::List(list)) => {
+            let mut refs = Vec::new();
+            for (i, v) in list.iter().enumerate() {
+                let item = format!("{field}[{i}]");
+                let dr = match v {
+                    DeviceRefValue::Index(n) => u32::try_from(*n)
+                        .map(DeviceRef::Index)
+                        .map_err(|_| "index must be >= 0".to_string()),
+                    DeviceRefValue::Text(t) => parse_device_ref(t),
+                }
+                .map_err(|m| bad(item.clone(), format!("`{v}`"), &m))?;
+                if refs.contains(&dr) {
+                    return Err(bad(item, format!("`{dr}`"), "listed twice"));
+                }
+                refs.push(dr);
+            }
+            DeviceSelector::List(refs)
+        }
+    })
 }

@@ -332,3 +332,25 @@ fn dra_flags_are_read_as_written() {
     let e = parse_err("version: v1\nflags:\n  dra: {enabled: true, driver: x}\n");
     assert!(e.contains("flags.dra") && e.contains("driver"), "{e}");
 }
+
+#[test]
+fn dra_dynamic_mig_takes_gpus_like_devices_and_refuses_mig_devices() {
+    let cfg = parse_ok("version: v1\nflags:\n  dra: {dynamicMig: all}\n");
+    assert_eq!(cfg.dra.dynamic_mig, Some(DeviceSelector::All));
+    assert!(!cfg.dra.is_unset());
+    let cfg = parse_ok("version: v1\nflags:\n  dra: {dynamicMig: [0, \"GPU-1\"]}\n");
+    assert_eq!(
+        cfg.dra.dynamic_mig,
+        Some(DeviceSelector::List(vec![
+            DeviceRef::Index(0),
+            DeviceRef::Uuid("GPU-1".into())
+        ]))
+    );
+    let e = parse_err("version: v1\nflags:\n  dra: {dynamicMig: [\"0:1\"]}\n");
+    assert!(
+        e.contains("flags.dra.dynamicMig[0]") && e.contains("0:1") && e.contains("MIG device"),
+        "{e}"
+    );
+    let e = parse_err("version: v1\nflags:\n  dra: {dynamicMig: []}\n");
+    assert!(e.contains("flags.dra.dynamicMig"), "{e}");
+}

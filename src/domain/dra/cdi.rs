@@ -1,19 +1,39 @@
 //! The per-claim transient CDI spec: kind `k8s.<driver>/claim`, one device
-//! `<claimUID>-<device>` per allocated device, file `<vendor>-<class>_<claimUID>.json`.
+//! `<claimUID>-<device>` per allocated device (`<claimUID>-<device>-<shareID>` for a share
+//! of a shared device), file `<vendor>-<class>_<claimUID>.json`.
 //!
 //! Cut from the node's spec that `crate::domain::cdi::generate` builds for the device-plugin
 //! path: each claim device takes the container edits of the node-spec device of the same
 //! UUID (device nodes, MIG capability nodes), and the spec-level edits (control nodes,
 //! driver libraries and binaries, hooks, `NVIDIA_VISIBLE_DEVICES=void`) come along whole, so
-//! both front-ends hand containers exactly the same edits. Enforced sharing (MPS, `isolation`
-//! other than `none`) is refused for now, naming the request. Validated before it is returned.
+//! both front-ends hand containers exactly the same edits. On top of them, what binds a
+//! share:
+//!
+//! - memory enforced (the device's isolation, or the claim's, includes `memory`): the
+//!   `createRuntime` memory-limit hook of [`crate::domain::cdi::shares`] with exactly the
+//!   share's consumed bytes (the whole device's for an exclusive one);
+//! - the device shared through MPS: its daemon's pipe and `/dev/shm`,
+//!   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` = the share's `compute` (or, when it reserves none,
+//!   the claim's `mpsConfig.defaultActiveThreadPercentage`), and
+//!   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` = the share's memory (lowered by the claim's
+//!   pinned-memory defaults when those are smaller): capacity requests win over defaults.
+//!
+//! A claim asking for what the device cannot give is its error, naming both sides: MPS on a
+//! device no MPS daemon serves, time-slicing on a device shared through MPS, a memory limit
+//! on a MIG device (NVML has none). A dynamic MIG device takes the edits of the instance
+//! made for it (`made`). Validated before it is returned.
 
-use crate::domain::cdi::{Device, Spec, minimum_version, validate};
+use std::collections::BTreeMap;
+
+use crate::domain::cdi::shares::{HookSettings, memory_hook, mps_client};
+use crate::domain::cdi::{ContainerEdits, Device, Spec, minimum_version, validate};
 use crate::domain::config::Isolation;
+use crate::domain::mps::DaemonSpec;
 
 use super::DraError;
-use super::claim::Resolved;
+use super::claim::{Resolved, ResolvedDevice};
 use super::opaque::Strategy;
+use super::slices::DeviceType;
 
 /// The CDI class of per-claim specs.
 pub const CLAIM_CLASS: &str = "claim";
@@ -38,48 +58,66 @@ pub fn device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
 }
 
+/// CDI device name of a resolved device: `<claimUID>-<device>`, with `-<shareID>` for a
+/// share (a claim may hold two shares of one device; names are never reused).
+pub fn resolved_name(claim_uid: &str, d: &ResolvedDevice) -> String {
+    match d.share.as_ref().and_then(|s| s.share_id.as_deref()) {
+        Some(id) => format!("{}-{id}", device_name(claim_uid, &d.device)),
+        None => device_name(claim_uid, &d.device),
+    }
+}
+
 /// Fully qualified CDI ID handed to the kubelet: `k8s.<driver>/claim=<claimUID>-<device>`.
 pub fn qualified(driver: &str, claim_uid: &str, device: &str) -> String {
     format!("{}={}", claim_kind(driver), device_name(claim_uid, device))
 }
 
-/// The spec of `claim`, from the node's spec `node` (generated with the same options the
-/// device plugin's spec is).
+/// Fully qualified CDI ID of a resolved device ([`resolved_name`]).
+pub fn qualified_resolved(driver: &str, claim_uid: &str, d: &ResolvedDevice) -> String {
+    format!("{}={}", claim_kind(driver), resolved_name(claim_uid, d))
+}
+
+/// What a claim's spec is cut from besides the claim.
+#[derive(Debug, Clone, Copy)]
+pub struct SpecInputs<'a> {
+    /// The node's spec (generated with the same options the device plugin's spec is).
+    pub node: &'a Spec,
+    /// The memory-limit hook (`None`: a claim that needs it fails, never runs unlimited).
+    pub hook: Option<&'a HookSettings>,
+    /// The node's MPS daemons.
+    pub mps: &'a [DaemonSpec],
+    /// Container edits of the MIG instances made for this claim, by published device name.
+    pub made: &'a BTreeMap<String, ContainerEdits>,
+}
+
+/// The spec of `claim`, from the node's spec `node` only (no hook, daemons or made MIG).
 pub fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, DraError> {
+    let made = BTreeMap::new();
+    let inputs = SpecInputs {
+        node,
+        hook: None,
+        mps: &[],
+        made: &made,
+    };
+    claim_spec_with(driver, &inputs, claim)
+}
+
+/// The spec of `claim` from `inputs`.
+pub fn claim_spec_with(
+    driver: &str,
+    inputs: &SpecInputs<'_>,
+    claim: &Resolved,
+) -> Result<Spec, DraError> {
     let fail = |message: String| DraError::Cdi {
         claim: claim.claim.to_string(),
         message,
     };
     let mut devices = Vec::with_capacity(claim.devices.len());
     for d in &claim.devices {
-        let base = node
-            .devices
-            .iter()
-            .find(|n| n.name == d.uuid)
-            .ok_or_else(|| {
-                fail(format!(
-                    "device {} ({}) is not in the node's spec",
-                    d.device, d.uuid
-                ))
-            })?;
-        let edits = base.container_edits.clone();
-        if let Some(c) = &d.config {
-            // Enforced sharing (MPS daemons, the memory-limit hook) needs per-claim daemon
-            // and limit plumbing that is not built yet: refuse rather than hand out an
-            // unenforced device the claim asked to be limited.
-            if c.sharing
-                .as_ref()
-                .is_some_and(|s| s.strategy == Strategy::Mps)
-                || c.isolation != Isolation::None
-            {
-                return Err(fail(format!(
-                    "request {}: MPS sharing and isolation other than none are not served through DRA yet",
-                    d.request
-                )));
-            }
-        }
+        let edits =
+            device_edits(inputs, d).map_err(|m| fail(format!("request {}: {m}", d.request)))?;
         devices.push(Device {
-            name: device_name(&claim.claim.uid, &d.device),
+            name: resolved_name(&claim.claim.uid, d),
             container_edits: edits,
         });
     }
@@ -89,9 +127,138 @@ pub fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, D
         cdi_version: String::new(),
         kind: claim_kind(driver),
         devices,
-        container_edits: node.container_edits.clone(),
+        container_edits: inputs.node.container_edits.clone(),
     };
     spec.cdi_version = minimum_version(&spec).to_string();
     validate(&spec).map_err(|e| fail(e.to_string()))?;
     Ok(spec)
+}
+
+/// The edits of one device: its nodes (from the node spec, or the instance made for it)
+/// and what binds its share.
+fn device_edits(inputs: &SpecInputs<'_>, d: &ResolvedDevice) -> Result<ContainerEdits, String> {
+    let bind = binding(d)?;
+    let mut edits = if d.placement.is_some() {
+        inputs
+            .made
+            .get(&d.device)
+            .cloned()
+            .ok_or_else(|| format!("no MIG instance was made for device {}", d.device))?
+    } else {
+        inputs
+            .node
+            .devices
+            .iter()
+            .find(|n| n.name == d.uuid)
+            .map(|n| n.container_edits.clone())
+            .ok_or_else(|| format!("device {} ({}) is not in the node's spec", d.device, d.uuid))?
+    };
+    let memory = d
+        .share
+        .as_ref()
+        .map_or(d.memory_bytes, |s| s.consumed.memory_bytes);
+    if bind.memory_limit {
+        let hook = inputs.hook.ok_or_else(|| {
+            format!(
+                "device {} needs the memory-limit hook and none is configured",
+                d.device
+            )
+        })?;
+        edits.hooks.push(memory_hook(hook, &d.gpu_uuid, memory));
+    }
+    if bind.mps {
+        let daemon = inputs
+            .mps
+            .iter()
+            .find(|m| m.uuid == d.uuid)
+            .ok_or_else(|| {
+                format!(
+                    "device {} is shared through MPS but has no MPS daemon",
+                    d.device
+                )
+            })?;
+        let mps = d
+            .config
+            .as_ref()
+            .and_then(|c| c.sharing.as_ref())
+            .and_then(|s| s.mps_config.as_ref());
+        let compute = d.share.as_ref().map_or(0, |s| s.consumed.compute_percent);
+        let threads = (compute > 0)
+            .then_some(compute)
+            .or_else(|| mps.and_then(|m| m.default_active_thread_percentage));
+        let pinned = mps
+            .and_then(|m| {
+                let per_device = m
+                    .default_per_device_pinned_memory_limit
+                    .as_ref()
+                    .and_then(|p| p.get(&d.uuid).or_else(|| p.get(&d.gpu_uuid)));
+                per_device.or(m.default_pinned_device_memory_limit.as_ref())
+            })
+            .and_then(|q| q.bytes().ok())
+            .map_or(memory, |b| b.min(memory));
+        mps_client(&mut edits, daemon, threads, pinned);
+    }
+    Ok(edits)
+}
+
+/// What binds a device's share.
+struct Binding {
+    /// The memory-limit hook.
+    memory_limit: bool,
+    /// The device's MPS daemon.
+    mps: bool,
+}
+
+/// What the device's isolation and the claim's config ask for together, or the conflict
+/// between them, naming both.
+fn binding(d: &ResolvedDevice) -> Result<Binding, String> {
+    let (device_isolation, rule) = match &d.share {
+        Some(s) => (s.device.isolation, s.device.rule.as_str()),
+        None => (Isolation::None, "no sharing rule of the config covers it"),
+    };
+    let claim_isolation = d.config.as_ref().map_or(Isolation::None, |c| c.isolation);
+    let strategy = d
+        .config
+        .as_ref()
+        .and_then(|c| c.sharing.as_ref())
+        .map(|s| s.strategy);
+    let device = |what: &str| {
+        format!(
+            "device {}'s isolation is `{}` ({rule}){what}",
+            d.device,
+            device_isolation.as_str()
+        )
+    };
+    if strategy == Some(Strategy::Mps) && !device_isolation.uses_mps() {
+        return Err(format!(
+            "the claim's config sets sharing.strategy MPS but {}",
+            device(": no MPS daemon serves it")
+        ));
+    }
+    if claim_isolation.uses_mps() && !device_isolation.uses_mps() {
+        return Err(format!(
+            "the claim's config sets isolation `{}` but {}",
+            claim_isolation.as_str(),
+            device(": no MPS daemon serves it")
+        ));
+    }
+    if strategy == Some(Strategy::TimeSlicing) && device_isolation.uses_mps() {
+        return Err(format!(
+            "the claim's config sets sharing.strategy TimeSlicing but {}",
+            device(": its tenants share it through its MPS daemon")
+        ));
+    }
+    // A tenant may add enforcement, never remove what the operator set.
+    let memory_limit = device_isolation.uses_memory_limit() || claim_isolation.uses_memory_limit();
+    if memory_limit && d.kind == DeviceType::Mig {
+        return Err(format!(
+            "the claim's config sets isolation `{}` but device {} is a MIG device, which has no driver memory limit",
+            claim_isolation.as_str(),
+            d.device
+        ));
+    }
+    Ok(Binding {
+        memory_limit,
+        mps: device_isolation.uses_mps(),
+    })
 }

@@ -6,7 +6,10 @@
 //! meant (same UID: a deleted and re-created claim is refused), that it is allocated, that
 //! our driver's results come from this node's pool, and that every device exists, is healthy
 //! and is not prepared for another claim (exclusive devices are never handed out twice,
-//! whatever the API says; admin-access results are exempt). Other drivers' results and
+//! whatever the API says; admin-access results are exempt). A shared device (consumable
+//! capacity) is the exception: each result's `consumedCapacity` is checked against what the
+//! node has already prepared on it ([`super::capacity::check_fits`]), so the shares never add
+//! up to more than the device, whatever the scheduler wrote. Other drivers' results and
 //! config are ignored. Our opaque config (class entries first, then the claim's, the later
 //! winning) is parsed strictly per request. Pure.
 
@@ -15,8 +18,10 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::DraError;
+use super::capacity::{self, Consumed, Holding};
 use super::opaque::{self, ConfigKind, DeviceConfig};
-use super::slices::{DeviceType, NodeDevices};
+use super::partition::Placement;
+use super::slices::{DeviceType, NodeDevices, SharedDevice};
 
 /// A ResourceClaim as read from the API (unknown fields ignored: the API adds them).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -84,6 +89,12 @@ pub struct AllocationResult {
     /// Admin access: the device may also be in use by other claims.
     #[serde(default)]
     pub admin_access: Option<bool>,
+    /// This allocation's share of a device several claims hold.
+    #[serde(default, rename = "shareID")]
+    pub share_id: Option<String>,
+    /// What the share takes of the device's capacities (quantities by capacity name).
+    #[serde(default)]
+    pub consumed_capacity: Option<BTreeMap<String, String>>,
 }
 
 /// One config entry of the allocation.
@@ -136,8 +147,9 @@ pub struct NodeContext<'a> {
     pub pool: &'a str,
     /// The node's devices.
     pub devices: &'a NodeDevices,
-    /// Device name → UID of the claim it is prepared for.
-    pub prepared: &'a BTreeMap<String, String>,
+    /// Device name → what is prepared on it (one holding for an exclusive device, one per
+    /// share for a shared one).
+    pub prepared: &'a BTreeMap<String, Vec<Holding>>,
 }
 
 /// One device of a resolved claim.
@@ -153,10 +165,27 @@ pub struct ResolvedDevice {
     pub uuid: String,
     /// UUID of its GPU.
     pub gpu_uuid: String,
+    /// Its memory in bytes.
+    pub memory_bytes: u64,
     /// Admin access (not exclusive).
     pub admin_access: bool,
     /// Our config for it, when any.
     pub config: Option<DeviceConfig>,
+    /// Its share, when the device is shared.
+    pub share: Option<ClaimShare>,
+    /// The GPU instance to create, for a dynamic MIG device.
+    pub placement: Option<Placement>,
+}
+
+/// A claim's share of a shared device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimShare {
+    /// The scheduler's share ID (`None`: the device was allocated whole).
+    pub share_id: Option<String>,
+    /// What it takes.
+    pub consumed: Consumed,
+    /// How the config shares the device.
+    pub device: SharedDevice,
 }
 
 /// A claim ready to prepare.
@@ -198,9 +227,20 @@ pub fn resolve(
     if ours.is_empty() {
         return Err(fail(format!("has no device of driver {}", ctx.driver)));
     }
-    let mut devices = Vec::with_capacity(ours.len());
+    let mut devices: Vec<ResolvedDevice> = Vec::with_capacity(ours.len());
     for r in ours {
-        devices.push(resolve_result(want, r, alloc, ctx)?);
+        // Shares this claim takes of the same device in an earlier result count too.
+        let own: Vec<Holding> = devices
+            .iter()
+            .filter(|d| d.device == r.device)
+            .filter_map(|d| d.share.as_ref())
+            .map(|s| Holding {
+                claim: want.uid.clone(),
+                share_id: s.share_id.clone(),
+                consumed: Some(s.consumed),
+            })
+            .collect();
+        devices.push(resolve_result(want, r, alloc, ctx, &own)?);
     }
     Ok(Resolved {
         claim: want.clone(),
@@ -213,6 +253,7 @@ fn resolve_result(
     r: &AllocationResult,
     alloc: &DeviceAllocation,
     ctx: &NodeContext<'_>,
+    own: &[Holding],
 ) -> Result<ResolvedDevice, DraError> {
     let fail = |reason: String| DraError::Claim {
         claim: want.to_string(),
@@ -232,16 +273,20 @@ fn resolve_result(
         return Err(fail(format!("device {} is unhealthy ({reason})", r.device)));
     }
     let admin_access = r.admin_access.unwrap_or(false);
-    if let Some(other) = ctx
+    let others: Vec<&Holding> = ctx
         .prepared
         .get(&r.device)
-        .filter(|u| !admin_access && **u != want.uid)
-    {
-        return Err(fail(format!(
-            "device {} is already prepared for claim {other}",
-            r.device
-        )));
-    }
+        .into_iter()
+        .flatten()
+        .filter(|h| h.claim != want.uid)
+        .collect();
+    let share = match &dev.shared {
+        None => {
+            exclusive(r, &others, admin_access).map_err(fail)?;
+            None
+        }
+        Some(shared) => Some(claim_share(r, shared, &others, own, admin_access).map_err(fail)?),
+    };
     let config = config_for(want, &r.request, dev.kind, alloc, ctx.driver)?;
     Ok(ResolvedDevice {
         request: r
@@ -254,8 +299,68 @@ fn resolve_result(
         kind: dev.kind,
         uuid: dev.uuid.clone(),
         gpu_uuid: dev.gpu_uuid.clone(),
+        memory_bytes: dev.memory_bytes,
         admin_access,
         config,
+        share,
+        placement: dev.placement.clone(),
+    })
+}
+
+/// An exclusive device: no share, and no other claim holding it (admin access aside).
+fn exclusive(r: &AllocationResult, others: &[&Holding], admin_access: bool) -> Result<(), String> {
+    if let Some(id) = &r.share_id {
+        return Err(format!(
+            "device {} is not shared on this node (no sharing rule of the config covers it), but the allocation gives it share {id}",
+            r.device
+        ));
+    }
+    match others.first() {
+        Some(h) if !admin_access => Err(format!(
+            "device {} is already prepared for claim {}",
+            r.device, h.claim
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A shared device: the result's share, checked against what is prepared on it already.
+fn claim_share(
+    r: &AllocationResult,
+    shared: &SharedDevice,
+    others: &[&Holding],
+    own: &[Holding],
+    admin_access: bool,
+) -> Result<ClaimShare, String> {
+    if let Some(id) = r
+        .share_id
+        .as_deref()
+        .filter(|id| !capacity::valid_share_id(id))
+    {
+        return Err(format!(
+            "device {}: shareID `{}` is not 1-64 of a-z, 0-9 and '-'",
+            r.device,
+            id.chars().take(80).collect::<String>()
+        ));
+    }
+    let consumed = capacity::consumed(r.consumed_capacity.as_ref(), shared.memory_bytes)
+        .map_err(|e| format!("device {}: {e}", r.device))?;
+    // Admin access looks at a device without taking any of it.
+    let consumed = if admin_access {
+        Consumed::default()
+    } else {
+        consumed
+    };
+    let held: Vec<Holding> = others
+        .iter()
+        .map(|h| (*h).clone())
+        .chain(own.iter().cloned())
+        .collect();
+    capacity::check_fits(&r.device, shared.memory_bytes, &held, consumed)?;
+    Ok(ClaimShare {
+        share_id: r.share_id.clone(),
+        consumed,
+        device: shared.clone(),
     })
 }
 

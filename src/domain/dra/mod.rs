@@ -4,7 +4,11 @@
 //! objects a DRA driver publishes and the answers it gives the kubelet:
 //!
 //! - [`slices`]: Inventory × Plan × health → ResourceSlices (device names, attributes,
-//!   capacity, taints, splitting at the API's device limits);
+//!   capacity, taints, splitting at the API's device limits, the 1.34 and 1.35+ layouts);
+//! - [`capacity`]: consumable `memory` / `compute` of shared devices, what a claim's share
+//!   takes, the node's own over-commit check;
+//! - [`partition`]: MIG on demand: the counter set and per-placement devices of a GPU
+//!   `flags.dra.dynamicMig` names;
 //! - [`classes`]: the DeviceClasses the deploy overlay installs (`gpu.<driver>` with
 //!   `extendedResourceName: nvidia.com/gpu`, `mig.<driver>`);
 //! - [`opaque`]: strict parsing of `opaque.parameters` (`gpu-slicer.io/v1alpha1`, kinds
@@ -13,17 +17,21 @@
 //!   this node's devices (foreign results ignored, missing/unhealthy/already-prepared
 //!   devices refused);
 //! - [`cdi`]: the per-claim transient CDI spec, cut from the node's generated spec
-//!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits.
+//!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits;
+//! - [`status`]: what a prepared claim's `status.devices` says about each device.
 //!
 //! The runtime (`crate::runtime::dra`) serves the kubelet and publishes the objects; the
 //! CLI (`crate::cli::dra`) prints them.
 
+pub mod capacity;
 pub mod cdi;
 pub mod claim;
 pub mod classes;
 pub mod model;
 pub mod opaque;
+pub mod partition;
 pub mod slices;
+pub mod status;
 
 /// Default driver name (`--dra-driver-name`).
 pub const DEFAULT_DRIVER_NAME: &str = "gpu-slicer.io";
@@ -49,6 +57,9 @@ pub enum DraError {
     /// The claim cannot be prepared on this node.
     #[error("claim {claim}: {reason}")]
     Claim { claim: String, reason: String },
+    /// A Kubernetes version (`dra slices --server-version`) that is not `MAJOR.MINOR`.
+    #[error("invalid --server-version `{value}`: expected MAJOR.MINOR, e.g. 1.34")]
+    ServerVersion { value: String },
     /// The per-claim CDI spec could not be built.
     #[error("claim {claim}: CDI spec: {message}")]
     Cdi { claim: String, message: String },

@@ -68,8 +68,40 @@ pub struct ResourceSliceSpec {
     pub pool: ResourcePool,
     /// The node whose devices these are.
     pub node_name: String,
-    /// Devices, at most 128 (64 when any carries taints).
+    /// Devices, at most 128 (64 when any carries taints or consumes counters). Left out of a
+    /// slice that carries counter sets on 1.35+ servers (a slice holds one or the other).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<Device>,
+    /// Counter sets the pool's partitionable devices draw from (dynamic MIG): at most 8
+    /// per slice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_counters: Vec<CounterSet>,
+}
+
+/// A named set of counters devices consume from (KEP-4815, partitionable devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSet {
+    /// DNS label, unique in the pool.
+    pub name: String,
+    /// Counters by DNS-label name, at most 32.
+    pub counters: BTreeMap<String, Counter>,
+}
+
+/// A counter's quantity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counter {
+    /// Quantity (`1`, `7`).
+    pub value: String,
+}
+
+/// What one device takes from one counter set when it is allocated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CounterConsumption {
+    /// The counter set's name.
+    pub counter_set: String,
+    /// Counters by name and the amount taken.
+    pub counters: BTreeMap<String, Counter>,
 }
 
 /// Pool of a slice.
@@ -99,6 +131,14 @@ pub struct Device {
     /// Taints of an unhealthy device (needs `DRADeviceTaints` on 1.34/1.35 servers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
+    /// Whether several claims may hold shares of it (consumable capacity; needs
+    /// `DRAConsumableCapacity`, beta and on from 1.36).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_multiple_allocations: Option<bool>,
+    /// The counters it takes from its GPU's counter set (a dynamic MIG placement or the
+    /// whole GPU it partitions; needs `DRAPartitionableDevices`, beta and on from 1.36).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumes_counters: Vec<CounterConsumption>,
 }
 
 /// A device attribute: exactly one of its four value kinds.
@@ -115,11 +155,47 @@ pub enum Attribute {
     Version(String),
 }
 
-/// A capacity: a quantity.
+/// A capacity: a quantity, and how claims consume it on a shared device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Capacity {
     /// Quantity in Kubernetes form (`80Gi`, `14`).
     pub value: String,
+    /// How much a request takes (devices with `allowMultipleAllocations` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_policy: Option<RequestPolicy>,
+}
+
+impl Capacity {
+    /// A plain quantity.
+    pub fn of(value: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            request_policy: None,
+        }
+    }
+}
+
+/// `requestPolicy` of a consumable capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestPolicy {
+    /// Taken by a request that does not name this capacity.
+    pub default: String,
+    /// The amounts a request may take.
+    pub valid_range: ValidRange,
+}
+
+/// `validRange`: a request below `min` is raised to it, one between steps is rounded up to
+/// the next `min + n × step`, one above `max` makes the device ineligible.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidRange {
+    /// Smallest amount.
+    pub min: String,
+    /// Largest amount (a multiple of `step`).
+    pub max: String,
+    /// Granularity.
+    pub step: String,
 }
 
 /// A device taint.

@@ -12,10 +12,13 @@
 
 use std::collections::BTreeMap;
 
+use super::capacity::{self, ATTR_ISOLATION};
 use super::model::{
-    Attribute, Capacity, Device, ObjectMeta, OwnerReference, ResourcePool, ResourceSlice,
-    ResourceSliceSpec, Taint, bytes_quantity, semver,
+    Attribute, Capacity, CounterSet, Device, ObjectMeta, OwnerReference, ResourcePool,
+    ResourceSlice, ResourceSliceSpec, Taint, bytes_quantity, semver,
 };
+use super::partition::{self, Placement};
+use crate::domain::config::{DeviceSelector, Isolation};
 use crate::domain::inventory::{Gpu, Health, Inventory, MigDevice};
 use crate::domain::plan::Plan;
 use crate::domain::topology::{PlacementAttributes, placement_attributes};
@@ -25,6 +28,11 @@ use crate::domain::view::Overlay;
 pub const MAX_DEVICES: usize = 128;
 /// Most devices in one slice when any device has taints or consumes counters (1.35+).
 pub const MAX_DEVICES_WITH_TAINTS: usize = 64;
+/// Most counter sets in one slice.
+pub const MAX_COUNTER_SETS: usize = 8;
+/// Most counters in one slice, all its sets together (the 1.34 rule; kept on 1.35+ too,
+/// where it is the limit of one set, so no server refuses what is published).
+pub const MAX_COUNTERS: usize = 32;
 /// Taint key of a device with a critical XID.
 pub const TAINT_XID: &str = "gpu-slicer.io/xid";
 /// Taint key of a device that fell off the bus.
@@ -71,10 +79,28 @@ pub struct NodeDevice {
     pub uuid: String,
     /// UUID of the GPU (the parent, for MIG).
     pub gpu_uuid: String,
+    /// Its memory in bytes (the `memory` capacity).
+    pub memory_bytes: u64,
     /// Why it is unhealthy, when it is.
     pub unhealthy: Option<String>,
     /// The published device.
     pub device: Device,
+    /// Set when the config shares the device: claims hold shares of its capacity.
+    pub shared: Option<SharedDevice>,
+    /// Set for a device made per claim on a dynamic MIG GPU (`uuid` is then empty, or the
+    /// GPU's for the whole GPU): the GPU instance Prepare creates.
+    pub placement: Option<Placement>,
+}
+
+/// How the config shares a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedDevice {
+    /// The isolation level its sharing rule sets.
+    pub isolation: Isolation,
+    /// The device's memory (the `memory` capacity).
+    pub memory_bytes: u64,
+    /// The rule, for messages: `sharing.mps (nvidia.com/gpu)`.
+    pub rule: String,
 }
 
 /// The node's devices by published name.
@@ -82,6 +108,10 @@ pub struct NodeDevice {
 pub struct NodeDevices {
     /// By name, in name order.
     pub devices: BTreeMap<String, NodeDevice>,
+    /// The counter sets of dynamic MIG GPUs, by GPU index.
+    pub counter_sets: Vec<CounterSet>,
+    /// Why GPUs `flags.dra.dynamicMig` names are not dynamic (for the caller to log).
+    pub warnings: Vec<String>,
 }
 
 impl NodeDevices {
@@ -106,16 +136,39 @@ pub fn health_map(plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
 }
 
 /// The devices the node publishes: every physical device the plan serves, GPUs by index,
-/// each GPU's MIG devices after it.
+/// each GPU's MIG devices after it; no dynamic MIG GPUs.
 pub fn node_devices(
     inv: &Inventory,
     plan: &Plan,
     health: &BTreeMap<String, String>,
 ) -> NodeDevices {
+    node_devices_with(inv, plan, health, None)
+}
+
+/// The devices of a snapshot, with its health and its config's `flags.dra.dynamicMig`.
+pub fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> NodeDevices {
+    let health = health_map(&snapshot.plan, &snapshot.overlay);
+    node_devices_with(
+        &snapshot.inventory,
+        &snapshot.plan,
+        &health,
+        snapshot.config.dra.dynamic_mig.as_ref(),
+    )
+}
+
+/// [`node_devices`], with the GPUs `dynamic` (`flags.dra.dynamicMig`) selects published as
+/// partitionable ([`super::partition`]) instead of as the plan has them.
+pub fn node_devices_with(
+    inv: &Inventory,
+    plan: &Plan,
+    health: &BTreeMap<String, String>,
+    dynamic: Option<&DeviceSelector>,
+) -> NodeDevices {
     let served: std::collections::BTreeSet<&str> = plan
         .devices()
         .map(|(_, d)| d.physical.uuid.as_str())
         .collect();
+    let shared = shared_devices(inv, plan);
     let mut out = NodeDevices::default();
     let driver_version = inv.driver_version.as_deref().and_then(semver);
     let placement: BTreeMap<String, PlacementAttributes> = inv
@@ -130,22 +183,153 @@ pub fn node_devices(
         .unwrap_or_default();
     for gpu in &inv.gpus {
         let place = placement.get(&gpu.pci_bus_id);
+        let ctx = GpuContext {
+            gpu,
+            driver_version: driver_version.as_deref(),
+            health,
+            place,
+        };
+        if dynamic.is_some_and(|sel| partition::selects(sel, gpu)) {
+            match partition::dynamic_product(gpu) {
+                Ok((product, profiles)) => {
+                    let (set, devices) = dynamic_devices(&ctx, product, profiles);
+                    out.counter_sets.push(set);
+                    out.devices
+                        .extend(devices.into_iter().map(|d| (d.name.clone(), d)));
+                    continue;
+                }
+                Err(why) => out.warnings.push(why),
+            }
+        }
         if served.contains(gpu.uuid.as_str()) {
-            let mut nd = gpu_device(gpu, driver_version.as_deref(), health);
+            let mut nd = gpu_device(gpu, ctx.driver_version, health);
             add_placement(&mut nd.device.attributes, place, true);
+            share(&mut nd, shared.get(&gpu.uuid));
             out.devices.insert(nd.name.clone(), nd);
         }
         let starts = placements(gpu);
         for mig in &gpu.mig_devices {
             if served.contains(mig.uuid.as_str()) {
-                let mut nd = mig_device(gpu, mig, &starts, driver_version.as_deref(), health);
+                let mut nd = mig_device(gpu, mig, &starts, ctx.driver_version, health);
                 // A MIG slice is not NVLink-placed on its own: only the PCIe root.
                 add_placement(&mut nd.device.attributes, place, false);
+                share(&mut nd, shared.get(&mig.uuid));
                 out.devices.insert(nd.name.clone(), nd);
             }
         }
     }
+    // Every device says whether it is made for its claim, so a claim can insist on (or
+    // rule out) a slice made on demand without a CEL lookup of a missing attribute.
+    for d in out.devices.values_mut() {
+        d.device.attributes.insert(
+            partition::ATTR_ON_DEMAND.into(),
+            Attribute::Bool(d.placement.is_some()),
+        );
+    }
     out
+}
+
+/// What every device of one GPU is built from.
+struct GpuContext<'a> {
+    gpu: &'a Gpu,
+    driver_version: Option<&'a str>,
+    health: &'a BTreeMap<String, String>,
+    place: Option<&'a PlacementAttributes>,
+}
+
+/// The physical devices the plan shares, with their rule (UUID → how).
+fn shared_devices(inv: &Inventory, plan: &Plan) -> BTreeMap<String, SharedDevice> {
+    let mut out = BTreeMap::new();
+    for (resource, d) in plan.devices() {
+        let Some(sharing) = &resource.sharing else {
+            continue;
+        };
+        let memory_bytes = match inv.mig(&d.physical.uuid) {
+            Some((_, m)) => m.memory_bytes,
+            None => inv
+                .gpu(&d.physical.uuid)
+                .map_or(d.share.memory_bytes, |g| g.memory_bytes),
+        };
+        out.entry(d.physical.uuid.clone())
+            .or_insert_with(|| SharedDevice {
+                isolation: sharing.isolation,
+                memory_bytes,
+                rule: format!("{} ({})", sharing.kind.field(), resource.name),
+            });
+    }
+    out
+}
+
+/// Turn a published device into a shared one: several allocations, consumable `memory`
+/// and `compute`, and its isolation level as an attribute.
+fn share(nd: &mut NodeDevice, shared: Option<&SharedDevice>) {
+    let Some(s) = shared else { return };
+    nd.device.allow_multiple_allocations = Some(true);
+    nd.device
+        .capacity
+        .extend(capacity::shared_capacity(s.memory_bytes));
+    nd.device.attributes.insert(
+        ATTR_ISOLATION.into(),
+        Attribute::String(s.isolation.as_str().into()),
+    );
+    nd.shared = Some(s.clone());
+}
+
+/// A dynamic GPU's counter set and devices: the whole GPU and every placement of every
+/// profile.
+fn dynamic_devices(
+    ctx: &GpuContext<'_>,
+    product: &'static node_spec::Product,
+    profiles: &'static [node_spec::GiProfile],
+) -> (CounterSet, Vec<NodeDevice>) {
+    let gpu = ctx.gpu;
+    let set = partition::counter_set(gpu, product, profiles);
+    let mut out = Vec::new();
+    let mut whole = gpu_device(gpu, ctx.driver_version, ctx.health);
+    add_placement(&mut whole.device.attributes, ctx.place, true);
+    whole.device.consumes_counters = vec![partition::whole_consumption(&set)];
+    whole.placement = partition::full_profile(product, profiles)
+        .map(|p| partition::placement(gpu, product, p, 0));
+    out.push(whole);
+    for p in profiles {
+        for &start in p.starts {
+            let at = partition::placement(gpu, product, p, start);
+            let name = format!(
+                "gpu-{}-mig-{}-{}-{start}",
+                gpu.index,
+                profile_label(p.name),
+                p.id
+            );
+            let (mut attributes, capacity) = mig_description(
+                gpu,
+                p.name,
+                at.memory_bytes,
+                p.compute_slices,
+                ctx.driver_version,
+            );
+            add_placement(&mut attributes, ctx.place, false);
+            let unhealthy = ctx.health.get(&gpu.uuid).cloned();
+            out.push(NodeDevice {
+                device: Device {
+                    name: name.clone(),
+                    attributes,
+                    capacity,
+                    taints: unhealthy.as_deref().map(taint).into_iter().collect(),
+                    allow_multiple_allocations: None,
+                    consumes_counters: vec![partition::consumption(gpu, p, start)],
+                },
+                name,
+                kind: DeviceType::Mig,
+                uuid: String::new(),
+                gpu_uuid: gpu.uuid.clone(),
+                memory_bytes: at.memory_bytes,
+                unhealthy,
+                shared: None,
+                placement: Some(at),
+            });
+        }
+    }
+    (set, out)
 }
 
 /// The topology attributes of a device on the GPU placed at `place`.
@@ -209,12 +393,17 @@ fn gpu_device(
             attributes,
             capacity,
             taints: unhealthy.as_deref().map(taint).into_iter().collect(),
+            allow_multiple_allocations: None,
+            consumes_counters: Vec::new(),
         },
         name,
         kind: DeviceType::Gpu,
         uuid: gpu.uuid.clone(),
         gpu_uuid: gpu.uuid.clone(),
+        memory_bytes: gpu.memory_bytes,
         unhealthy,
+        shared: None,
+        placement: None,
     }
 }
 
@@ -236,34 +425,14 @@ fn mig_device(
         gpu.index,
         profile_label(&mig.profile)
     );
-    let mut attributes = common_attributes(gpu, driver_version);
-    attributes.insert(
-        "type".into(),
-        Attribute::String(DeviceType::Mig.as_str().into()),
+    let (mut attributes, capacity) = mig_description(
+        gpu,
+        &mig.profile,
+        mig.memory_bytes,
+        mig.compute_slices,
+        driver_version,
     );
     attributes.insert("uuid".into(), Attribute::String(clip(&mig.uuid)));
-    attributes.insert("parentUUID".into(), Attribute::String(clip(&gpu.uuid)));
-    attributes.insert("profile".into(), Attribute::String(clip(&mig.profile)));
-    let mut capacity = BTreeMap::new();
-    capacity.insert("memory".into(), quantity(mig.memory_bytes));
-    capacity.insert("computeSlices".into(), count(mig.compute_slices));
-    if let Some(p) = gi_profile {
-        capacity.insert("memorySlices".into(), count(p.memory_slices));
-    }
-    // NVIDIA's capacity names, so CEL written for its driver ports; left out where the
-    // product's figures are not known rather than guessed.
-    if let Some(e) = node_spec::mig_engines(&gpu.product, &mig.profile) {
-        for (name, n) in [
-            ("multiprocessors", e.multiprocessors),
-            ("copyEngines", e.copy_engines),
-            ("decoders", e.decoders),
-            ("encoders", e.encoders),
-            ("jpegEngines", e.jpeg_engines),
-            ("ofaEngines", e.ofa_engines),
-        ] {
-            capacity.insert(name.into(), count(n));
-        }
-    }
     // A sick parent makes every MIG device on it unusable.
     let unhealthy = health
         .get(&mig.uuid)
@@ -275,13 +444,56 @@ fn mig_device(
             attributes,
             capacity,
             taints: unhealthy.as_deref().map(taint).into_iter().collect(),
+            allow_multiple_allocations: None,
+            consumes_counters: Vec::new(),
         },
         name,
         kind: DeviceType::Mig,
         uuid: mig.uuid.clone(),
         gpu_uuid: gpu.uuid.clone(),
+        memory_bytes: mig.memory_bytes,
         unhealthy,
+        shared: None,
+        placement: None,
     }
+}
+
+/// Attributes (all but `uuid`) and capacities of a MIG device of `profile` on `gpu`.
+fn mig_description(
+    gpu: &Gpu,
+    profile: &str,
+    memory_bytes: u64,
+    compute_slices: u32,
+    driver_version: Option<&str>,
+) -> (BTreeMap<String, Attribute>, BTreeMap<String, Capacity>) {
+    let mut attributes = common_attributes(gpu, driver_version);
+    attributes.insert(
+        "type".into(),
+        Attribute::String(DeviceType::Mig.as_str().into()),
+    );
+    attributes.insert("parentUUID".into(), Attribute::String(clip(&gpu.uuid)));
+    attributes.insert("profile".into(), Attribute::String(clip(profile)));
+    let mut capacity = BTreeMap::new();
+    capacity.insert("memory".into(), quantity(memory_bytes));
+    capacity.insert("computeSlices".into(), count(compute_slices));
+    if let Some(p) = node_spec::gi_profile(&gpu.product, profile) {
+        capacity.insert("memorySlices".into(), count(p.memory_slices));
+    }
+    // NVIDIA's capacity names, so CEL written for its driver ports; left out where the
+    // product's figures are not known rather than guessed.
+    if let Some(e) = node_spec::mig_engines(&gpu.product, profile) {
+        for (name, n) in [
+            ("multiprocessors", e.multiprocessors),
+            ("copyEngines", e.copy_engines),
+            ("decoders", e.decoders),
+            ("encoders", e.encoders),
+            ("jpegEngines", e.jpeg_engines),
+            ("ofaEngines", e.ofa_engines),
+        ] {
+            capacity.insert(name.into(), count(n));
+        }
+    }
+    (attributes, capacity)
 }
 
 /// Placement start of each GPU instance id of `gpu`.
@@ -349,15 +561,11 @@ fn clip(s: &str) -> String {
 }
 
 fn quantity(bytes: u64) -> Capacity {
-    Capacity {
-        value: bytes_quantity(bytes),
-    }
+    Capacity::of(bytes_quantity(bytes))
 }
 
 fn count(n: u32) -> Capacity {
-    Capacity {
-        value: n.to_string(),
-    }
+    Capacity::of(n.to_string())
 }
 
 /// NVIDIA's capitalised architecture names (`hopper` → `Hopper`, `ada-lovelace` →
@@ -406,30 +614,130 @@ pub struct SliceTarget<'a> {
     pub generation: i64,
 }
 
-/// The slices of `devices` for `target`: split at [`MAX_DEVICES`], or
-/// [`MAX_DEVICES_WITH_TAINTS`] once any device has taints. An empty pool still gets one
-/// (empty) slice, so consumers see that the node has nothing rather than nothing known.
+/// How a pool with counter sets is laid out: the API changed between 1.34 and 1.35.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SliceFormat {
+    /// 1.34: a slice holds counter sets and the devices consuming them together.
+    Combined,
+    /// 1.35 and later: a slice holds devices or counter sets, never both.
+    #[default]
+    Split,
+}
+
+impl SliceFormat {
+    /// The format of an API server of version `major.minor` (`minor` as `/version` says it,
+    /// `35+` on some providers): combined up to 1.34.
+    pub fn for_server(major: &str, minor: &str) -> Self {
+        let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+        match (major.trim(), digits.parse::<u32>()) {
+            ("1", Ok(m)) if m <= 34 => SliceFormat::Combined,
+            _ => SliceFormat::Split,
+        }
+    }
+}
+
+/// The slices of `devices` for `target` in the 1.35+ layout ([`build_for`]).
 pub fn build(target: &SliceTarget<'_>, devices: &NodeDevices) -> Vec<ResourceSlice> {
-    let all: Vec<&Device> = devices.devices.values().map(|d| &d.device).collect();
-    let per = if all.iter().any(|d| !d.taints.is_empty()) {
+    build_for(target, devices, SliceFormat::Split)
+}
+
+/// The slices of `devices` for `target`. Devices that consume no counters are split at
+/// [`MAX_DEVICES`], or [`MAX_DEVICES_WITH_TAINTS`] once any has taints. Dynamic MIG GPUs'
+/// devices (64 per slice) and counter sets ([`MAX_COUNTER_SETS`], [`MAX_COUNTERS`] per
+/// slice) go in slices of their own ([`SliceFormat::Split`]), or together, whole GPUs per
+/// slice ([`SliceFormat::Combined`]). An empty pool still gets one (empty) slice, so
+/// consumers see that the node has nothing rather than nothing known.
+pub fn build_for(
+    target: &SliceTarget<'_>,
+    devices: &NodeDevices,
+    format: SliceFormat,
+) -> Vec<ResourceSlice> {
+    let (plain, counted): (Vec<&Device>, Vec<&Device>) = devices
+        .devices
+        .values()
+        .map(|d| &d.device)
+        .partition(|d| d.consumes_counters.is_empty());
+    let per = if plain.iter().any(|d| !d.taints.is_empty()) {
         MAX_DEVICES_WITH_TAINTS
     } else {
         MAX_DEVICES
     };
-    let chunks: Vec<&[&Device]> = if all.is_empty() {
-        vec![&[]]
-    } else {
-        all.chunks(per).collect()
-    };
-    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
-    chunks
+    let mut contents: Vec<(Vec<&Device>, Vec<&CounterSet>)> = plain
+        .chunks(per)
+        .map(|c| (c.to_vec(), Vec::new()))
+        .collect();
+    match format {
+        SliceFormat::Split => {
+            contents.extend(
+                counted
+                    .chunks(MAX_DEVICES_WITH_TAINTS)
+                    .map(|c| (c.to_vec(), Vec::new())),
+            );
+            let groups: Vec<(Vec<&Device>, &CounterSet)> = devices
+                .counter_sets
+                .iter()
+                .map(|s| (Vec::new(), s))
+                .collect();
+            contents.extend(pack(groups));
+        }
+        SliceFormat::Combined => {
+            let groups: Vec<(Vec<&Device>, &CounterSet)> = devices
+                .counter_sets
+                .iter()
+                .map(|s| {
+                    let of_set = counted
+                        .iter()
+                        .copied()
+                        .filter(|d| d.consumes_counters.iter().any(|c| c.counter_set == s.name))
+                        .collect();
+                    (of_set, s)
+                })
+                .collect();
+            contents.extend(pack(groups));
+        }
+    }
+    if contents.is_empty() {
+        contents.push((Vec::new(), Vec::new()));
+    }
+    let count = i64::try_from(contents.len()).unwrap_or(i64::MAX);
+    contents
         .into_iter()
         .enumerate()
-        .map(|(i, chunk)| slice(target, i, count, chunk))
+        .map(|(i, (devices, sets))| slice(target, i, count, &devices, &sets))
         .collect()
 }
 
-fn slice(target: &SliceTarget<'_>, i: usize, count: i64, devices: &[&Device]) -> ResourceSlice {
+/// Counter sets, each with the devices that go with it, packed into as few slices as the
+/// limits allow (in order; a group is never split).
+fn pack<'a>(
+    groups: Vec<(Vec<&'a Device>, &'a CounterSet)>,
+) -> Vec<(Vec<&'a Device>, Vec<&'a CounterSet>)> {
+    let mut out: Vec<(Vec<&Device>, Vec<&CounterSet>)> = Vec::new();
+    for (devices, set) in groups {
+        let fits = out.last().is_some_and(|(d, s)| {
+            let counters: usize = s.iter().map(|s| s.counters.len()).sum();
+            s.len() < MAX_COUNTER_SETS
+                && counters + set.counters.len() <= MAX_COUNTERS
+                && d.len() + devices.len() <= MAX_DEVICES_WITH_TAINTS
+        });
+        match out.last_mut() {
+            Some((d, s)) if fits => {
+                d.extend(devices);
+                s.push(set);
+            }
+            _ => out.push((devices, vec![set])),
+        }
+    }
+    out
+}
+
+fn slice(
+    target: &SliceTarget<'_>,
+    i: usize,
+    count: i64,
+    devices: &[&Device],
+    sets: &[&CounterSet],
+) -> ResourceSlice {
     let mut metadata = ObjectMeta {
         name: slice_name(target, i),
         ..ObjectMeta::default()
@@ -459,6 +767,7 @@ fn slice(target: &SliceTarget<'_>, i: usize, count: i64, devices: &[&Device]) ->
             },
             node_name: target.node_name.into(),
             devices: devices.iter().map(|d| (*d).clone()).collect(),
+            shared_counters: sets.iter().map(|s| (*s).clone()).collect(),
         },
     }
 }

@@ -121,6 +121,7 @@ fn many(n: usize, tainted: bool) -> NodeDevices {
                 kind: DeviceType::Gpu,
                 uuid: format!("GPU-{i}"),
                 gpu_uuid: format!("GPU-{i}"),
+                memory_bytes: 80 << 30,
                 unhealthy: None,
                 device: Device {
                     name,
@@ -131,7 +132,11 @@ fn many(n: usize, tainted: bool) -> NodeDevices {
                     } else {
                         vec![]
                     },
+                    allow_multiple_allocations: None,
+                    consumes_counters: Vec::new(),
                 },
+                shared: None,
+                placement: None,
             },
         );
     }
@@ -196,4 +201,149 @@ fn taints_from_reasons() {
         "unhealthy-at-discovery"
     );
     assert_eq!(profile_label("1g.10gb+me"), "1g10gb-me");
+}
+
+/// `dgx-h100` with MIG mode on every GPU and every GPU dynamic: 8 counter sets, 8 × 26
+/// devices.
+fn dynamic_dgx() -> NodeDevices {
+    let (mut inv, _, _) = fixtures::planned("dgx-h100", "version: v1\n");
+    for g in &mut inv.gpus {
+        g.mig_mode.current = true;
+    }
+    let plan = crate::domain::plan::build(&inv, &fixtures::config("version: v1\n")).unwrap();
+    node_devices_with(
+        &inv,
+        &plan,
+        &BTreeMap::new(),
+        Some(&crate::domain::config::DeviceSelector::All),
+    )
+}
+
+fn check_limits(slices: &[ResourceSlice]) {
+    for s in slices {
+        let counters: usize = s
+            .spec
+            .shared_counters
+            .iter()
+            .map(|c| c.counters.len())
+            .sum();
+        assert!(
+            s.spec.shared_counters.len() <= MAX_COUNTER_SETS,
+            "{}",
+            s.metadata.name
+        );
+        assert!(counters <= MAX_COUNTERS, "{}: {counters}", s.metadata.name);
+        let counted = s
+            .spec
+            .devices
+            .iter()
+            .any(|d| !d.consumes_counters.is_empty());
+        let limit = if counted {
+            MAX_DEVICES_WITH_TAINTS
+        } else {
+            MAX_DEVICES
+        };
+        assert!(s.spec.devices.len() <= limit, "{}", s.metadata.name);
+        for d in &s.spec.devices {
+            assert!(
+                d.consumes_counters.len() <= 2 && is_dns_label(&d.name),
+                "{}",
+                d.name
+            );
+            assert!(d.attributes.len() + d.capacity.len() <= 32, "{}", d.name);
+        }
+        for set in &s.spec.shared_counters {
+            assert!(is_dns_label(&set.name) && set.counters.keys().all(|k| is_dns_label(k)));
+        }
+        assert_eq!(s.spec.pool.resource_slice_count, slices.len() as i64);
+    }
+}
+
+#[test]
+fn every_placement_of_8_h100_is_published_in_both_layouts_within_the_limits() {
+    let devs = dynamic_dgx();
+    assert!(devs.warnings.is_empty(), "{:?}", devs.warnings);
+    assert_eq!(devs.counter_sets.len(), 8);
+    // Per GPU: the whole GPU and 7 + 7 + 4 + 3 + 2 + 1 + 1 placements.
+    assert_eq!(devs.devices.len(), 8 * 26);
+    let whole = devs.get("gpu-5").unwrap();
+    assert_eq!(whole.placement.as_ref().unwrap().profile, "7g.80gb");
+    assert_eq!(whole.device.consumes_counters[0].counters.len(), 10);
+    let one = devs.get("gpu-5-mig-1g10gb-19-3").unwrap();
+    assert!(one.uuid.is_empty() && !one.device.attributes.contains_key("uuid"));
+    assert_eq!(one.placement.as_ref().unwrap().start, 3);
+
+    let split = build_for(&target(1), &devs, SliceFormat::Split);
+    check_limits(&split);
+    // Devices and counters never share a slice from 1.35 on.
+    assert!(
+        split
+            .iter()
+            .all(|s| s.spec.devices.is_empty() || s.spec.shared_counters.is_empty())
+    );
+    assert_eq!(
+        split.iter().map(|s| s.spec.devices.len()).sum::<usize>(),
+        8 * 26
+    );
+    assert_eq!(
+        split
+            .iter()
+            .map(|s| s.spec.shared_counters.len())
+            .sum::<usize>(),
+        8
+    );
+
+    let combined = build_for(&target(1), &devs, SliceFormat::Combined);
+    check_limits(&combined);
+    // 1.34: a device's counter set is in its own slice; 10 counters a GPU, 32 a slice.
+    for s in &combined {
+        for d in &s.spec.devices {
+            let set = &d.consumes_counters[0].counter_set;
+            assert!(
+                s.spec.shared_counters.iter().any(|c| &c.name == set),
+                "{}",
+                d.name
+            );
+        }
+    }
+    assert_eq!(combined.len(), 4, "two GPUs a slice");
+    assert_eq!(SliceFormat::for_server("1", "34"), SliceFormat::Combined);
+    assert_eq!(SliceFormat::for_server("1", "35+"), SliceFormat::Split);
+}
+
+#[test]
+fn a_mixed_node_publishes_exclusive_shared_static_and_dynamic_gpus_together() {
+    let cfg = "version: v1\nflags:\n  migStrategy: mixed\n  dra: {dynamicMig: [0]}\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, rename: nvidia.com/gpu.mps, replicas: 2, devices: [2], isolation: memory+mps}\n";
+    let (inv, config, plan) = fixtures::planned("mixed-a100", cfg);
+    let devs = node_devices_with(
+        &inv,
+        &plan,
+        &BTreeMap::new(),
+        config.dra.dynamic_mig.as_ref(),
+    );
+    // GPU 0 dynamic (whole + placements), GPU 1 static MIG, GPU 2 shared, GPU 3 exclusive.
+    assert!(devs.get("gpu-0").unwrap().placement.is_some());
+    assert!(devs.get("gpu-0-mig-7g80gb-0-0").is_some());
+    assert!(
+        devs.get("gpu-1-mig-3g40gb-9-4")
+            .unwrap()
+            .placement
+            .is_none()
+    );
+    assert!(devs.get("gpu-2").unwrap().shared.is_some());
+    let gpu3 = devs.get("gpu-3").unwrap();
+    assert!(gpu3.shared.is_none() && gpu3.device.allow_multiple_allocations.is_none());
+    assert_eq!(devs.counter_sets.len(), 1);
+    // A dynamic GPU whose MIG mode is off is published as the plan has it, with a warning.
+    let devs = node_devices_with(
+        &inv,
+        &plan,
+        &BTreeMap::new(),
+        Some(&crate::domain::config::DeviceSelector::List(vec![
+            crate::domain::config::DeviceRef::Index(3),
+        ])),
+    );
+    assert!(devs.counter_sets.is_empty());
+    assert!(devs.warnings[0].contains("GPU 3") && devs.warnings[0].contains("MIG mode is off"));
+    assert!(devs.get("gpu-3").unwrap().placement.is_none());
 }

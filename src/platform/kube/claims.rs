@@ -3,14 +3,16 @@
 //! object is handed to the domain as its JSON, so the domain's claim model stays free of
 //! `k8s-openapi`. A 404 is the claim's "not found"; any other failure (403, 5xx, a timeout,
 //! the API down) is "unavailable" with the status, and the kubelet retries the prepare.
+//! Device status is written by `super::claim_status`.
 
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim as ApiClaim;
 use kube::Api;
 
-use crate::domain::dra::claim::ResourceClaim;
-use crate::platform::claims::{ClaimSource, ClaimSourceError};
+use crate::domain::dra::claim::{ClaimRef, ResourceClaim};
+use crate::domain::dra::status::DeviceStatus;
+use crate::platform::claims::{ClaimSource, ClaimSourceError, PortFuture};
 
 /// How long one GET may take (the kubelet gives a whole prepare call 45 s).
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,5 +76,19 @@ impl ClaimSource for KubeClaims {
         Box<dyn std::future::Future<Output = Result<ResourceClaim, ClaimSourceError>> + Send + 'a>,
     > {
         Box::pin(self.fetch(namespace, name))
+    }
+
+    fn set_device_status<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+        driver: &'a str,
+        devices: &'a [DeviceStatus],
+    ) -> PortFuture<'a, ()> {
+        Box::pin(super::claim_status::set_device_status(
+            &self.client,
+            claim,
+            driver,
+            devices,
+        ))
     }
 }

@@ -1,6 +1,6 @@
 //! The Kubernetes API: one `kube` client for the agent's own Node (labels, Events) and, in DRA
-//! mode, this node's ResourceSlices ([`SliceApi`]) and ResourceClaims (`resource.k8s.io/v1`,
-//! from `k8s-openapi` `v1_37`). Talks to the API server only; callers in `runtime` own the
+//! mode, this node's ResourceSlices ([`SliceApi`]) and ResourceClaims (read, and their
+//! `status.devices` written; `resource.k8s.io/v1`, from `k8s-openapi` `v1_37`). Talks to the API server only; callers in `runtime` own the
 //! tasks that use it.
 //!
 //! How to get a client:
@@ -17,6 +17,7 @@
 //! Retrying is the caller's (with jittered backoff), so that a fault
 //! is seen once and counted.
 
+mod claim_status;
 mod claims;
 mod node;
 mod slices;

@@ -19,6 +19,7 @@ const WATCH_TIMEOUT_S: u32 = 290;
 #[derive(Clone)]
 pub struct SliceApi {
     api: Api<ApiSlice>,
+    client: kube::Client,
     driver: String,
     node: String,
 }
@@ -57,7 +58,8 @@ impl SliceApi {
     /// The slices of `driver` whose `spec.nodeName` is `node`.
     pub fn new(client: kube::Client, driver: &str, node: &str) -> SliceApi {
         SliceApi {
-            api: Api::all(client),
+            api: Api::all(client.clone()),
+            client,
             driver: driver.to_owned(),
             node: node.to_owned(),
         }
@@ -71,6 +73,21 @@ impl SliceApi {
     /// The node name.
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// The API server's version (`/version`): `(major, minor)` as it writes them (`1`,
+    /// `35+`). The slice layout for partitionable devices changed in 1.35.
+    pub async fn server_version(&self) -> Result<(String, String), KubeError> {
+        let info = self
+            .client
+            .apiserver_version()
+            .await
+            .map_err(|source| KubeError::Api {
+                verb: "get",
+                what: "the API server's /version".into(),
+                source,
+            })?;
+        Ok((info.major, info.minor))
     }
 
     fn selector(&self) -> String {

@@ -5,20 +5,41 @@
 //! same claim (or of two claims for one device) cannot race: the second sees the first's
 //! result. For each claim: already prepared → the same answer again (the kubelet repeats
 //! calls); else GET it through the [`ClaimSource`], resolve it against the node's devices
-//! ([`crate::domain::dra::claim::resolve`]), cut its CDI spec from the node's spec, write the
-//! spec, then the checkpoint, and only then answer. Every claim gets an entry; a claim's
-//! failure is its own `error`, never the call's.
+//! ([`crate::domain::dra::claim::resolve`]: shares of a shared device are checked against what
+//! is prepared on it), make the MIG instances of dynamic devices ([`super::instances`]), cut
+//! its CDI spec from the node's spec (with the memory-limit hook and MPS limits of its
+//! shares), write the spec, then the checkpoint, and only then answer; a failure after an
+//! instance was made destroys it again. Unprepare destroys the claim's made instances before
+//! it forgets the claim. Every claim gets an entry; a claim's failure is its own `error`,
+//! never the call's. A newly prepared claim's `status.devices` (and their removal at
+//! Unprepare) is queued for [`super::status`] to write afterwards.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
+use super::status::{StatusJob, StatusQueue};
+use crate::domain::cdi::shares::HookSettings;
 use crate::domain::dra::claim::{ClaimRef, NodeContext, resolve};
+use crate::domain::dra::status::{DeviceStatus, device_status};
 use crate::domain::dra::{cdi as dra_cdi, slices};
 use crate::platform::claims::ClaimSource;
+use crate::platform::dra_mig::InstanceOps;
 use crate::platform::dra_state::{DraFiles, Prepared, PreparedClaim, PreparedDevice};
 use crate::state::Store;
+
+/// What binds shares and makes dynamic MIG devices, beside the claims and files.
+#[derive(Debug, Clone, Default)]
+pub struct DriverExtras {
+    /// The memory-limit hook share devices run (`None`: claims that need it fail).
+    pub hook: Option<HookSettings>,
+    /// MIG instance operations for dynamic MIG (`None`: no NVML, such claims fail).
+    pub instances: Option<Arc<dyn InstanceOps>>,
+    /// Test-only fault point (`GPU_SLICER_FAULT=dra-after-mig-create`): SIGKILL this
+    /// process right after a claim's MIG instances are made, before its spec and checkpoint.
+    pub kill_after_mig_create: bool,
+}
 
 /// The outcome of one claim.
 pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
@@ -37,6 +58,9 @@ struct Inner {
     claims: Arc<dyn ClaimSource>,
     files: DraFiles,
     prepared: Mutex<Prepared>,
+    extras: DriverExtras,
+    /// Where claim status writes are queued (none: status is not written).
+    status: std::sync::OnceLock<StatusQueue>,
 }
 
 impl Driver {
@@ -49,6 +73,26 @@ impl Driver {
         files: DraFiles,
         prepared: Prepared,
     ) -> Self {
+        Self::with_extras(
+            driver,
+            node,
+            store,
+            claims,
+            (files, prepared),
+            DriverExtras::default(),
+        )
+    }
+
+    /// [`Driver::new`] with the hook and MIG instance operations shares and dynamic MIG
+    /// devices need.
+    pub fn with_extras(
+        driver: &str,
+        node: &str,
+        store: Store,
+        claims: Arc<dyn ClaimSource>,
+        (files, prepared): (DraFiles, Prepared),
+        extras: DriverExtras,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 driver: driver.to_string(),
@@ -57,7 +101,23 @@ impl Driver {
                 claims,
                 files,
                 prepared: Mutex::new(prepared),
+                extras,
+                status: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Report prepared claims in their `status.devices` through `queue` (set once).
+    pub(crate) fn write_status_with(&self, queue: StatusQueue) {
+        let _ = self.inner.status.set(queue);
+    }
+
+    fn queue_status(&self, claim: &ClaimRef, devices: Vec<DeviceStatus>) {
+        if let Some(q) = self.inner.status.get() {
+            q.push(StatusJob {
+                claim: claim.clone(),
+                devices,
+            });
         }
     }
 
@@ -113,9 +173,8 @@ impl Driver {
             .await
             .map_err(|e| e.to_string())?;
         let snapshot = self.inner.store.current();
-        let health = slices::health_map(&snapshot.plan, &snapshot.overlay);
-        let devices = slices::node_devices(&snapshot.inventory, &snapshot.plan, &health);
-        let taken = prepared.devices();
+        let devices = slices::snapshot_devices(&snapshot);
+        let taken = prepared.holdings();
         let ctx = NodeContext {
             driver: &self.inner.driver,
             pool: &self.inner.node,
@@ -127,8 +186,35 @@ impl Driver {
             .spec
             .as_ref()
             .ok_or_else(|| format!("claim {want}: the node's CDI spec is not written yet"))?;
-        let spec = dra_cdi::claim_spec(&self.inner.driver, node_spec, &resolved)
-            .map_err(|e| e.to_string())?;
+        let ops = self.inner.extras.instances.as_ref();
+        let made = super::instances::make(ops, &resolved.devices, &snapshot.config)
+            .await
+            .map_err(|e| format!("claim {want}: {e}"))?;
+        if self.inner.extras.kill_after_mig_create && !made.records.is_empty() {
+            tracing::error!(claim = %want, "fault point dra-after-mig-create: SIGKILL");
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+        let undo = |made: &super::instances::MadeForClaim| {
+            let records: Vec<_> = made.records.values().cloned().collect();
+            async move {
+                if let Some(ops) = ops {
+                    super::instances::undo(ops, records).await;
+                }
+            }
+        };
+        let inputs = dra_cdi::SpecInputs {
+            node: node_spec,
+            hook: self.inner.extras.hook.as_ref(),
+            mps: &snapshot.mps,
+            made: &made.edits,
+        };
+        let spec = match dra_cdi::claim_spec_with(&self.inner.driver, &inputs, &resolved) {
+            Ok(s) => s,
+            Err(e) => {
+                undo(&made).await;
+                return Err(e.to_string());
+            }
+        };
         let answer: Vec<PreparedDevice> = resolved
             .devices
             .iter()
@@ -136,10 +222,16 @@ impl Driver {
                 request: d.request.clone(),
                 pool: self.inner.node.clone(),
                 device: d.device.clone(),
-                cdi_ids: vec![dra_cdi::qualified(&self.inner.driver, &want.uid, &d.device)],
+                cdi_ids: vec![dra_cdi::qualified_resolved(
+                    &self.inner.driver,
+                    &want.uid,
+                    d,
+                )],
+                share_id: d.share.as_ref().and_then(|s| s.share_id.clone()),
+                consumed: d.share.as_ref().map(|s| s.consumed),
+                made: made.records.get(&d.device).cloned(),
             })
             .collect();
-        let files = self.inner.files.clone();
         let mut next = prepared.clone();
         next.claims.insert(
             want.uid.clone(),
@@ -149,20 +241,48 @@ impl Driver {
                 devices: answer.clone(),
             },
         );
-        let uid = want.uid.clone();
-        let to_save = next.clone();
-        // Spec first, then the checkpoint: a crash between them leaves a spec the
-        // recovery finds, never a checkpoint entry without its spec.
+        if let Err(e) = self.persist(want, spec, &next).await {
+            undo(&made).await;
+            return Err(e);
+        }
+        *prepared = next;
+        tracing::info!(claim = %want, devices = answer.len(), "claim prepared");
+        let status = answer
+            .iter()
+            .filter_map(|a| {
+                let d = devices.get(&a.device)?;
+                let made = a.made.as_ref().map(|m| m.uuid.as_str());
+                Some(
+                    device_status(&self.inner.node, d, &a.cdi_ids)
+                        .prepared_as(a.share_id.clone(), made),
+                )
+            })
+            .collect();
+        self.queue_status(want, status);
+        Ok(answer)
+    }
+
+    /// Write the claim's record, its spec, then the checkpoint: a crash between them leaves
+    /// a spec the next load adopts from its record, never a checkpoint entry without its
+    /// spec.
+    async fn persist(
+        &self,
+        want: &ClaimRef,
+        spec: crate::domain::cdi::Spec,
+        next: &Prepared,
+    ) -> Result<(), String> {
+        let files = self.inner.files.clone();
+        let (uid, to_save) = (want.uid.clone(), next.clone());
         tokio::task::spawn_blocking(move || {
+            if let Some(claim) = to_save.claims.get(&uid) {
+                files.write_record(&uid, &to_save.boot_id, claim)?;
+            }
             files.write_spec(&uid, &spec)?;
             files.save(&to_save)
         })
         .await
         .map_err(|e| format!("claim {want}: write task failed: {e}"))?
-        .map_err(|e| format!("claim {want}: {e}"))?;
-        *prepared = next;
-        tracing::info!(claim = %want, devices = answer.len(), "claim prepared");
-        Ok(answer)
+        .map_err(|e| format!("claim {want}: {e}"))
     }
 
     /// Unprepare every claim: remove its spec and its entry. Unknown claims succeed.
@@ -170,17 +290,28 @@ impl Driver {
         let mut prepared = self.inner.prepared.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {
+            // Its MIG instances go first: a claim whose instance is still there stays
+            // prepared, so the kubelet's retry destroys it.
+            if let Err(e) = self.destroy_made(prepared.claims.get(&c.uid)).await {
+                let e = format!("claim {c}: {e}");
+                tracing::warn!(claim = %c, error = %e, "claim not unprepared");
+                out.insert(c.uid.clone(), Err(e));
+                continue;
+            }
             let mut next = prepared.clone();
             let known = next.claims.remove(&c.uid).is_some();
             let files = self.inner.files.clone();
             let uid = c.uid.clone();
             let result = tokio::task::spawn_blocking(move || {
                 files.remove_spec(&uid)?;
-                if known {
+                let saved = if known {
                     files.save(&next).map(|()| Some(next))
                 } else {
                     Ok(None)
-                }
+                };
+                // Last: a crash before this leaves a record without its spec, dropped at load.
+                files.remove_record(&uid)?;
+                saved
             })
             .await
             .map_err(|e| format!("claim {c}: remove task failed: {e}"))
@@ -189,6 +320,7 @@ impl Driver {
                 Ok(Some(next)) => {
                     *prepared = next;
                     tracing::info!(claim = %c, "claim unprepared");
+                    self.queue_status(c, Vec::new());
                     out.insert(c.uid.clone(), Ok(()));
                 }
                 Ok(None) => {
@@ -201,5 +333,28 @@ impl Driver {
             }
         }
         out
+    }
+
+    /// Destroy the MIG instances made for `claim`.
+    async fn destroy_made(&self, claim: Option<&PreparedClaim>) -> Result<(), String> {
+        let made: Vec<_> = claim
+            .into_iter()
+            .flat_map(|c| c.devices.iter())
+            .filter_map(|d| d.made.clone())
+            .collect();
+        if made.is_empty() {
+            return Ok(());
+        }
+        let ops = self.inner.extras.instances.as_ref().ok_or_else(|| {
+            "its MIG instances were made through NVML, which this run does not have".to_string()
+        })?;
+        for m in &made {
+            super::instances::destroy(ops, m)
+                .await
+                .map_err(|e| format!("MIG instance {} not destroyed: {e}", m.uuid))?;
+            tracing::info!(gpu = m.gpu_index, gpu_instance = m.gpu_instance_id, mig = %m.uuid,
+                "MIG instance of an unprepared claim destroyed");
+        }
+        Ok(())
     }
 }

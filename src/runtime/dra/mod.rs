@@ -8,12 +8,15 @@
 //! daemon or the handle stops it. When the registration socket disappears (the kubelet's plugin
 //! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
 //! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
-//! Kubernetes API in the daemon, a map in tests). [`publish`] keeps the node's ResourceSlices
+//! Kubernetes API in the daemon, a map in tests), which also takes their `status.devices`
+//! (`status`: written after the answer, never holding it). [`publish`] keeps the node's ResourceSlices
 //! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
 
 pub mod driver;
+mod instances;
 pub mod publish;
 pub mod service;
+mod status;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::platform::claims::{ClaimSource, ClaimSourceError};
-pub use driver::Driver;
+pub use driver::{Driver, DriverExtras};
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
 use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};
@@ -64,6 +67,9 @@ pub struct DraSettings {
     pub health_resend: Duration,
     /// How often the registration socket's presence is checked.
     pub socket_check: Duration,
+    /// The memory-limit hook, MIG instance operations and fault point of
+    /// [`Driver::with_extras`].
+    pub extras: DriverExtras,
 }
 
 impl DraSettings {
@@ -147,46 +153,25 @@ async fn start(
         cdi_dir: settings.cdi_dir.clone(),
         driver: settings.driver.clone(),
     };
-    let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
-    let load_files = files.clone();
-    let (prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
-        .await
-        .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
-            path: files.checkpoint.clone(),
-            message: format!("load task failed: {e}"),
-        })??;
-    match &loaded {
-        LoadOutcome::Corrupt { kept_as } => {
-            metrics.dra_checkpoint_recoveries.inc();
-            tracing::error!(
-                checkpoint = %files.checkpoint.display(),
-                kept_as = %kept_as.display(),
-                recovered = prepared.claims.len(),
-                "DRA checkpoint unreadable: kept aside, prepared claims recovered from the CDI specs"
-            );
-            // Written back at once, so the next start reads the recovered claims instead of
-            // recovering again; a failure here is not fatal, the next prepare writes it too.
-            let save_files = files.clone();
-            let recovered = prepared.clone();
-            match tokio::task::spawn_blocking(move || save_files.save(&recovered)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
-                Err(e) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
-            }
-        }
-        LoadOutcome::OtherBoot => {
-            tracing::info!("DRA checkpoint from an earlier boot: entries void")
-        }
-        _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
+    let (prepared, loaded) = load(&settings, &files, metrics).await?;
+    let queue = status::spawn(
+        claims.clone(),
+        settings.driver.clone(),
+        tracker,
+        stop.clone(),
+    );
+    if let Some(ops) = &settings.extras.instances {
+        clean_dynamic_gpus(ops, &store, &prepared, &loaded).await;
     }
-    let driver = Driver::new(
+    let driver = Driver::with_extras(
         &settings.driver,
         &settings.node,
         store,
         claims,
-        files,
-        prepared,
+        (files, prepared),
+        settings.extras.clone(),
     );
+    driver.write_status_with(queue);
     let service_path = settings.service_socket();
     let listener = bind(&service_path)?;
     let router = tonic::transport::Server::builder()
@@ -247,6 +232,95 @@ async fn start(
         loaded,
         registration,
     })
+}
+
+/// Load the checkpoint (and what the disk adds to it; see `crate::platform::dra_state`), give
+/// claims recovered without a pool this node's, and report and write back a recovery.
+async fn load(
+    settings: &DraSettings,
+    files: &DraFiles,
+    metrics: &crate::runtime::metrics::Metrics,
+) -> Result<(crate::platform::dra_state::Prepared, LoadOutcome), DraRuntimeError> {
+    let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
+    let load_files = files.clone();
+    let (mut prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
+        .await
+        .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
+            path: files.checkpoint.clone(),
+            message: format!("load task failed: {e}"),
+        })??;
+    // A claim recovered from its spec alone has no pool: it can only be this node's.
+    for d in prepared
+        .claims
+        .values_mut()
+        .flat_map(|c| c.devices.iter_mut())
+    {
+        if d.pool.is_empty() {
+            d.pool.clone_from(&settings.node);
+        }
+    }
+    match &loaded {
+        LoadOutcome::Corrupt { kept_as } => {
+            metrics.dra_checkpoint_recoveries.inc();
+            tracing::error!(
+                checkpoint = %files.checkpoint.display(),
+                kept_as = %kept_as.display(),
+                recovered = prepared.claims.len(),
+                "DRA checkpoint unreadable: kept aside, prepared claims recovered from their records and CDI specs"
+            );
+            // Written back at once, so the next start reads the recovered claims instead of
+            // recovering again; a failure here is not fatal, the next prepare writes it too.
+            let save_files = files.clone();
+            let recovered = prepared.clone();
+            match tokio::task::spawn_blocking(move || save_files.save(&recovered)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
+                Err(e) => tracing::warn!(error = %e, "recovered DRA checkpoint not written"),
+            }
+        }
+        LoadOutcome::OtherBoot => {
+            tracing::info!("DRA checkpoint from an earlier boot: entries void")
+        }
+        _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
+    }
+    Ok((prepared, loaded))
+}
+
+/// Destroy the MIG instances on dynamic GPUs that no claim of the checkpoint owns (made by a
+/// run that died before recording them). Skipped when the checkpoint was unreadable: the
+/// claims recovered from the specs do not say which instances are theirs, and destroying
+/// one in use would break a running container.
+async fn clean_dynamic_gpus(
+    ops: &Arc<dyn crate::platform::dra_mig::InstanceOps>,
+    store: &Store,
+    prepared: &crate::platform::dra_state::Prepared,
+    loaded: &LoadOutcome,
+) {
+    let devices = crate::domain::dra::slices::snapshot_devices(&store.current());
+    let dynamic: Vec<(u32, String)> = devices
+        .devices
+        .values()
+        .filter_map(|d| d.placement.as_ref())
+        .map(|p| (p.gpu_index, p.gpu_uuid.clone()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if dynamic.is_empty() {
+        return;
+    }
+    if matches!(loaded, LoadOutcome::Corrupt { .. }) {
+        tracing::error!(
+            gpus = dynamic.len(),
+            "DRA checkpoint was unreadable: MIG instances on dynamic GPUs left as they are"
+        );
+        return;
+    }
+    let destroyed = instances::clean_orphans(ops, &dynamic, prepared).await;
+    tracing::info!(
+        gpus = dynamic.len(),
+        destroyed = destroyed.len(),
+        "MIG instances on dynamic GPUs checked against the prepared claims"
+    );
 }
 
 /// Serve the registration socket; bind it again whenever it disappears.

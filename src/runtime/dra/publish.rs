@@ -1,5 +1,7 @@
 //! Publishes this node's ResourceSlices and keeps them so: the devices the store's current
-//! snapshot serves ([`crate::domain::dra::slices`]), written through the API
+//! snapshot serves ([`crate::domain::dra::slices`]), in the layout of the server's version
+//! (read once from `/version`: dynamic MIG GPUs' counter sets share slices with their devices
+//! up to 1.34 and have slices of their own from 1.35), written through the API
 //! ([`crate::platform::kube::SliceApi`]) with an owner reference to the Node (its UID read
 //! once), and followed with one LIST and one WATCH on our driver and node.
 //!
@@ -29,7 +31,7 @@ use tokio_stream::{Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::dra::model::ResourceSlice;
-use crate::domain::dra::slices::{self, SliceTarget};
+use crate::domain::dra::slices::{self, SliceFormat, SliceTarget};
 use crate::domain::fleet::backoff;
 use crate::platform::kube::{KubeError, NodeApi, SliceApi, from_api};
 use crate::runtime::{Context, Handle};
@@ -81,6 +83,8 @@ pub fn spawn(settings: PublishSettings, ctx: &Context) -> Handle<watch::Receiver
         s: settings,
         store: ctx.store.clone(),
         node_uid: None,
+        format: None,
+        warnings: Vec::new(),
         cache: BTreeMap::new(),
         rv: None,
         generation: 0,
@@ -105,6 +109,10 @@ struct Publisher {
     s: PublishSettings,
     store: Store,
     node_uid: Option<String>,
+    /// The slice layout of the server's version (`None`: not read yet).
+    format: Option<SliceFormat>,
+    /// The last warnings of the device build (logged when they change).
+    warnings: Vec<String>,
     /// Our slices as last seen (LIST, WATCH, our writes' answers), by name.
     cache: BTreeMap<String, ApiSlice>,
     /// The version to watch from; `None`: LIST first.
@@ -187,6 +195,12 @@ impl Publisher {
             let node = self.s.node.get().await.map_err(Failed::Api)?;
             self.node_uid = node.metadata.uid;
         }
+        if self.format.is_none() {
+            let (major, minor) = self.s.slices.server_version().await.map_err(Failed::Api)?;
+            let format = SliceFormat::for_server(&major, &minor);
+            tracing::info!(major = %major, minor = %minor, format = ?format, "API server version read");
+            self.format = Some(format);
+        }
         if self.rv.is_none() {
             let (items, rv) = self.s.slices.list().await.map_err(Failed::Api)?;
             self.cache = items
@@ -233,17 +247,22 @@ impl Publisher {
     }
 
     /// The slices the current snapshot wants, at `generation`.
-    fn wanted(&self, generation: i64) -> Vec<ResourceSlice> {
+    fn wanted(&mut self, generation: i64) -> Vec<ResourceSlice> {
         let snapshot = self.store.current();
-        let health = slices::health_map(&snapshot.plan, &snapshot.overlay);
-        let devices = slices::node_devices(&snapshot.inventory, &snapshot.plan, &health);
+        let devices = slices::snapshot_devices(&snapshot);
+        if devices.warnings != self.warnings {
+            for w in &devices.warnings {
+                tracing::warn!(warning = %w, "dynamic MIG");
+            }
+            self.warnings.clone_from(&devices.warnings);
+        }
         let target = SliceTarget {
             driver: self.s.slices.driver(),
             node_name: self.s.slices.node(),
             node_uid: self.node_uid.as_deref(),
             generation,
         };
-        slices::build(&target, &devices)
+        slices::build_for(&target, &devices, self.format.unwrap_or_default())
     }
 
     /// The stored pool's generation when it is exactly `want` (same names, one generation,

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 use super::driver::Driver;
 use crate::domain::dra::claim::ClaimRef;
 use crate::domain::dra::slices;
+use crate::platform::dra_state::PreparedDevice;
 use crate::proto::{
     dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration as reg,
 };
@@ -36,13 +37,12 @@ pub const SUPPORTED_VERSIONS: [&str; 4] = [
 ];
 
 macro_rules! dra_service {
-    ($svc:ident, $pb:ident, $share:expr) => {
+    ($svc:ident, $pb:ident, $device:path) => {
         /// `DRAPlugin` of one API version.
         #[derive(Debug, Clone)]
         pub struct $svc(pub Driver);
 
         #[tonic::async_trait]
-        #[allow(clippy::needless_update)] // v1beta1's Device has no field left to default
         impl $pb::dra_plugin_server::DraPlugin for $svc {
             async fn node_prepare_resources(
                 &self,
@@ -61,16 +61,7 @@ macro_rules! dra_service {
                     .map(|(uid, o)| {
                         let answer = match o {
                             Ok(devices) => $pb::NodePrepareResourceResponse {
-                                devices: devices
-                                    .into_iter()
-                                    .map(|d| $pb::Device {
-                                        request_names: vec![d.request],
-                                        pool_name: d.pool,
-                                        device_name: d.device,
-                                        cdi_device_ids: d.cdi_ids,
-                                        ..$share
-                                    })
-                                    .collect(),
+                                devices: devices.into_iter().map($device).collect(),
                                 error: String::new(),
                             },
                             Err(error) => $pb::NodePrepareResourceResponse {
@@ -113,15 +104,29 @@ macro_rules! dra_service {
     };
 }
 
-dra_service!(
-    DraV1,
-    dra_v1,
+dra_service!(DraV1, dra_v1, v1_device);
+dra_service!(DraV1beta1, dra_v1beta1, v1beta1_device);
+
+/// A prepared device in v1 terms: with its share ID (added in 1.35).
+fn v1_device(d: PreparedDevice) -> dra_v1::Device {
     dra_v1::Device {
-        share_id: None,
-        ..Default::default()
+        request_names: vec![d.request],
+        pool_name: d.pool,
+        device_name: d.device,
+        cdi_device_ids: d.cdi_ids,
+        share_id: d.share_id,
     }
-);
-dra_service!(DraV1beta1, dra_v1beta1, dra_v1beta1::Device::default());
+}
+
+/// A prepared device in v1beta1 terms (no share ID: the CDI ID still names the share).
+fn v1beta1_device(d: PreparedDevice) -> dra_v1beta1::Device {
+    dra_v1beta1::Device {
+        request_names: vec![d.request],
+        pool_name: d.pool,
+        device_name: d.device,
+        cdi_device_ids: d.cdi_ids,
+    }
+}
 
 fn refs(claims: impl Iterator<Item = (String, String, String)>) -> Vec<ClaimRef> {
     claims
@@ -190,8 +195,7 @@ pub struct DeviceHealthItem {
 
 /// The complete health list of a snapshot.
 pub fn health_list(snapshot: &Snapshot) -> Vec<DeviceHealthItem> {
-    let health = slices::health_map(&snapshot.plan, &snapshot.overlay);
-    slices::node_devices(&snapshot.inventory, &snapshot.plan, &health)
+    slices::snapshot_devices(snapshot)
         .devices
         .into_values()
         .map(|d| DeviceHealthItem {

@@ -348,3 +348,136 @@ fn nvml_usage_over_fake_matches_sim_with_mig() {
         .expect("GPU 2");
     assert_eq!(whole.utilization, Some(0.5));
 }
+
+/// DRA mode: a claim prepared through the kubelet's DRA side and held by a container
+/// (PodResources `dynamic_resources`) is attributed to that pod like a device-plugin
+/// allocation: every replica of its GPU in the metrics, the whole GPU's memory granted to the
+/// pod, the GPU no longer placeable, `/v1/state` and `top` naming the pod; and no drift,
+/// though the kubelet lists no device-plugin device as allocatable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_claims_are_attributed_to_the_pods_that_hold_them() {
+    use crate::runtime::dra::{DraModeSettings, DraSettings};
+    use crate::testkit::kubelet::dra::{Claims, KubeletClaim, register};
+    use crate::testkit::kubelet::{ClaimDevice, HeldClaim};
+
+    let dir = temp_dir();
+    let node_path = dir.path().join("node.yaml");
+    std::fs::write(&node_path, node("")).expect("node");
+    let emulator = KubeletEmulator::start(dir.path().join("dp"))
+        .await
+        .expect("emulator");
+    let pr_socket = dir.path().join("pr.sock");
+    emulator
+        .serve_pod_resources(&pr_socket)
+        .expect("podresources");
+    let config = config::parse(CONFIG, "test.yaml", &Overrides::default()).expect("config");
+    let mut settings = RunSettings::new(config, dir.path().join("dp"), dir.path().join("cdi"));
+    settings.http_listen = Some("127.0.0.1:0".into());
+    settings.ledger = Some(LedgerSettings {
+        socket: pr_socket,
+        interval: Duration::from_millis(100),
+    });
+    let uid = "00000000-0000-4000-8000-00000000c1a1";
+    let claims = Claims::new();
+    claims.put(serde_json::json!({
+        "metadata": {"namespace": "ml", "name": "train", "uid": uid},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu-slicer.io", "pool": "node-a", "device": "gpu-0"}]}}}}));
+    settings.dra = Some(DraModeSettings {
+        driver: DraSettings {
+            driver: "gpu-slicer.io".into(),
+            node: "node-a".into(),
+            registry_dir: dir.path().join("reg"),
+            plugins_dir: dir.path().join("plugins"),
+            cdi_dir: dir.path().join("cdi"),
+            state_dir: dir.path().join("state"),
+            proc_root: dir.path().join("proc"),
+            health_resend: Duration::from_secs(20),
+            socket_check: Duration::from_millis(50),
+            extras: Default::default(),
+        },
+        claims,
+        publish: None,
+    });
+    let sim = SimBackend::from_file(&node_path).expect("node file");
+    settings.usage = Some(UsageSettings {
+        source: Box::new(SimUsage::new(sim.spec().clone(), Some(node_path.clone()))),
+        interval: Duration::from_millis(100),
+        idle_window: Duration::from_secs(3600),
+        proc_root: dir.path().join("proc"),
+        checkpoint: dir.path().join("dp").join(CHECKPOINT_FILE),
+    });
+    let h = Node::launch(dir, emulator, settings, Arc::new(sim))
+        .await
+        .expect("daemon");
+    let addr = h.running.http_addr.expect("http");
+
+    let kubelet = within(
+        "registration",
+        crate::testkit::node::wait_until(Duration::from_secs(10), || async {
+            register(&h.dir.path().join("reg/gpu-slicer.io-reg.sock"))
+                .await
+                .ok()
+        }),
+    )
+    .await
+    .expect("registered");
+    let claim = KubeletClaim {
+        namespace: "ml".into(),
+        uid: uid.into(),
+        name: "train".into(),
+    };
+    let prepared = kubelet.prepare(&[claim], None).await.expect("prepare");
+    let devices = prepared[uid].clone().expect("claim prepared");
+    h.emulator.hold_claim(HeldClaim {
+        pod: PodRef {
+            namespace: "ml".into(),
+            name: "trainer".into(),
+            container: "main".into(),
+        },
+        namespace: "ml".into(),
+        name: "train".into(),
+        devices: devices
+            .into_iter()
+            .map(|(device, cdi_ids)| ClaimDevice {
+                driver: "gpu-slicer.io".into(),
+                pool: "node-a".into(),
+                device,
+                cdi_ids,
+            })
+            .collect(),
+    });
+
+    let mut want: Vec<String> = (0..4)
+        .map(|r| format!(
+            "gpu_slicer_pod_device_allocation{{namespace=\"ml\",pod=\"trainer\",container=\"main\",resource=\"nvidia.com/gpu\",device=\"{GPU0}::{r}\"}} 1"
+        ))
+        .collect();
+    want.extend([
+        format!(
+            "gpu_slicer_share_memory_granted_bytes{{namespace=\"ml\",pod=\"trainer\",container=\"main\",resource=\"nvidia.com/gpu\"}} {}",
+            81559u64 << 20
+        ),
+        "gpu_slicer_allocated_devices{resource=\"nvidia.com/gpu\"} 4".into(),
+        "gpu_slicer_placeable_requests{resource=\"nvidia.com/gpu\",size=\"4\"} 1".into(),
+        "gpu_slicer_ledger_drift_devices 0".into(),
+    ]);
+    metrics_with(addr, &want).await;
+    let text = get(addr, "/v1/state").await;
+    let state: serde_json::Value = serde_json::from_str(&text).expect("state JSON");
+    assert_eq!(state["gpus"][0]["uuid"], GPU0);
+    let shares = state["gpus"][0]["shares"].to_string();
+    assert!(shares.contains("\"trainer\""), "{shares}");
+    let report: UsageReport = serde_json::from_str(&text).expect("the report top reads");
+    let frame = crate::cli::top::render(&report, false);
+    assert!(frame.contains("ml/trainer/main"), "{frame}");
+
+    // Released (the pod is gone): the series go with it.
+    h.emulator.release("ml", "trainer");
+    metrics_with(
+        addr,
+        &["gpu_slicer_allocated_devices{resource=\"nvidia.com/gpu\"} 0".to_string()],
+    )
+    .await;
+    h.stop().await.expect("clean stop");
+}

@@ -1,7 +1,8 @@
 //! Kubernetes API-server emulator: in-process, over real HTTP on `127.0.0.1`, speaking what the
 //! agent's `kube` client uses. Objects are stored as JSON (any kind in its table: Nodes,
 //! Events, Pods, ConfigMaps, ResourceSlices, ResourceClaims, ResourceClaimTemplates,
-//! DeviceClasses) with one resourceVersion counter; it serves GET, LIST and WATCH (field and
+//! DeviceClasses) with one resourceVersion counter; it serves `/version`
+//! ([`ApiServer::set_version`]), GET, LIST and WATCH (field and
 //! label selectors, resourceVersion, bookmarks, 410 Gone after [`ApiServer::compact`],
 //! `timeoutSeconds`, `sendInitialEvents`), create (`generateName` too), update, patch (JSON
 //! merge; strategic merge treated as merge: maps merge, lists are replaced; RFC 6902 JSON
@@ -26,6 +27,8 @@
 //! let nodes: kube::Api<Node> = kube::Api::all(client);
 //! let n = nodes.get("n1").await?;
 //! api.allocate_claim("ns", "claim", allocation); // writes status.allocation, as a scheduler
+//! api.allocate_share("ns", "claim", &ShareRequest::new("gpu", drv, pool, "gpu-2")
+//!     .with("memory", "10Gi"));                   // a share: shareID + consumedCapacity
 //! api.inject(Fault::status(Verb::Patch, "/nodes/", 403).times(2));
 //! assert_eq!(api.count(Verb::Watch, "/api/v1/nodes"), 1);
 //! api.stop().await;
@@ -34,10 +37,13 @@
 //! Used by the integration tests (node labels, DRA) and benches; talks to the code under
 //! test only over HTTP.
 
+mod schedule;
 mod serve;
 mod store;
 mod watch;
 mod write;
+
+pub use schedule::{ShareAllocated, ShareRequest};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -82,6 +88,9 @@ pub enum ApiServerError {
     /// The emulator's own URL did not parse.
     #[error("bad emulator URL {0}")]
     Url(String),
+    /// A share the scheduler would not allocate (no such device, no capacity left).
+    #[error("cannot allocate a share of {device}: {message}")]
+    Unschedulable { device: String, message: String },
     /// The object a helper works on does not exist.
     #[error("{kind} {namespace}/{name} does not exist")]
     Missing {
@@ -533,6 +542,12 @@ impl ApiServer {
     /// Makes every watch that allows bookmarks send one now.
     pub fn bookmark(&self) {
         self.shared.bookmark.send_modify(|n| *n += 1);
+    }
+
+    /// What `/version` answers from now on: `major` and `minor` as a server writes them
+    /// (`"1"`, `"34"`); the default is 1.36.
+    pub fn set_version(&self, major: &str, minor: &str) {
+        self.shared.policy().version = Some((major.to_owned(), minor.to_owned()));
     }
 
     /// Sends bookmarks every `interval` (`None`: only on [`ApiServer::bookmark`]); applies to

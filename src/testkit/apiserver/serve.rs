@@ -59,7 +59,12 @@ pub(crate) struct Policy {
     pub(crate) admit: Option<Arc<AdmitFn>>,
     pub(crate) faults: Vec<Fault>,
     pub(crate) bookmark_interval: Option<Duration>,
+    /// What `/version` answers (`None`: [`DEFAULT_VERSION`]).
+    pub(crate) version: Option<(String, String)>,
 }
+
+/// The version the emulator claims to be unless told otherwise: `(major, minor)`.
+pub(crate) const DEFAULT_VERSION: (&str, &str) = ("1", "36");
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -207,6 +212,23 @@ fn query(q: Option<&str>) -> HashMap<String, String> {
         .collect()
 }
 
+/// `/version`, as `kubectl version` and client libraries read it (not logged: it is not a
+/// resource request).
+fn version(shared: &Shared) -> Response<Body> {
+    let (major, minor) = shared
+        .policy()
+        .version
+        .clone()
+        .unwrap_or_else(|| (DEFAULT_VERSION.0.to_owned(), DEFAULT_VERSION.1.to_owned()));
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    respond(
+        200,
+        &json!({"major": major, "minor": minor, "gitVersion": format!("v{major}.{digits}.0"),
+                "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.25", "compiler": "gc", "platform": "linux/amd64"}),
+    )
+}
+
 /// A Kubernetes `Status` error response.
 pub(crate) fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -248,6 +270,9 @@ async fn handle(
     let (parts, body) = req.into_parts();
     let params = query(parts.uri.query());
     let path = parts.uri.path().to_owned();
+    if path == "/version" && parts.method == Method::GET {
+        return version(&shared);
+    }
     let route = match route(&path) {
         Ok(r) => r,
         Err(message) => return status(404, "NotFound", &message),

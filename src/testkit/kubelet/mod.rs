@@ -5,14 +5,18 @@
 //! ListAndWatch stream open (latest frame observable through a watch channel), and on demand
 //! call GetPreferredAllocation then Allocate, tracking what it handed out. It can simulate
 //! a kubelet restart (stop serving, delete every socket in the directory, create
-//! `kubelet.sock` again) and serves PodResources v1 from its allocations. Like the kubelet's
+//! `kubelet.sock` again) and serves PodResources v1 from its allocations and the DRA claims
+//! held for containers ([`KubeletEmulator::hold_claim`]). Like the kubelet's
 //! device manager it keeps `<dir>/kubelet_internal_checkpoint` (see [`write_checkpoint`]).
 //!
 //! Used by `gpu-slicer demo`, the integration tests and the benchmarks; talks to
 //! `crate::runtime::plugin` only over real unix sockets.
 
 pub mod dra;
+mod pod_claims;
 mod pod_resources;
+
+pub use pod_claims::{ClaimDevice, HeldClaim};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::FileTypeExt;
@@ -129,6 +133,8 @@ struct State {
     plugins: BTreeMap<String, PluginConn>,
     devices: BTreeMap<String, watch::Sender<Vec<DeviceInfo>>>,
     allocations: Vec<Allocation>,
+    /// DRA claims prepared for containers (see [`KubeletEmulator::hold_claim`]).
+    claims: Vec<HeldClaim>,
     next_pod: u64,
     server: Option<(CancellationToken, JoinHandle<()>)>,
 }
@@ -415,12 +421,16 @@ impl KubeletEmulator {
         self.inner.state().allocations.clone()
     }
 
-    /// Forget the allocations of a pod (the pod was deleted).
+    /// Forget the allocations and claims of a pod (the pod was deleted).
     pub fn release(&self, namespace: &str, name: &str) {
-        self.inner
-            .state()
+        let mut state = self.inner.state();
+        state
             .allocations
             .retain(|a| !(a.pod.namespace == namespace && a.pod.name == name));
+        state
+            .claims
+            .retain(|c| !(c.pod.namespace == namespace && c.pod.name == name));
+        drop(state);
         if let Err(e) = self.save_checkpoint() {
             tracing::warn!(error = %e, "emulated kubelet checkpoint not written");
         }

@@ -1,5 +1,6 @@
 //! PodResources v1 server of the kubelet emulator: `List`, `Get` and
-//! `GetAllocatableResources` answered from the emulator's allocations and device lists.
+//! `GetAllocatableResources` answered from the emulator's allocations, the DRA claims its
+//! containers hold (`dynamic_resources`) and device lists.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -42,8 +43,18 @@ pub(super) fn serve(inner: &Arc<Inner>, path: &Path) -> Result<(), EmulatorError
     Ok(())
 }
 
-/// resource name -> device IDs, for one container.
-type DevicesByResource = BTreeMap<String, Vec<String>>;
+/// What one container holds: resource name -> device IDs, and its DRA claims.
+type Held = (BTreeMap<String, Vec<String>>, Vec<pb::DynamicResource>);
+
+/// (namespace, pod) -> container -> what it holds.
+type Pods = BTreeMap<(String, String), BTreeMap<String, Held>>;
+
+fn container<'a>(pods: &'a mut Pods, pod: &super::PodRef) -> &'a mut Held {
+    pods.entry((pod.namespace.clone(), pod.name.clone()))
+        .or_default()
+        .entry(pod.container.clone())
+        .or_default()
+}
 
 #[derive(Debug)]
 struct Lister {
@@ -60,17 +71,16 @@ impl Lister {
     fn pods(&self) -> Result<Vec<pb::PodResources>, Status> {
         let inner = self.inner()?;
         let state = inner.state();
-        // (namespace, pod) -> container -> resource -> ids
-        let mut pods: BTreeMap<(String, String), BTreeMap<String, DevicesByResource>> =
-            BTreeMap::new();
+        let mut pods = Pods::new();
         for a in &state.allocations {
-            pods.entry((a.pod.namespace.clone(), a.pod.name.clone()))
-                .or_default()
-                .entry(a.pod.container.clone())
-                .or_default()
+            container(&mut pods, &a.pod)
+                .0
                 .entry(a.resource.clone())
                 .or_default()
                 .extend(a.device_ids.iter().cloned());
+        }
+        for c in &state.claims {
+            container(&mut pods, &c.pod).1.push(c.to_pb());
         }
         Ok(pods
             .into_iter()
@@ -79,18 +89,21 @@ impl Lister {
                 namespace,
                 containers: containers
                     .into_iter()
-                    .map(|(name, resources)| pb::ContainerResources {
-                        name,
-                        devices: resources
-                            .into_iter()
-                            .map(|(resource_name, device_ids)| pb::ContainerDevices {
-                                resource_name,
-                                device_ids,
-                                topology: None,
-                            })
-                            .collect(),
-                        ..Default::default()
-                    })
+                    .map(
+                        |(name, (resources, dynamic_resources))| pb::ContainerResources {
+                            name,
+                            devices: resources
+                                .into_iter()
+                                .map(|(resource_name, device_ids)| pb::ContainerDevices {
+                                    resource_name,
+                                    device_ids,
+                                    topology: None,
+                                })
+                                .collect(),
+                            dynamic_resources,
+                            ..Default::default()
+                        },
+                    )
                     .collect(),
             })
             .collect())
