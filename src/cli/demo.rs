@@ -18,6 +18,7 @@ use crate::platform::sim::SimBackend;
 use crate::runtime::health::{HealthSettings, SIM_POLL_INTERVAL, Source};
 use crate::runtime::supervisor::{self as app, AppError};
 use crate::testkit::kubelet::{Allocation, EmulatorError, KubeletEmulator};
+use crate::testkit::node::NodeFailure;
 use crate::testkit::{Node, NodeError};
 
 /// The demo's sharing config: MIG slices per profile, GPU 2 whole, GPU 3 time-sliced
@@ -68,13 +69,13 @@ pub enum DemoError {
 
 impl From<NodeError> for DemoError {
     fn from(e: NodeError) -> Self {
-        match e {
-            NodeError::Dir(e) => Self::Io(e),
-            NodeError::Profile(e) => Self::Inventory(e),
-            NodeError::Emulator(e) => Self::Emulator(e),
-            NodeError::App(e) => Self::App(e),
-            NodeError::Timeout(what) => Self::Timeout(what),
-            e @ NodeError::Join(_) => Self::Node(e),
+        match e.0 {
+            NodeFailure::Dir(e) => Self::Io(e),
+            NodeFailure::Profile(e) => Self::Inventory(e),
+            NodeFailure::Emulator(e) => Self::Emulator(e),
+            NodeFailure::App(e) => Self::App(e),
+            NodeFailure::Timeout(what) => Self::Timeout(what),
+            e @ (NodeFailure::Join(_) | NodeFailure::Flags { .. }) => Self::Node(NodeError(e)),
         }
     }
 }

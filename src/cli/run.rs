@@ -130,6 +130,21 @@ pub struct RunArgs {
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-slicer";
 
 impl RunArgs {
+    /// The flags in `argv` (without the program and subcommand names), environment variables
+    /// included, as `gpu-slicer run` parses them: for a daemon started in process
+    /// ([`crate::testkit::Node::run`]).
+    pub(crate) fn parse(argv: &[String]) -> Result<Self, clap::Error> {
+        #[derive(clap::Parser)]
+        #[command(name = "gpu-slicer run")]
+        struct Run {
+            #[command(flatten)]
+            args: RunArgs,
+        }
+        use clap::Parser;
+        Run::try_parse_from(std::iter::once("run").chain(argv.iter().map(String::as_str)))
+            .map(|r| r.args)
+    }
+
     /// The daemon settings these flags describe (config loaded and validated).
     pub fn settings(&self) -> Result<RunSettings, RunError> {
         let state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));

@@ -15,9 +15,17 @@ pub mod node;
 pub mod probe;
 pub mod stats;
 
+pub use apiserver::{
+    Admission, ApiServer, ApiServerError, Denial, Fault, RequestRecord, ShareRequest, User, Verb,
+};
 pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib, write_mig_minors};
+pub use fixtures::{SHARED_CONFIG, cdi_must_reject, file_names, write_pool_configs};
+pub use kubelet::dra::{DraKubeletError, DraPluginConn, KubeletClaim};
+pub use kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
+pub use manifests::{kustomize, node, object, strings, until_labels};
 pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
 pub use probe::{free_port, http, promtool_check, read_cdi_spec, rerun_alone, spec_device_names};
+pub use stats::percentile;
 
 /// The socket file name of a resource's plugin server in the device-plugin directory.
 pub use crate::runtime::plugin::socket_name;

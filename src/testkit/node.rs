@@ -35,9 +35,14 @@ pub const FAST_BACKOFF: Backoff = Backoff {
     max: Duration::from_millis(50),
 };
 
-/// Errors starting or stopping a node.
+/// Errors starting or stopping a node: what failed is in the message (and its source).
 #[derive(Debug, thiserror::Error)]
-pub enum NodeError {
+#[error(transparent)]
+pub struct NodeError(#[from] pub(crate) NodeFailure);
+
+/// What failed starting or stopping a node (the demo maps each to its own error).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NodeFailure {
     /// The temporary directory could not be created.
     #[error("node directory: {0}")]
     Dir(#[from] std::io::Error),
@@ -50,12 +55,39 @@ pub enum NodeError {
     /// The daemon failed (before it was ready, or when it stopped).
     #[error(transparent)]
     App(#[from] AppError),
+    /// `gpu-slicer run`'s flags were refused ([`Node::run`]).
+    #[error("gpu-slicer run {args}: {message}")]
+    Flags { args: String, message: String },
     /// The daemon task panicked or was aborted.
     #[error("daemon task ended abnormally: {0}")]
     Join(String),
     /// A step did not finish within [`STEP`].
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
+}
+
+impl From<std::io::Error> for NodeError {
+    fn from(e: std::io::Error) -> Self {
+        Self(e.into())
+    }
+}
+
+impl From<InventoryError> for NodeError {
+    fn from(e: InventoryError) -> Self {
+        Self(e.into())
+    }
+}
+
+impl From<EmulatorError> for NodeError {
+    fn from(e: EmulatorError) -> Self {
+        Self(e.into())
+    }
+}
+
+impl From<AppError> for NodeError {
+    fn from(e: AppError) -> Self {
+        Self(e.into())
+    }
 }
 
 /// A short temporary directory under `/tmp` (unix socket paths are limited to 108 bytes),
@@ -80,16 +112,66 @@ pub struct Node {
     /// The kubelet the daemon registered with.
     pub emulator: KubeletEmulator,
     /// What the daemon exposes (store, reloads, metrics, ...).
-    pub running: Running,
+    pub(crate) running: Running,
     /// Cancels the daemon.
-    pub shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
     /// The daemon's task.
-    pub app: JoinHandle<Result<(), AppError>>,
+    pub(crate) app: JoinHandle<Result<(), AppError>>,
     /// From the daemon's start until every resource had registered.
     pub started: Duration,
 }
 
 impl Node {
+    /// How long the daemon's config-file watcher lets writes settle before it reloads.
+    pub const RELOAD_SETTLE: Duration = crate::runtime::triggers::SETTLE;
+
+    /// `gpu-slicer run <args>` in process, in a fresh directory: sockets in its `dp/` where
+    /// the kubelet emulator serves, the spec in `cdi/`, and, unless `args` say otherwise, no
+    /// state directory, HTTP endpoint, ledger, labels file, usage sampling or re-scan timer
+    /// (`--state-dir "" --http-listen "" --pod-resources-socket "" --labels-file ""
+    /// --usage-interval 0 --rescan-interval 0`). Environment variables count as on the
+    /// command line. Returns once the daemon is ready and every planned resource registered.
+    pub async fn run(args: &[&str]) -> Result<Self, NodeError> {
+        let dir = short_tempdir("gs")?;
+        let emulator = KubeletEmulator::start(dir.path().join("dp")).await?;
+        let dp = dir.path().join("dp").display().to_string();
+        let cdi = dir.path().join("cdi").display().to_string();
+        let defaults: [(&str, &str); 8] = [
+            ("--device-plugin-dir", &dp),
+            ("--cdi-dir", &cdi),
+            ("--state-dir", ""),
+            ("--http-listen", ""),
+            ("--pod-resources-socket", ""),
+            ("--labels-file", ""),
+            ("--usage-interval", "0"),
+            ("--rescan-interval", "0"),
+        ];
+        let given = |flag: &str| {
+            args.iter()
+                .any(|a| *a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+        };
+        let mut argv: Vec<String> = defaults
+            .iter()
+            .filter(|(flag, _)| !given(flag))
+            .map(|(flag, value)| format!("{flag}={value}"))
+            .collect();
+        argv.extend(args.iter().map(|a| (*a).to_string()));
+        let refused = |message: String| {
+            NodeError(NodeFailure::Flags {
+                args: args.join(" "),
+                message,
+            })
+        };
+        let run = crate::cli::run::RunArgs::parse(&argv).map_err(|e| refused(e.to_string()))?;
+        let mut settings = run.settings().map_err(|e| refused(e.to_string()))?;
+        settings.dra = run
+            .dra_settings(&settings.config)
+            .await
+            .map_err(|e| refused(e.to_string()))?;
+        let backend = crate::cli::backend::open_backend(&run.backend)?;
+        Self::launch(dir, emulator, settings, backend).await
+    }
+
     /// Settings for a node in `dir`: sockets in `dir/dp`, the spec in `dir/cdi`.
     pub fn settings(dir: &Path, config: Config) -> RunSettings {
         RunSettings::new(config, dir.join("dp"), dir.join("cdi"))
@@ -129,7 +211,7 @@ impl Node {
         let mut app = tokio::spawn(supervisor::run(settings, backend, shutdown.clone()));
         let running = tokio::select! {
             ready = rx => ready.ok(),
-            () = tokio::time::sleep(STEP) => return Err(NodeError::Timeout("the daemon to be ready")),
+            () = tokio::time::sleep(STEP) => return Err(NodeFailure::Timeout("the daemon to be ready").into()),
             ended = &mut app => return Err(ended_early(ended)),
         };
         let Some(running) = running else {
@@ -200,16 +282,16 @@ impl Node {
         let ended = bounded("the daemon to stop", self.app).await?;
         self.emulator.shutdown().await;
         ended
-            .map_err(|e| NodeError::Join(e.to_string()))?
-            .map_err(NodeError::App)
+            .map_err(|e| NodeError(NodeFailure::Join(e.to_string())))?
+            .map_err(NodeError::from)
     }
 }
 
 fn ended_early(ended: Result<Result<(), AppError>, tokio::task::JoinError>) -> NodeError {
     match ended {
-        Ok(Err(e)) => NodeError::App(e),
-        Ok(Ok(())) => NodeError::Join("the daemon stopped before it was ready".into()),
-        Err(e) => NodeError::Join(e.to_string()),
+        Ok(Err(e)) => NodeFailure::App(e).into(),
+        Ok(Ok(())) => NodeFailure::Join("the daemon stopped before it was ready".into()).into(),
+        Err(e) => NodeFailure::Join(e.to_string()).into(),
     }
 }
 
@@ -217,7 +299,7 @@ fn ended_early(ended: Result<Result<(), AppError>, tokio::task::JoinError>) -> N
 async fn bounded<T>(what: &'static str, f: impl Future<Output = T>) -> Result<T, NodeError> {
     tokio::time::timeout(STEP, f)
         .await
-        .map_err(|_| NodeError::Timeout(what))
+        .map_err(|_| NodeFailure::Timeout(what).into())
 }
 
 /// Bound a wait in a test by [`STEP`]: its output, or a panic naming `what`.

@@ -146,6 +146,11 @@ pub struct KubeletClaim {
 pub type PrepareAnswer = BTreeMap<String, Result<Vec<(String, Vec<String>)>, String>>;
 
 impl DraPluginConn {
+    /// Register the plugin behind `socket` as the kubelet's plugin watcher does ([`register`]).
+    pub async fn register(socket: &Path) -> Result<Self, DraKubeletError> {
+        register(socket).await
+    }
+
     /// NodePrepareResources through `version` (default: the registered one). Answer per
     /// claim UID: `(device name, cdi ids)` pairs, or the claim's error.
     pub async fn prepare(
