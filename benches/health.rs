@@ -1,8 +1,8 @@
 //! Health figures on the fake `libnvidia-ml` (crates/fake-nvml), node: 8 GPUs × 7 MIG slices.
 //!
 //! - health event → ListAndWatch frame: an XID is injected into the fake
-//!   (`fakeNvmlInjectEvent`), the daemon (in process: `app::run` with the NVML backend and the
-//!   health monitor) turns it into an Unhealthy frame that the kubelet emulator receives over
+//!   (`fakeNvmlInjectEvent`), the daemon (in process: `gpu-slicer run` with the NVML backend
+//!   and the health monitor, `testkit::Node::run`) turns it into an Unhealthy frame that the kubelet emulator receives over
 //!   a real unix socket; timed from injection to the frame. The device recovers after a 10 ms
 //!   quiet period before the next event. The fake's wait wakes as soon as an event is
 //!   injected (as a driver's does), so the figure is the daemon's path.
@@ -12,31 +12,21 @@
 //!
 //! Run: `cargo bench --bench health` (`BENCH_QUICK=1` for fewer iterations and a 3 s idle window).
 
-// The test harness's helpers (the fake library's location) serve the bench too.
-#[path = "../tests/common/mod.rs"]
-mod common;
-
-use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fake_lib;
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::domain::inventory::Backend;
-use gpu_slicer::platform::nvml::NvmlBackend;
-use gpu_slicer::runtime::health::HealthSettings;
-use gpu_slicer::testkit::Node;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use gpu_slicer::testkit::node::short_tempdir;
+use gpu_slicer::bench;
+use gpu_slicer::testkit::{
+    DeviceInfo, KubeletEmulator, Node, PrivateFake, fake_driver_root, fake_lib, write_mig_minors,
+};
 
 const GPUS: u32 = 8;
 const SLICES: u32 = 7;
 const CONFIG: &str = "flags: {migStrategy: mixed}\n";
 const RESOURCE: &str = "nvidia.com/mig-1g.10gb";
 
-use gpu_slicer::testkit::stats::percentile as pct;
+use gpu_slicer::testkit::percentile as pct;
 
 fn report(name: &str, v: &[Duration], target: &str) {
     println!(
@@ -72,95 +62,69 @@ fn node_yaml() -> String {
     s
 }
 
-/// A private copy of the fake (own inode, own state) with `node` set through its control
-/// symbol; kept loaded so the configuration survives until NVML opens it.
+/// A private copy of the fake (own inode, own state) serving `node`, with the MIG minors of
+/// its GPUs under `<dir>/proc`; kept loaded so the configuration survives until NVML opens it.
 struct Fake {
-    path: PathBuf,
+    lib: PrivateFake,
     proc_root: PathBuf,
-    lib: libloading::Library,
 }
 
 impl Fake {
     fn new(dir: &Path, node: &str) -> Self {
         std::fs::create_dir_all(dir).expect("mkdir");
-        let path = dir.join("libnvidia-ml.so.1");
-        std::fs::copy(fake_lib(), &path).expect("copy fake");
-        // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
-        let rc = call(&lib, b"fakeNvmlSetNodeJson", node);
-        assert_eq!(rc, 0, "fake rejected the node");
-        let proc_root = dir.join("proc");
-        let caps = proc_root.join("driver/nvidia-caps");
-        std::fs::create_dir_all(&caps).expect("mkdir");
+        let lib = PrivateFake::new(dir);
+        lib.set_node(node);
         let minors: Vec<u32> = (0..GPUS).collect();
-        std::fs::write(caps.join("mig-minors"), node_spec::mig_minors_file(&minors))
-            .expect("mig-minors");
-        Self {
-            path,
-            proc_root,
-            lib,
-        }
-    }
-
-    fn backend(&self) -> NvmlBackend {
-        NvmlBackend::new(Some(self.path.clone()), self.proc_root.clone())
-    }
-
-    fn inject(&self, json: &str) {
-        assert_eq!(call(&self.lib, b"fakeNvmlInjectEvent", json), 0, "inject");
-    }
-}
-
-fn call(lib: &libloading::Library, symbol: &[u8], text: &str) -> c_int {
-    let text = CString::new(text).expect("no NUL");
-    // SAFETY: both control symbols have the signature `int (const char*)`; `text` lives
-    // across the call.
-    unsafe {
-        let f: libloading::Symbol<unsafe extern "C" fn(*const c_char) -> c_int> =
-            lib.get(symbol).expect("control symbol");
-        f(text.as_ptr())
+        let proc_root = write_mig_minors(&dir.join("proc"), &minors);
+        Self { lib, proc_root }
     }
 }
 
 fn discovery(fake: &Fake, runs: usize) -> Vec<Duration> {
-    let backend = fake.backend();
+    let mut discover = bench::nvml_discovery(&fake.lib.path, &fake.proc_root, None);
     (0..runs)
         .map(|_| {
-            let t = Instant::now();
-            let inv = backend.discover().expect("discover");
-            let d = t.elapsed();
-            assert_eq!(inv.migs().count(), (GPUS * SLICES) as usize);
+            let (d, (_, migs, _)) = discover();
+            assert_eq!(migs, (GPUS * SLICES) as usize);
             d
         })
         .collect()
 }
 
 async fn latency(fake: &Fake, events: usize) -> Vec<Duration> {
-    let dir = short_tempdir("gsh").expect("tempdir");
-    let emulator = KubeletEmulator::start(dir.path().join("dp"))
-        .await
-        .expect("emulator");
-    let mut config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
+    let dir = gpu_slicer::testkit::temp_dir();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, CONFIG).expect("config");
     // A host driver for the spec's driver edits (NVML nodes always carry it).
-    config.container_driver_root = Some(common::fake_driver_root(dir.path(), "570.124.06"));
-    let mut settings = Node::settings(dir.path(), config);
-    let mut health = HealthSettings::nvml(Some(fake.path.clone()));
-    health.quiet_period = Duration::from_millis(10);
-    settings.health_monitor = Some(health);
-    let backend = Arc::new(fake.backend());
-    let node = Node::launch(dir, emulator, settings, backend)
-        .await
-        .expect("daemon registered");
+    let driver_root = fake_driver_root(dir.path(), "570.124.06");
+    let arg = |p: &Path| p.to_str().expect("UTF-8 path").to_string();
+    let node = Node::run(&[
+        "--backend",
+        "nvml",
+        "--nvml-lib",
+        &arg(&fake.lib.path),
+        "--proc-root",
+        &arg(&fake.proc_root),
+        "--health-quiet-period",
+        "10ms",
+        "--container-driver-root",
+        &arg(&driver_root),
+        "--config",
+        &arg(&config),
+        "--no-config-watch",
+    ])
+    .await
+    .expect("daemon registered");
     let mut frames = node.emulator.devices(RESOURCE).expect("frames");
-    let down =
-        |f: &Vec<gpu_slicer::testkit::kubelet::DeviceInfo>| f.iter().filter(|d| !d.healthy).count();
+    let down = |f: &Vec<DeviceInfo>| f.iter().filter(|d| !d.healthy).count();
     let mut out = Vec::with_capacity(events);
     // Let the watcher register before the first event (events before registration are lost).
     tokio::time::sleep(Duration::from_millis(200)).await;
     for i in 0..events {
         let gpu = i as u32 % GPUS;
         let t = Instant::now();
-        fake.inject(&format!(r#"{{"gpu":{gpu},"kind":"xid","xid":79}}"#));
+        fake.lib
+            .inject(&format!(r#"{{"gpu":{gpu},"kind":"xid","xid":79}}"#));
         tokio::time::timeout(
             Duration::from_secs(10),
             frames.wait_for(|f| down(f) == SLICES as usize),
@@ -293,11 +257,8 @@ fn main() {
     std::fs::create_dir_all(&idle).expect("mkdir");
     let lib = idle.join("libnvidia-ml.so.1");
     std::fs::copy(fake_lib(), &lib).expect("copy fake");
-    let caps = idle.join("proc/driver/nvidia-caps");
-    std::fs::create_dir_all(&caps).expect("mkdir");
     let minors: Vec<u32> = (0..GPUS).collect();
-    std::fs::write(caps.join("mig-minors"), node_spec::mig_minors_file(&minors))
-        .expect("mig-minors");
+    write_mig_minors(&idle.join("proc"), &minors);
     let nvml = rt.block_on(idle_cpu(
         &idle.join("n"),
         "nvml",
@@ -306,7 +267,7 @@ fn main() {
             ("--proc-root", idle.join("proc")),
             (
                 "--container-driver-root",
-                common::fake_driver_root(&idle, "570.124.06"),
+                fake_driver_root(&idle, "570.124.06"),
             ),
         ],
         &[("FAKE_NVML_NODE", node_path.clone())],

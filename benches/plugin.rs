@@ -5,10 +5,10 @@
 //!
 //! Run: `cargo bench --bench plugin` (`BENCH_QUICK=1` for fewer iterations).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::bench::Served;
 use gpu_slicer::testkit::Node;
 
 const CONFIG: &str =
@@ -19,7 +19,7 @@ struct Stats(Vec<Duration>);
 
 impl Stats {
     fn pct(&self, q: f64) -> Duration {
-        gpu_slicer::testkit::stats::percentile(&self.0, q)
+        gpu_slicer::testkit::percentile(&self.0, q)
     }
 
     fn report(&self, name: &str, target: &str) {
@@ -41,11 +41,18 @@ impl Stats {
     }
 }
 
-async fn start_node() -> Node {
-    let config = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
-    Node::start("dgx-h100", config, |_, _| {})
-        .await
-        .expect("daemon registered")
+/// `gpu-slicer run` on `dgx-h100` with the config file `config` (not watched).
+async fn start_node(config: &Path) -> Node {
+    let config = config.to_str().expect("UTF-8 path");
+    Node::run(&[
+        "--backend",
+        "sim:dgx-h100",
+        "--config",
+        config,
+        "--no-config-watch",
+    ])
+    .await
+    .expect("daemon registered")
 }
 
 async fn stop_node(node: Node) {
@@ -54,40 +61,21 @@ async fn stop_node(node: Node) {
 
 /// Domain-only cost of Allocate and GetPreferredAllocation (no gRPC).
 fn core_costs(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
-    use gpu_slicer::domain::allocate;
-    use gpu_slicer::domain::inventory::Backend;
-    let inv = SimBackend::open("dgx-h100")
-        .expect("profile")
-        .discover()
-        .expect("discover");
-    let cfg = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
-    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
-    let map = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
-        cfg.clone(),
-        inv.clone(),
-        plan,
-    ));
+    let served = Served::new("dgx-h100", CONFIG, RESOURCE);
     let mut a = Vec::with_capacity(calls);
     let mut p = Vec::with_capacity(calls);
     for i in 0..calls {
         let base = (i % 8) * 64;
-        let ids = &devices[base..base + 4];
-        // The Allocate handler's own work: one snapshot, validate, answer (with device specs),
-        // record what is held (the checkpoint write only happens when the held set grows,
-        // i.e. once per device here).
+        let ids = vec![devices[base..base + 4].to_vec()];
+        // The Allocate handler's own work: one snapshot, the answer (every rule, with device
+        // specs), record what is held (the checkpoint write only happens when the held set
+        // grows, i.e. once per device here).
         let t = Instant::now();
-        let snapshot = map.current();
-        let view = snapshot.view(RESOURCE).expect("view");
-        let devs = allocate::validate(view, ids).expect("valid");
-        let mut r = allocate::build_response(&snapshot.config, &view.resource, &devs);
-        allocate::add_device_specs(&mut r, &snapshot.config, &snapshot.nodes, &devs);
-        let cdi: std::collections::BTreeSet<String> = r.cdi_devices.iter().cloned().collect();
-        let grew = map.hold(RESOURCE, devs.iter().map(|d| d.id.as_str()), &cdi);
+        let held = served.allocate(&ids);
         a.push(t.elapsed());
-        std::hint::black_box((r, grew));
+        std::hint::black_box(held);
         let t = Instant::now();
-        let view = map.view(RESOURCE).expect("view");
-        let got = allocate::preferred::<String>(&view, cfg.allocation_policy, devices, &[], 4);
+        let got = served.preferred(devices, &[], 4);
         p.push(t.elapsed());
         std::hint::black_box(got);
     }
@@ -110,6 +98,9 @@ fn main() {
             .build()
     }
     .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, CONFIG).expect("config");
     rt.block_on(async {
         println!(
             "gpu-slicer plugin bench: dgx-h100, 8 GPUs x 64 replicas = 512 devices of {RESOURCE}; {} runtime",
@@ -118,11 +109,11 @@ fn main() {
         // Start → all registered.
         let mut start_times = Vec::new();
         for _ in 0..starts {
-            let node = start_node().await;
+            let node = start_node(&config).await;
             start_times.push(node.started);
             stop_node(node).await;
         }
-        let node = start_node().await;
+        let node = start_node(&config).await;
         let devices: Vec<String> = node
             .emulator
             .devices(RESOURCE)

@@ -1,21 +1,16 @@
 //! Live reconfiguration benchmark over real unix sockets with the kubelet emulator, on the
 //! built-in `dgx-h100` node: rewrite the watched config file (time-slicing replicas 64 ↔ 32,
 //! 512 ↔ 256 devices) and time until the emulator holds the new ListAndWatch device list.
-//! The figure includes the trigger's settle delay (`gpu_slicer::runtime::triggers::SETTLE`), which is
+//! The figure includes the trigger's settle delay (`gpu_slicer::testkit::Node::RELOAD_SETTLE`), which is
 //! printed alongside so the reload's own cost can be read off.
 //!
 //! Run: `cargo bench --bench reload` (`BENCH_QUICK=1` for fewer iterations).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::config::Overrides;
-use gpu_slicer::platform::sim::SimBackend;
-use gpu_slicer::runtime::supervisor::ReloadSettings;
-use gpu_slicer::runtime::triggers::{SETTLE, TriggerSettings};
 use gpu_slicer::testkit::Node;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use gpu_slicer::testkit::node::short_tempdir;
+
+const SETTLE: Duration = Node::RELOAD_SETTLE;
 
 fn config(replicas: u32) -> String {
     format!(
@@ -23,7 +18,7 @@ fn config(replicas: u32) -> String {
     )
 }
 
-use gpu_slicer::testkit::stats::percentile as pct;
+use gpu_slicer::testkit::percentile as pct;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -32,27 +27,17 @@ async fn main() {
     } else {
         30
     };
-    let dir = short_tempdir("gsr").expect("tempdir");
-    let plugin_dir = dir.path().join("dp");
+    let dir = gpu_slicer::testkit::temp_dir();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, config(64)).expect("write");
-    let emulator = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
-    let path = file.clone();
-    let load = Arc::new(move || {
-        gpu_slicer::platform::config_file::load(Some(&path), &Overrides::default())
-    });
-    let mut settings = Node::settings(dir.path(), load().expect("config"));
-    settings.reload = ReloadSettings {
-        load: Some(load),
-        triggers: TriggerSettings {
-            config_file: Some(file.clone()),
-            ..TriggerSettings::default()
-        },
-    };
-    let backend = Arc::new(SimBackend::open("dgx-h100").expect("profile"));
-    let node = Node::launch(dir, emulator, settings, backend)
-        .await
-        .expect("daemon registered");
+    let node = Node::run(&[
+        "--backend",
+        "sim:dgx-h100",
+        "--config",
+        file.to_str().expect("UTF-8 path"),
+    ])
+    .await
+    .expect("daemon registered");
     let mut devices = node.emulator.devices("nvidia.com/gpu").expect("devices");
     let mut samples = Vec::with_capacity(rounds);
     for i in 0..rounds {

@@ -10,16 +10,10 @@
 //! with `FIGURE|` are what `hack/bench.sh` collects into its table.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_slicer::domain::cdi::{self, Format, GenerateOptions, NoProbe};
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::domain::inventory::Backend;
-use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::bench::{Format, Served};
 use gpu_slicer::testkit::Node;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use gpu_slicer::testkit::node::short_tempdir;
 
 const REPLICAS: usize = 64;
 const RESOURCE: &str = "nvidia.com/gpu";
@@ -46,7 +40,7 @@ fn node_file(dir: &Path, scale: usize) -> std::path::PathBuf {
     path
 }
 
-use gpu_slicer::testkit::stats::percentile;
+use gpu_slicer::testkit::percentile;
 
 fn median(v: Vec<Duration>) -> Duration {
     percentile(&v, 0.5)
@@ -62,19 +56,17 @@ struct Round {
 
 /// One round at one scale: a fresh daemon on the node file, then timed RPCs.
 async fn round(node: &Path, calls: usize, pref_calls: usize) -> (usize, Round) {
-    let dir = short_tempdir("gss").expect("tempdir");
-    let emulator = KubeletEmulator::start(dir.path().join("dp"))
-        .await
-        .expect("emulator");
-    let config_text = format!(
-        "sharing:\n  timeSlicing:\n    resources:\n    - {{name: {RESOURCE}, replicas: {REPLICAS}}}\n"
-    );
-    let config = config::parse(&config_text, "bench", &Overrides::default()).expect("config");
-    let backend = Arc::new(SimBackend::from_file(node).expect("node file"));
-    let settings = Node::settings(dir.path(), config);
-    let daemon = Node::launch(dir, emulator, settings, backend)
-        .await
-        .expect("daemon registered");
+    let config = node.with_extension("config.yaml");
+    std::fs::write(&config, config_text()).expect("config");
+    let daemon = Node::run(&[
+        "--backend",
+        &format!("sim:{}", node.display()),
+        "--config",
+        config.to_str().expect("UTF-8 path"),
+        "--no-config-watch",
+    ])
+    .await
+    .expect("daemon registered");
     let emulator = &daemon.emulator;
     let devices: Vec<String> = emulator
         .devices(RESOURCE)
@@ -124,22 +116,22 @@ async fn round(node: &Path, calls: usize, pref_calls: usize) -> (usize, Round) {
     (devices.len(), r)
 }
 
+/// The config of every round: `REPLICAS` replicas of every GPU.
+fn config_text() -> String {
+    format!(
+        "sharing:\n  timeSlicing:\n    resources:\n    - {{name: {RESOURCE}, replicas: {REPLICAS}}}\n"
+    )
+}
+
 /// Median time of CDI generate + YAML serialisation for the node, and its CDI devices.
 fn spec_time(node: &Path, runs: usize) -> (Duration, usize) {
-    let inv = SimBackend::from_file(node)
-        .expect("node file")
-        .discover()
-        .expect("discover");
-    let opts = GenerateOptions::new("gpu-slicer.io/gpu");
+    let served = Served::new(node.to_str().expect("UTF-8 path"), &config_text(), RESOURCE);
     let mut times = Vec::with_capacity(runs);
     let mut n = 0;
     for _ in 0..runs {
-        let t = Instant::now();
-        let spec = cdi::generate(std::hint::black_box(&inv), &opts, &NoProbe).expect("generate");
-        let bytes = spec.to_bytes(Format::Yaml).expect("serialise");
-        std::hint::black_box(&bytes);
-        times.push(t.elapsed());
-        n = spec.devices.len();
+        let (took, devices) = served.cdi_spec(Format::Yaml);
+        times.push(took);
+        n = devices;
     }
     (median(times), n)
 }

@@ -46,7 +46,7 @@ const NODE: &str = include_str!("../hack/nodes/dgx-h100.yaml");
 /// The node file's `driverVersion`.
 const DRIVER: &str = "570.124.06";
 
-use gpu_slicer::testkit::stats::percentile as pct;
+use gpu_slicer::testkit::percentile as pct;
 
 fn report(name: &str, v: &[Duration], target: &str) {
     println!(
@@ -520,46 +520,28 @@ async fn xid_latency(
 /// when the driver lives there; no NVIDIA driver is installed here, so every entry is looked
 /// at and none is taken. Returns the timings and the number of cache entries.
 fn host_driver_discovery(runs: usize) -> Vec<Duration> {
-    use gpu_slicer::platform::driver::{DiscoverOptions, DriverRoot, discover};
-    let opts = DiscoverOptions {
-        root: DriverRoot {
-            host: "/".into(),
-            visible: "/".into(),
-        },
-        version: DRIVER.to_string(),
-        library_search_paths: Vec::new(),
-        kernel_release: None,
-    };
+    let mut discover = gpu_slicer::bench::driver_discovery(Path::new("/"), DRIVER);
     (0..runs)
         .map(|_| {
             let t = Instant::now();
-            let found = discover(&opts);
+            let found = discover();
             let d = t.elapsed();
-            std::hint::black_box(found.is_ok());
+            std::hint::black_box(found);
             d
         })
         .collect()
 }
 
-/// The in-process Allocate answer of the same node (no transport): what the handler does.
+/// The in-process Allocate answer of the same node (no transport): what the handler does
+/// (one snapshot, the domain answer with every check, record what it holds).
 fn in_process(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
-    use gpu_slicer::domain::config::{self, Overrides};
-    use gpu_slicer::domain::inventory::Backend;
-    let inv = gpu_slicer::platform::sim::SimBackend::open("dgx-h100")
-        .expect("profile")
-        .discover()
-        .expect("discover");
-    let cfg = config::parse(CONFIG, "bench", &Overrides::default()).expect("config");
-    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
-    let store = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
-        cfg, inv, plan,
-    ));
+    let served = gpu_slicer::bench::Served::new("dgx-h100", CONFIG, RESOURCE);
     let run = |ids: &dyn Fn(usize) -> Vec<String>| -> Vec<Duration> {
         (0..calls)
             .map(|i| {
                 let request = vec![ids(i)];
                 let t = Instant::now();
-                let answer = in_process_answer(&store, &request);
+                let answer = served.allocate(&request);
                 let d = t.elapsed();
                 std::hint::black_box(answer);
                 d
@@ -569,22 +551,6 @@ fn in_process(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>
     let one = run(&|i| vec![devices[i % devices.len()].clone()]);
     let four = run(&|i| four(devices, i).to_vec());
     (one, four)
-}
-
-/// One Allocate's work without the transport, as the handler does it: one snapshot, the
-/// domain answer (every check), record what it holds.
-fn in_process_answer(store: &gpu_slicer::state::Store, requests: &[Vec<String>]) -> usize {
-    let snapshot = store.current();
-    let answer =
-        gpu_slicer::domain::allocate::answer(&snapshot, RESOURCE, requests).expect("valid");
-    let grew = store.hold(
-        RESOURCE,
-        answer.held.ids.iter().map(String::as_str),
-        &answer.held.cdi,
-    );
-    let n = answer.held.ids.len();
-    std::hint::black_box((answer, grew));
-    n
 }
 
 async fn device_ids(client: &mut DevicePluginClient<Channel>) -> Vec<String> {

@@ -2,28 +2,21 @@
 //!
 //! `cargo bench --bench topology` prints
 //! - the in-process GetPreferredAllocation cost (the handler's work: view lookup and
-//!   `allocate::preferred` with every GPU free, in a rotating kubelet order) on the 8-GPU
+//!   placement, `bench::Served::preferred`, with every GPU free, in a rotating kubelet order) on the 8-GPU
 //!   bridged-pairs node and the 16-GPU pairs node, for sizes 1, 2, 3, 4 and 8 (targets
 //!   ≤ 50 µs at 8 GPUs, ≤ 1 ms at 16);
-//! - topology discovery on the fake NVML (`NvmlBackend::discover` with and without the
+//! - topology discovery on the fake NVML (`bench::nvml_discovery` with and without the
 //!   topology, and its topology call count) for the bridged-pairs, NVSwitch and 16-GPU nodes,
 //!   without delay and with `FAKE_NVML_TOPOLOGY_DELAY=1ms` (the 600 ms a real driver may take
 //!   per call is that count × 600 ms, paid once at start-up, never per allocation).
 //!
 //! `BENCH_QUICK=1` runs fewer calls.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::fake_lib;
-use gpu_slicer::domain::allocate;
-use gpu_slicer::domain::config::{self, Overrides};
-use gpu_slicer::domain::inventory::Backend;
-use gpu_slicer::platform::nvml::NvmlBackend;
-use gpu_slicer::platform::sim::SimBackend;
+use gpu_slicer::bench::{self, Served};
+use gpu_slicer::testkit::{PrivateFake, fake_lib};
 
 const RESOURCE: &str = "nvidia.com/gpu";
 
@@ -35,29 +28,17 @@ fn node_file(name: &str) -> std::path::PathBuf {
 
 /// The benches' one percentile helper.
 fn pct(v: &[Duration], p: u32) -> Duration {
-    gpu_slicer::testkit::stats::percentile(v, f64::from(p) / 100.0)
+    gpu_slicer::testkit::percentile(v, f64::from(p) / 100.0)
 }
 
 fn preferred_bench(file: &str, calls: usize) {
-    let inv = SimBackend::from_file(&node_file(file))
-        .expect("node file")
-        .discover()
-        .expect("discover");
-    let cfg = config::parse("version: v1\n", "bench", &Overrides::default()).expect("config");
-    let plan = gpu_slicer::domain::plan::build(&inv, &cfg).expect("plan");
-    let store = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
-        cfg.clone(),
-        inv.clone(),
-        plan,
-    ));
-    let ids: Vec<String> = store
-        .view(RESOURCE)
-        .expect("view")
-        .resource
-        .devices
-        .iter()
-        .map(|d| d.id.clone())
-        .collect();
+    let path = node_file(file);
+    let served = Served::new(
+        path.to_str().expect("UTF-8 path"),
+        "version: v1\n",
+        RESOURCE,
+    );
+    let ids = served.devices();
     let n = ids.len();
     let target = if n <= 8 { "<= 50 µs" } else { "<= 1 ms" };
     for size in [1usize, 2, 3, 4, 8] {
@@ -67,9 +48,7 @@ fn preferred_bench(file: &str, calls: usize) {
             let mut order = ids.clone();
             order.rotate_left(c % n);
             let t = Instant::now();
-            let view = store.view(RESOURCE).expect("view");
-            let got =
-                allocate::preferred::<String>(&view, cfg.allocation_policy, &order, &[], size);
+            let got = served.preferred(&order, &[], size);
             times.push(t.elapsed());
             assert_eq!(got.len(), size);
             std::hint::black_box(got);
@@ -82,24 +61,11 @@ fn preferred_bench(file: &str, calls: usize) {
     }
 }
 
-/// Topology calls of the fake instance `lib` so far.
-fn calls(lib: &libloading::Library) -> u64 {
-    // SAFETY: the control symbol's signature is `unsigned long long (void)`.
-    unsafe {
-        let f: libloading::Symbol<unsafe extern "C" fn() -> u64> =
-            lib.get(b"fakeNvmlTopologyCalls").expect("control symbol");
-        f()
-    }
-}
-
 /// Discovery on a private copy of the fake configured by `FAKE_NVML_NODE`, held loaded so
 /// its call count survives NVML's open and close.
 fn discovery_bench(file: &str, delay: Option<&str>, rounds: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("libnvidia-ml.so.1");
-    std::fs::copy(fake_lib(), &path).expect("copy fake");
-    // SAFETY: loading our own fake library; it runs no initialisers with side effects.
-    let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen fake");
+    let fake = PrivateFake::new(dir.path());
     // SAFETY: the bench is single-threaded here (no thread reads the environment while it
     // changes); the fake reads these variables on each call.
     unsafe {
@@ -110,19 +76,21 @@ fn discovery_bench(file: &str, delay: Option<&str>, rounds: usize) {
             None => std::env::remove_var("FAKE_NVML_TOPOLOGY_DELAY"),
         }
     }
-    let backend = NvmlBackend::new(Some(path.clone()), dir.path().join("no-proc"))
-        .with_sys_root(dir.path().join("sys"));
+    let mut discover = bench::nvml_discovery(
+        &fake.path,
+        &dir.path().join("no-proc"),
+        Some(&dir.path().join("sys")),
+    );
     let mut times = Vec::with_capacity(rounds);
     let mut gpus = 0;
-    let before = calls(&lib);
+    let before = fake.topology_calls();
     for _ in 0..rounds {
-        let t = Instant::now();
-        let inv = backend.discover().expect("discover");
-        times.push(t.elapsed());
-        assert!(inv.topology.is_some(), "{file}: a topology");
-        gpus = inv.gpus.len();
+        let (took, (found, _, topology)) = discover();
+        times.push(took);
+        assert!(topology, "{file}: a topology");
+        gpus = found;
     }
-    let per_round = (calls(&lib) - before) / rounds as u64;
+    let per_round = (fake.topology_calls() - before) / rounds as u64;
     println!(
         "FIGURE|NVML discovery on the fake, {gpus} GPUs ({file}), topology delay {}|median {:.1?} ({per_round} topology calls, once per discovery; if each took 600 ms: {:.0} s)",
         delay.unwrap_or("0"),
@@ -165,12 +133,16 @@ fn discovery_bench_without_topology(rounds: usize) {
         std::env::remove_var("FAKE_NVML_TOPOLOGY_DELAY");
         std::env::remove_var("FAKE_NVML_TOPOLOGY_COUNTER");
     }
-    let backend = NvmlBackend::new(Some(lib), dir.path().join("no-proc"))
-        .with_sys_root(dir.path().join("sys"));
+    let mut discover = bench::nvml_discovery(
+        &lib,
+        &dir.path().join("no-proc"),
+        Some(&dir.path().join("sys")),
+    );
+    // Timed around the call, inventory freed included, as this baseline always was.
     let times: Vec<Duration> = (0..rounds)
         .map(|_| {
             let t = Instant::now();
-            std::hint::black_box(backend.discover().expect("discover"));
+            std::hint::black_box(discover());
             t.elapsed()
         })
         .collect();

@@ -93,6 +93,7 @@
 // benches onto `Node::run` and `bench` (benches/health.rs and socket.rs also drop their own
 // copies of the fake-NVML loader for testkit::PrivateFake / fake_lib).
 
+pub mod bench;
 pub mod cli;
 pub mod domain;
 pub mod fuzz;
