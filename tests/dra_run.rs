@@ -97,7 +97,6 @@ fn allocation(device: &str) -> AllocationResult {
 
 #[tokio::test]
 async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
-    gpu_slicer::platform::kube::install_crypto_provider();
     let dir = common::short_tempdir();
     let server = ApiServer::start().await.unwrap();
     let node: Node = serde_json::from_value(serde_json::json!({
@@ -241,7 +240,6 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
 
 #[tokio::test]
 async fn a_restarting_kubelet_wipes_the_slices_and_the_registration_and_both_come_back() {
-    gpu_slicer::platform::kube::install_crypto_provider();
     let dir = common::short_tempdir();
     let server = ApiServer::start().await.unwrap();
     let node: Node = serde_json::from_value(serde_json::json!({

@@ -390,3 +390,12 @@ async fn registration_loop(
     }
     crate::runtime::plugin::remove_socket(&path).ok();
 }
+
+#[cfg(test)]
+mod capacity_tests;
+#[cfg(test)]
+mod kube_claims_tests;
+#[cfg(test)]
+mod kubelet_tests;
+#[cfg(test)]
+mod publish_tests;

@@ -260,6 +260,9 @@ pub struct ApiServer {
 impl ApiServer {
     /// Listens on a free port of 127.0.0.1.
     pub async fn start() -> Result<ApiServer, ApiServerError> {
+        // Any kube client of this process (ours, or one a test builds from the kubeconfig)
+        // finds ring installed as the TLS provider.
+        crate::platform::kube::install_crypto_provider();
         let (changed, _) = tokio::sync::watch::channel(0);
         let (bookmark, _) = tokio::sync::watch::channel(0);
         let shared = Arc::new(Shared {

@@ -7,12 +7,12 @@
 
 use std::time::Duration;
 
-use gpu_slicer::domain::inventory::Health;
-use gpu_slicer::platform::kube::{NodeApi, SliceApi};
-use gpu_slicer::runtime::Context;
-use gpu_slicer::runtime::dra::publish::{self, PublishSettings, PublishStatus};
-use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
-use gpu_slicer::testkit::fixtures;
+use crate::domain::inventory::Health;
+use crate::platform::kube::{NodeApi, SliceApi};
+use crate::runtime::Context;
+use crate::runtime::dra::publish::{self, PublishSettings, PublishStatus};
+use crate::testkit::apiserver::{ApiServer, Fault, Verb};
+use crate::testkit::fixtures;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;

@@ -8,15 +8,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_slicer::domain::cdi::{GenerateOptions, NoProbe, generate};
-use gpu_slicer::domain::inventory::Health;
-use gpu_slicer::domain::snapshot::Snapshot;
-use gpu_slicer::platform::dra_state::LoadOutcome;
-use gpu_slicer::runtime::Context;
-use gpu_slicer::runtime::dra::{ClaimSourceError, DraExposed, DraSettings, spawn};
-use gpu_slicer::state::Store;
-use gpu_slicer::testkit::fixtures;
-use gpu_slicer::testkit::kubelet::dra::{
+use crate::domain::cdi::{GenerateOptions, NoProbe, generate};
+use crate::domain::inventory::Health;
+use crate::domain::snapshot::Snapshot;
+use crate::platform::dra_state::LoadOutcome;
+use crate::runtime::Context;
+use crate::runtime::dra::{ClaimSourceError, DraExposed, DraSettings, spawn};
+use crate::state::Store;
+use crate::testkit::fixtures;
+use crate::testkit::kubelet::dra::{
     Claims, DraVersion, KubeletClaim, register, registration_sockets,
 };
 use serde_json::json;
@@ -67,7 +67,7 @@ fn k(name: &str, uid: &str) -> KubeletClaim {
 
 struct Running {
     handle: DraExposed,
-    metrics: Arc<gpu_slicer::runtime::metrics::Metrics>,
+    metrics: Arc<crate::runtime::metrics::Metrics>,
     tracker: TaskTracker,
     stop: CancellationToken,
 }
@@ -325,7 +325,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
         r.metrics.encode_prometheus()
     );
     assert!(
-        gpu_slicer::runtime::metrics::Metrics::new()
+        crate::runtime::metrics::Metrics::new()
             .encode_prometheus()
             .contains(&format!("{recoveries} 0"))
     );

@@ -13,17 +13,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use gpu_slicer::domain::cdi::{GenerateOptions, NoProbe, generate};
-use gpu_slicer::domain::snapshot::Snapshot;
-use gpu_slicer::platform::kube::KubeClaims;
-use gpu_slicer::runtime::Context;
-use gpu_slicer::runtime::dra::{DraSettings, spawn};
-use gpu_slicer::state::Store;
-use gpu_slicer::testkit::apiserver::{
-    Admission, ApiServer, Denial, Fault, RequestRecord, User, Verb,
-};
-use gpu_slicer::testkit::fixtures;
-use gpu_slicer::testkit::kubelet::dra::{KubeletClaim, register};
+use crate::domain::cdi::{GenerateOptions, NoProbe, generate};
+use crate::domain::snapshot::Snapshot;
+use crate::platform::kube::KubeClaims;
+use crate::runtime::Context;
+use crate::runtime::dra::{DraSettings, spawn};
+use crate::state::Store;
+use crate::testkit::apiserver::{Admission, ApiServer, Denial, Fault, RequestRecord, User, Verb};
+use crate::testkit::fixtures;
+use crate::testkit::kubelet::dra::{KubeletClaim, register};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
 };
@@ -93,7 +91,7 @@ fn k(name: &str, uid: &str) -> KubeletClaim {
 
 #[tokio::test]
 async fn claims_come_from_the_api_and_its_failures_are_the_claims_errors() {
-    gpu_slicer::platform::kube::install_crypto_provider();
+    crate::platform::kube::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let server = ApiServer::start().await.unwrap();
     let client = server.client().unwrap();
@@ -283,7 +281,7 @@ fn our_entries(server: &ApiServer, name: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn a_prepared_claim_says_in_its_status_which_devices_it_holds() {
-    gpu_slicer::platform::kube::install_crypto_provider();
+    crate::platform::kube::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let server = ApiServer::start().await.unwrap();
     let rules = granted_rules();
