@@ -7,7 +7,7 @@
 use std::fs;
 use std::process::{Command, Output};
 
-use gpu_slicer::testkit::fixtures::cdi_must_reject as must_reject;
+use gpu_slicer::testkit::cdi_must_reject as must_reject;
 use gpu_slicer::testkit::read_cdi_spec;
 
 fn bin(args: &[&str]) -> Output {

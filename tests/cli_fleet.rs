@@ -8,11 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::within;
-use gpu_slicer::testkit::apiserver::ApiServer;
-use gpu_slicer::testkit::fixtures::write_pool_configs as write_configs;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
-use gpu_slicer::testkit::manifests::{self, node as node_named};
+use gpu_slicer::testkit::ApiServer;
+use gpu_slicer::testkit::KubeletEmulator;
+use gpu_slicer::testkit::node as node_named;
 use gpu_slicer::testkit::temp_dir;
+use gpu_slicer::testkit::write_pool_configs as write_configs;
 use k8s_openapi::api::core::v1::Node;
 
 const NODE: &str = "gpu-node-1";
@@ -29,7 +29,7 @@ fn node(labels: &[(&str, &str)]) -> Node {
 
 /// Wait until the Node carries every `(key, value)` of `want`.
 async fn until_labels(api: &ApiServer, want: &[(&str, &str)]) {
-    manifests::until_labels(api, NODE, want, T).await;
+    gpu_slicer::testkit::until_labels(api, NODE, want, T).await;
 }
 
 #[tokio::test]

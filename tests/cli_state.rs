@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use common::{run_command as run, within};
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::KubeletEmulator;
 use gpu_slicer::testkit::{SHUTDOWN_DEADLINE, spec_device_names, temp_dir};
 
 const SPEC: &str = "gpu-slicer.io-gpu.yaml";

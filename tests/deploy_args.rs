@@ -10,8 +10,8 @@ mod common;
 use std::path::Path;
 
 use common::fake_lib;
-use gpu_slicer::testkit::manifests::{kustomize, object, strings};
 use gpu_slicer::testkit::read_cdi_spec;
+use gpu_slicer::testkit::{kustomize, object, strings};
 
 /// `gpu-slicer <args>` in the repository root; its JSON output.
 ///
@@ -255,11 +255,10 @@ async fn manifest_runs_on_mig_node(dir: &str) {
     let container = &pod["containers"][0];
     let layout = NodeLayout::new("hack/nodes/mixed-a100.yaml");
     let host = layout.host();
-    let emulator = gpu_slicer::testkit::kubelet::KubeletEmulator::start(
-        host.join("var/lib/kubelet/device-plugins"),
-    )
-    .await
-    .expect("kubelet emulator");
+    let emulator =
+        gpu_slicer::testkit::KubeletEmulator::start(host.join("var/lib/kubelet/device-plugins"))
+            .await
+            .expect("kubelet emulator");
     emulator
         .serve_pod_resources(&host.join("var/lib/kubelet/pod-resources/kubelet.sock"))
         .expect("pod resources");

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use gpu_slicer::testkit::apiserver::{ApiServer, Fault, Verb};
-use gpu_slicer::testkit::kubelet::dra::{DraPluginConn, KubeletClaim};
+use gpu_slicer::testkit::{ApiServer, Fault, Verb};
+use gpu_slicer::testkit::{DraPluginConn, KubeletClaim};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,

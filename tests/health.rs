@@ -11,8 +11,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use common::{SHARED_CONFIG, fake_lib, short_tempdir, wait_until, within};
-use gpu_slicer::testkit::kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
 use gpu_slicer::testkit::write_mig_minors;
+use gpu_slicer::testkit::{DeviceInfo, EmulatorError, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;

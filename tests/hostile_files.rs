@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use gpu_slicer::testkit::fixtures::file_names as names;
+use gpu_slicer::testkit::file_names as names;
 use gpu_slicer::testkit::read_cdi_spec;
 
 fn bin() -> Command {

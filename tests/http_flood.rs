@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{STEP, short_tempdir, wait_until, within};
 use gpu_slicer::proto::deviceplugin as pb;
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::KubeletEmulator;
 use gpu_slicer::testkit::{free_port, socket_name};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

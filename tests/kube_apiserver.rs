@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use gpu_slicer::testkit::apiserver::{ApiServer, Denial, Fault, User, Verb};
-use gpu_slicer::testkit::manifests::node;
+use gpu_slicer::testkit::node;
+use gpu_slicer::testkit::{ApiServer, Denial, Fault, User, Verb};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,

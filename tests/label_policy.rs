@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use gpu_slicer::testkit::apiserver::{Admission, ApiServer, Denial, User, Verb};
+use gpu_slicer::testkit::{Admission, ApiServer, Denial, User, Verb};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};

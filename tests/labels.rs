@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::{STEP, short_tempdir, wait_until, within};
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::KubeletEmulator;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::{STEP, short_tempdir, wait_until, within};
-use gpu_slicer::testkit::kubelet::{DeviceInfo, KubeletEmulator};
 use gpu_slicer::testkit::read_cdi_spec;
+use gpu_slicer::testkit::{DeviceInfo, KubeletEmulator};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

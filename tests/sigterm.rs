@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::{short_tempdir, within};
-use gpu_slicer::testkit::kubelet::KubeletEmulator;
+use gpu_slicer::testkit::KubeletEmulator;
 use gpu_slicer::testkit::socket_name;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -5,7 +5,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-pub(crate) use gpu_slicer::testkit::fixtures::SHARED_CONFIG;
+pub(crate) use gpu_slicer::testkit::SHARED_CONFIG;
 pub(crate) use gpu_slicer::testkit::{
     STEP, fake_driver_root, fake_lib, temp_dir as short_tempdir, wait_until, within,
 };
@@ -62,9 +62,9 @@ pub(crate) fn dra_command(
 pub(crate) async fn dra_registered(
     socket: &std::path::Path,
     limit: std::time::Duration,
-) -> gpu_slicer::testkit::kubelet::dra::DraPluginConn {
+) -> gpu_slicer::testkit::DraPluginConn {
     wait_until(limit, || async {
-        gpu_slicer::testkit::kubelet::dra::register(socket)
+        gpu_slicer::testkit::DraPluginConn::register(socket)
             .await
             .ok()
     })
