@@ -93,14 +93,15 @@
 // benches onto `Node::run` and `bench` (benches/health.rs and socket.rs also drop their own
 // copies of the fake-NVML loader for testkit::PrivateFake / fake_lib).
 
+#![allow(unused_imports)]
 pub mod bench;
-pub mod cli;
-pub mod domain;
+mod cli;
+mod domain;
 pub mod fuzz;
-pub mod platform;
+mod platform;
 pub mod proto;
-pub mod runtime;
-pub mod state;
+mod runtime;
+mod state;
 pub mod testkit;
 
 /// The `gpu-slicer` binary: parse the command line, set up logging, run the command, and

@@ -25,7 +25,7 @@ pub mod deviceplugin {
     clippy::all,
     clippy::pedantic
 )]
-pub mod podresources {
+pub(crate) mod podresources {
     tonic::include_proto!("v1");
 }
 
@@ -37,7 +37,7 @@ pub mod podresources {
     clippy::all,
     clippy::pedantic
 )]
-pub mod dra_v1 {
+pub(crate) mod dra_v1 {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
@@ -49,7 +49,7 @@ pub mod dra_v1 {
     clippy::all,
     clippy::pedantic
 )]
-pub mod dra_v1beta1 {
+pub(crate) mod dra_v1beta1 {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
 }
 
@@ -61,7 +61,7 @@ pub mod dra_v1beta1 {
     clippy::all,
     clippy::pedantic
 )]
-pub mod pluginregistration {
+pub(crate) mod pluginregistration {
     tonic::include_proto!("pluginregistration");
 }
 
@@ -73,7 +73,7 @@ pub mod pluginregistration {
     clippy::all,
     clippy::pedantic
 )]
-pub mod drahealth_v1alpha1 {
+pub(crate) mod drahealth_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
 
@@ -86,21 +86,21 @@ pub mod drahealth_v1alpha1 {
     clippy::all,
     clippy::pedantic
 )]
-pub mod drahealth_v1 {
+pub(crate) mod drahealth_v1 {
     include!(concat!(env!("OUT_DIR"), "/drahealth_v1/v1.rs"));
 }
 
 /// The API version string sent in `RegisterRequest.version`.
-pub const VERSION: &str = "v1beta1";
+pub(crate) const VERSION: &str = "v1beta1";
 
 /// Default device-plugin socket directory.
-pub const DEFAULT_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+pub(crate) const DEFAULT_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 
 /// File name of the kubelet's registration socket inside the device-plugin directory.
-pub const KUBELET_SOCKET_NAME: &str = "kubelet.sock";
+pub(crate) const KUBELET_SOCKET_NAME: &str = "kubelet.sock";
 
 /// Health value of a usable device.
 pub const HEALTHY: &str = "Healthy";
 
 /// Health value of an unusable device.
-pub const UNHEALTHY: &str = "Unhealthy";
+pub(crate) const UNHEALTHY: &str = "Unhealthy";

@@ -20,7 +20,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use crate::domain::inventory::Health;
-pub use crate::domain::snapshot::{Computed, Held, HeldDevice, Snapshot};
+pub(crate) use crate::domain::snapshot::{Computed, Held, HeldDevice, Snapshot};
 use crate::domain::view::{self, HealthUpdate, Overlay, ResourceView, StateError};
 
 /// The shared handle on the state. Cheap to clone; every clone sees the same state.

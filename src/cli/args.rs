@@ -19,7 +19,7 @@ use crate::runtime::health::{HealthSettings, NVML_WAIT_TIMEOUT, SIM_POLL_INTERVA
 
 /// Where the inventory comes from.
 #[derive(Debug, Clone, Args)]
-pub struct BackendArgs {
+pub(crate) struct BackendArgs {
     /// `nvml`, `sim:<built-in profile>` (dgx-h100, mixed-a100) or `sim:<node file>`.
     #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml")]
     pub backend: String,
@@ -33,7 +33,7 @@ pub struct BackendArgs {
 
 /// The config file and the flags that override it (flag > env > file > default).
 #[derive(Debug, Clone, Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// Config file (NVIDIA k8s-device-plugin `version: v1` format, YAML or JSON).
     #[arg(long = "config", visible_alias = "config-file", env = "CONFIG_FILE")]
     pub config: Option<PathBuf>,
@@ -52,14 +52,14 @@ macro_rules! setting_args {
     ($( $(#[$meta:meta])* $field:ident: $ty:ty, )*) => {
         /// The config file's settings as flags, each also an environment variable.
         #[derive(Debug, Clone, Default, Args)]
-        pub struct SettingArgs {
-            $( $(#[$meta])* pub $field: $ty, )*
+        pub(crate) struct SettingArgs {
+            $( $(#[$meta])* pub(crate) $field: $ty, )*
         }
 
         impl SettingArgs {
             /// The overrides these flags express, each naming the flag or variable that
             /// set it.
-            pub fn overrides(&self) -> Overrides {
+            pub(crate) fn overrides(&self) -> Overrides {
                 #[allow(clippy::needless_update)] // when every slot has a flag
                 Overrides {
                     $( $field: IntoSlot::into_slot(self.$field.clone()), )*
@@ -126,13 +126,13 @@ setting_args! {
 
 impl ConfigArgs {
     /// The overrides these flags express.
-    pub fn overrides(&self) -> Overrides {
+    pub(crate) fn overrides(&self) -> Overrides {
         self.settings.overrides()
     }
 
     /// Load and validate the config. NVIDIA flags gpu-slicer cannot honour are refused;
     /// those it accepts and ignores are named in one warning.
-    pub fn load(
+    pub(crate) fn load(
         &self,
     ) -> Result<crate::domain::config::Config, crate::domain::config::ConfigError> {
         self.load_path(self.config.as_deref())
@@ -140,7 +140,7 @@ impl ConfigArgs {
 
     /// [`Self::load`] of another file (`--config-dir`: the key the Node's label chose),
     /// with the same flags over it.
-    pub fn load_path(
+    pub(crate) fn load_path(
         &self,
         path: Option<&std::path::Path>,
     ) -> Result<crate::domain::config::Config, crate::domain::config::ConfigError> {
@@ -157,7 +157,7 @@ impl ConfigArgs {
 
 /// `inventory` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct InventoryArgs {
+pub(crate) struct InventoryArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
     #[command(flatten)]
@@ -173,7 +173,7 @@ pub struct InventoryArgs {
 
 /// `inventory` output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     /// Aligned text for people.
     Table,
     /// Stable, sorted JSON for scripts.
@@ -183,7 +183,7 @@ pub enum OutputFormat {
 /// Where the `set-memory-limit` CDI hook is on the host, and what it is told. Shared by
 /// `cdi generate` and `run`.
 #[derive(Debug, Clone, Default, Args)]
-pub struct HookArgs {
+pub(crate) struct HookArgs {
     /// Absolute HOST path of the gpu-slicer binary the runtime runs as the CDI hook
     /// (default: this executable). In a DaemonSet, the host path the binary is copied to.
     #[arg(long, env = "CDI_HOOK_PATH")]
@@ -200,7 +200,7 @@ pub struct HookArgs {
 impl HookArgs {
     /// The hook settings, `nvml_lib` being the backend's `--nvml-lib`. The path must be
     /// absolute: runtimes execute it from their own working directory.
-    pub fn settings(&self, nvml_lib: Option<&Path>) -> Result<HookSettings, CdiError> {
+    pub(crate) fn settings(&self, nvml_lib: Option<&Path>) -> Result<HookSettings, CdiError> {
         let path = match &self.cdi_hook_path {
             Some(p) => p.clone(),
             None => crate::platform::cdi_host::current_exe_hook(None)?.path,
@@ -236,7 +236,7 @@ impl HookArgs {
 /// `5m`, `1h`), or a bare number of seconds (`90`, accepted since the first release). `0`
 /// means off where a flag allows it. The units are `humantime`'s, whose `m` is minutes as
 /// in Go.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
         return t
@@ -251,7 +251,7 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 /// Parse the interval flag: a duration as every other flag takes it
 /// ([`parse_duration`]: `500ms`, `10s`, `1m`), but never zero (the ledger
 /// cannot be "off" by interval; an empty socket path disables it).
-pub fn parse_interval(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_interval(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text)?;
     if d.is_zero() {
         return Err(format!("`{text}`: the ledger interval must be positive"));
@@ -325,7 +325,7 @@ mod duration_tests {
 
 /// Command-line settings of the MPS manager, to be flattened into `run`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct MpsArgs {
+pub(crate) struct MpsArgs {
     /// MPS control binary (`nvidia-cuda-mps-control`): run as the daemon (`-f`) and as the
     /// client that sends control commands.
     #[arg(long, env = "MPS_CONTROL_BIN", default_value = crate::domain::mps::DEFAULT_CONTROL_BIN)]
@@ -347,13 +347,13 @@ pub struct MpsArgs {
 }
 
 /// Parse a size flag as the config file writes memory (`512Mi`, `2Gi`, bytes), never zero.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     crate::domain::config::parse_quantity_text(text).map_err(|e| format!("`{text}`: {e}"))
 }
 
 impl MpsArgs {
     /// Supervisor settings these flags express (timeouts keep their defaults).
-    pub fn supervisor_config(&self) -> crate::runtime::mps::daemon::SupervisorConfig {
+    pub(crate) fn supervisor_config(&self) -> crate::runtime::mps::daemon::SupervisorConfig {
         crate::runtime::mps::daemon::SupervisorConfig {
             control_bin: self.mps_control_bin.clone(),
             nvidia_smi: self.mps_nvidia_smi.clone(),
@@ -367,7 +367,7 @@ impl MpsArgs {
 
 /// Errors building the health settings from flags.
 #[derive(Debug, thiserror::Error)]
-pub enum MonitorError {
+pub(crate) enum MonitorError {
     /// The sim node file could not be read for its `events`.
     #[error(transparent)]
     Backend(#[from] InventoryError),
@@ -380,7 +380,7 @@ pub enum MonitorError {
 
 /// Health flags of `gpu-slicer run` (each also an environment variable).
 #[derive(Debug, Clone, clap::Args)]
-pub struct HealthArgs {
+pub(crate) struct HealthArgs {
     /// How long a device must see no new event before a successful re-probe of its GPU makes
     /// it healthy again (`90s`, `500ms`, `2m`; a bare number is seconds).
     #[arg(long, env = "HEALTH_QUIET_PERIOD", value_parser = crate::cli::args::parse_duration, default_value = "60s")]
@@ -401,7 +401,7 @@ pub struct HealthArgs {
 impl HealthArgs {
     /// The health settings for this backend: NVML events for `nvml`, the node file's timeline
     /// and the events file for `sim:*`.
-    pub fn settings(&self, backend: &BackendArgs) -> Result<HealthSettings, MonitorError> {
+    pub(crate) fn settings(&self, backend: &BackendArgs) -> Result<HealthSettings, MonitorError> {
         let filter = XidFilter::from_env(
             self.disable_healthchecks.as_deref(),
             self.enable_healthchecks.as_deref(),

@@ -8,7 +8,7 @@ use crate::domain::inventory::{Backend, InventoryError};
 use crate::platform::sim::SimBackend;
 
 /// Open the backend named by `--backend`.
-pub fn open_backend(args: &BackendArgs) -> Result<Arc<dyn Backend>, InventoryError> {
+pub(crate) fn open_backend(args: &BackendArgs) -> Result<Arc<dyn Backend>, InventoryError> {
     if let Some(profile) = args.backend.strip_prefix("sim:") {
         return Ok(Arc::new(SimBackend::open(profile)?));
     }

@@ -17,7 +17,7 @@ use crate::platform::cdi_writer::WriteOutcome;
 
 /// `gpu-slicer cdi …`.
 #[derive(Debug, Clone, Subcommand)]
-pub enum CdiCommand {
+pub(crate) enum CdiCommand {
     /// Generate the CDI spec for this node's GPUs and MIG devices.
     Generate(Box<CdiGenerateArgs>),
     /// Check spec files against the rules every supported runtime enforces.
@@ -30,7 +30,7 @@ pub enum CdiCommand {
 
 /// Arguments of `cdi generate`.
 #[derive(Debug, Clone, Args)]
-pub struct CdiGenerateArgs {
+pub(crate) struct CdiGenerateArgs {
     /// Where the inventory comes from (`--backend`, `--nvml-lib`, `--proc-root`).
     #[command(flatten)]
     pub backend: crate::cli::args::BackendArgs,
@@ -79,7 +79,7 @@ pub struct CdiGenerateArgs {
 
 /// Arguments of `cdi validate`.
 #[derive(Debug, Clone, Args)]
-pub struct CdiValidateArgs {
+pub(crate) struct CdiValidateArgs {
     /// Spec files, or directories whose `.yaml`/`.json` files are all checked together
     /// (a device name offered by two files of one directory is a conflict runtimes drop).
     #[arg(required = true)]
@@ -88,18 +88,18 @@ pub struct CdiValidateArgs {
 
 /// Arguments of `cdi list`.
 #[derive(Debug, Clone, Args)]
-pub struct CdiListArgs {
+pub(crate) struct CdiListArgs {
     /// Spec files or directories to read (default: `/etc/cdi` and `/var/run/cdi`, as
     /// runtimes scan them).
     pub files: Vec<PathBuf>,
 }
 
 /// The directories runtimes scan by default, lowest priority first.
-pub const DEFAULT_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
+pub(crate) const DEFAULT_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
 
 /// Arguments of `cdi remove`.
 #[derive(Debug, Clone, Args)]
-pub struct CdiRemoveArgs {
+pub(crate) struct CdiRemoveArgs {
     /// Config file whose CDI kind names the spec.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -115,7 +115,7 @@ pub struct CdiRemoveArgs {
 }
 
 /// Run one `cdi` subcommand.
-pub fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::cli::error::Result<()> {
+pub(crate) fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::cli::error::Result<()> {
     match cmd {
         CdiCommand::Generate(a) => generate(a, out),
         CdiCommand::Validate(a) => Ok(validate(a, out)?),
@@ -184,7 +184,7 @@ fn output_target(output: &str, format: Option<Format>, kind: &str) -> Result<Tar
 }
 
 /// Discover the inventory behind `--backend`, as every other command does.
-pub fn load_inventory(backend: &crate::cli::args::BackendArgs) -> Result<Inventory> {
+pub(crate) fn load_inventory(backend: &crate::cli::args::BackendArgs) -> Result<Inventory> {
     Ok(super::backend::open_backend(backend)?.discover()?)
 }
 
@@ -200,7 +200,7 @@ fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
 /// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
 /// check fails, so an existing good spec stays in place.
 /// `cdi generate`: its errors are the spec's ([`CdiError`]) or the driver discovery's.
-pub fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::cli::error::Result<()> {
+pub(crate) fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::cli::error::Result<()> {
     let overrides = Overrides {
         cdi_kind: args.kind.clone(),
         driver_root: args.driver_root.clone(),
@@ -346,7 +346,7 @@ fn conflicts(specs: &[(PathBuf, cdi::Spec)]) -> Vec<String> {
 
 /// `cdi validate`: one line per file; directories are checked as runtimes load them,
 /// including device names that two of their files define. An error when anything is wrong.
-pub fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
     let (files, ignored) = spec_files(&args.files, false)?;
     for f in &ignored {
         written(
@@ -407,7 +407,7 @@ pub fn validate(args: &CdiValidateArgs, out: &mut dyn Write) -> Result<()> {
 
 /// `cdi list`: the qualified names of every device in the files (or the directories'
 /// files; default the runtimes' spec dirs), sorted. Invalid files fail the command.
-pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
     let defaults: Vec<PathBuf> = DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect();
     let (paths, skip_missing) = if args.files.is_empty() {
         (&defaults, true)
@@ -428,7 +428,7 @@ pub fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
 
 /// `cdi remove`: delete the spec file for the configured kind, in both formats (a stale
 /// twin in the other format would keep offering the devices), if present.
-pub fn remove(args: &CdiRemoveArgs, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn remove(args: &CdiRemoveArgs, out: &mut dyn Write) -> Result<()> {
     let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
     let name = spec_file_name(&cfg.cdi_kind, args.format);
     let removed = crate::platform::cdi_writer::remove_spec(&args.output, &name)?;

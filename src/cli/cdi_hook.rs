@@ -18,7 +18,7 @@ use crate::platform::enforce::{self, EnforceError, MemoryLimiter, nvml::NvmlLimi
 
 /// `cdi-hook` subcommands.
 #[derive(Debug, Clone, Subcommand)]
-pub enum CdiHookCommand {
+pub(crate) enum CdiHookCommand {
     /// Set the container's hard GPU-memory limit on one GPU.
     SetMemoryLimit(SetMemoryLimitArgs),
     /// Copy this executable into a host directory (a DaemonSet init container does this so
@@ -35,7 +35,7 @@ pub enum CdiHookCommand {
 
 /// `cdi-hook create-symlinks` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct CreateSymlinksArgs {
+pub(crate) struct CreateSymlinksArgs {
     /// `TARGET::LINK`: LINK (absolute, in the container) points at TARGET; repeatable.
     #[arg(long = "link")]
     pub links: Vec<String>,
@@ -43,7 +43,7 @@ pub struct CreateSymlinksArgs {
 
 /// `cdi-hook update-ldcache` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct UpdateLdcacheArgs {
+pub(crate) struct UpdateLdcacheArgs {
     /// Folder in the container holding driver libraries; repeatable.
     #[arg(long = "folder")]
     pub folders: Vec<PathBuf>,
@@ -54,7 +54,7 @@ pub struct UpdateLdcacheArgs {
 
 /// `cdi-hook disable-device-node-modification` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct DisableDeviceNodeModificationArgs {
+pub(crate) struct DisableDeviceNodeModificationArgs {
     /// The host's driver params file to copy.
     #[arg(long, default_value = crate::platform::driver::hooks::PARAMS_PATH)]
     pub params: PathBuf,
@@ -77,7 +77,7 @@ fn read_state() -> Result<String, EnforceError> {
 
 /// `cdi-hook install` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct InstallArgs {
+pub(crate) struct InstallArgs {
     /// Directory to install `gpu-slicer` into (created if missing).
     #[arg(long)]
     pub to: PathBuf,
@@ -88,7 +88,7 @@ pub struct InstallArgs {
 /// of one. The temp file has a random name and is created exclusively (`tempfile`): the
 /// host directory may be writable by others, and a symlink planted at a predictable name
 /// would make us overwrite and chmod its target as root. Returns the installed path.
-pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
+pub(crate) fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |action: &'static str, path: &std::path::Path| {
         let path = path.to_path_buf();
@@ -120,7 +120,7 @@ pub fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, 
 
 /// `cdi-hook set-memory-limit` arguments.
 #[derive(Debug, Clone, Args)]
-pub struct SetMemoryLimitArgs {
+pub(crate) struct SetMemoryLimitArgs {
     /// GPU UUID (`GPU-…`; MIG devices are not supported by the driver).
     #[arg(long)]
     pub device: String,
@@ -140,7 +140,7 @@ pub struct SetMemoryLimitArgs {
 }
 
 /// Run a `cdi-hook` subcommand with the real NVML limiter, reading the state from stdin.
-pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
+pub(crate) fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
     match cmd {
         CdiHookCommand::SetMemoryLimit(args) => {
             let mut limiter = NvmlLimiter::new(args.nvml_lib.clone());
@@ -195,7 +195,7 @@ pub fn run(cmd: &CdiHookCommand) -> Result<(), EnforceError> {
 }
 
 /// `set-memory-limit` with an injected limiter and state (tests).
-pub fn run_with(
+pub(crate) fn run_with(
     args: &SetMemoryLimitArgs,
     state: &str,
     limiter: &mut dyn MemoryLimiter,

@@ -23,7 +23,7 @@ use crate::testkit::{Node, NodeError};
 
 /// The demo's sharing config: MIG slices per profile, GPU 2 whole, GPU 3 time-sliced
 /// into 4 replicas under its own name.
-pub const DEMO_CONFIG: &str = "version: v1
+pub(crate) const DEMO_CONFIG: &str = "version: v1
 flags:
   migStrategy: mixed
 sharing:
@@ -43,7 +43,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of the demo.
 #[derive(Debug, thiserror::Error)]
-pub enum DemoError {
+pub(crate) enum DemoError {
     /// Writing output or the temp directory failed.
     #[error("demo: {0}")]
     Io(#[from] std::io::Error),
@@ -81,7 +81,7 @@ impl From<NodeError> for DemoError {
 }
 
 /// Run the demo, writing a report to `out`.
-pub async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
+pub(crate) async fn demo(out: &mut impl Write) -> Result<(), DemoError> {
     // Short path: unix socket paths must fit in 108 bytes. Random and created 0700
     // exclusively: a predictable name in /tmp could be planted by another user.
     let tmp = crate::testkit::node::short_tempdir("gsd-")?;

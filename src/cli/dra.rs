@@ -16,14 +16,14 @@ use crate::domain::view::Overlay;
 
 /// `gpu-slicer dra` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum DraCommand {
+pub(crate) enum DraCommand {
     /// Print the ResourceSlices this node would publish (and DeviceClasses with --classes).
     Slices(Box<SlicesArgs>),
 }
 
 /// Output of `dra slices`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SliceFormat {
+pub(crate) enum SliceFormat {
     /// YAML documents separated by `---`.
     Yaml,
     /// One JSON `v1` List.
@@ -32,7 +32,7 @@ pub enum SliceFormat {
 
 /// Arguments of `dra slices`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SlicesArgs {
+pub(crate) struct SlicesArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -78,7 +78,7 @@ fn server_format(version: &str) -> Result<slices::SliceFormat> {
 }
 
 /// Run a `dra` subcommand.
-pub fn run(cmd: &DraCommand, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn run(cmd: &DraCommand, out: &mut dyn Write) -> Result<()> {
     match cmd {
         DraCommand::Slices(args) => slices_cmd(args, out),
     }

@@ -9,13 +9,13 @@ use crate::domain::config::{Config, Given, Origin};
 use crate::domain::dra::{self, DraError};
 
 /// Default of `--kubelet-registry-dir`: the kubelet's plugin watcher directory.
-pub const DEFAULT_KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+pub(crate) const DEFAULT_KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 /// Default of `--kubelet-plugins-dir`: DRA service sockets go to `<dir>/<driver>/dra.sock`.
-pub const DEFAULT_KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+pub(crate) const DEFAULT_KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 
 /// The DRA flags of `gpu-slicer run`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct DraArgs {
+pub(crate) struct DraArgs {
     /// Serve the node's GPUs through DRA instead of the device-plugin API
     /// (`flags.dra.enabled`).
     #[arg(long = "dra", env = "DRA_ENABLED", num_args = 0..=1, default_missing_value = "true",
@@ -38,7 +38,7 @@ impl DraArgs {
     /// `DRA_ENABLED` over `flags.dra.enabled`, `--dra-driver-name` / `DRA_DRIVER_NAME` over
     /// `flags.dra.driverName`, default [`dra::DEFAULT_DRIVER_NAME`]. Resolved once at start:
     /// switching front-ends needs a restart. A bad name is blamed on what set it.
-    pub fn mode(&self, config: &Config) -> Result<Option<String>, DraError> {
+    pub(crate) fn mode(&self, config: &Config) -> Result<Option<String>, DraError> {
         if !self.enabled.or(config.dra.enabled).unwrap_or(false) {
             return Ok(None);
         }
@@ -63,7 +63,7 @@ impl DraArgs {
 
 /// The node name: `--node-name` / `NODE_NAME`, else the host name; it must be a DNS
 /// subdomain (it names the pool and the slices).
-pub fn node_name(flag: Option<&str>) -> Result<String, DraError> {
+pub(crate) fn node_name(flag: Option<&str>) -> Result<String, DraError> {
     let name = match flag {
         Some(n) => n.to_string(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -37,7 +37,7 @@ const STEP: Duration = Duration::from_secs(30);
 
 /// Arguments of `gpu-slicer emulate`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct EmulateArgs {
+pub(crate) struct EmulateArgs {
     /// Folder for the kubeconfig and the plugin-watcher directory (`registry/`).
     #[arg(long)]
     pub dir: PathBuf,
@@ -51,7 +51,7 @@ pub struct EmulateArgs {
 
 /// Errors that end `emulate` (a failed command is only its answer).
 #[derive(Debug, thiserror::Error)]
-pub enum EmulateError {
+pub(crate) enum EmulateError {
     /// Reading commands, writing answers or the kubeconfig failed.
     #[error("emulate: {0}")]
     Io(#[from] std::io::Error),

@@ -22,7 +22,7 @@ use crate::runtime::supervisor::AppError;
 
 /// Any error a command can end with.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// Config file or flags.
     #[error(transparent)]
     Config(#[from] crate::domain::config::ConfigError),
@@ -74,11 +74,11 @@ pub enum Error {
 }
 
 /// Result alias for commands.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What an error says about whose fault it is; each maps to one exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     /// The machine, the driver or the environment failed (exit 1).
     Runtime,
     /// The user's input is wrong (exit 2).
@@ -87,7 +87,7 @@ pub enum Class {
 
 impl Class {
     /// The process exit code of this class.
-    pub fn exit_code(self) -> ExitCode {
+    pub(crate) fn exit_code(self) -> ExitCode {
         match self {
             Class::Runtime => ExitCode::from(1),
             Class::Input => ExitCode::from(2),
@@ -138,7 +138,7 @@ fn monitor(e: &MonitorError) -> Class {
 
 impl Error {
     /// Whose fault this error is.
-    pub fn class(&self) -> Class {
+    pub(crate) fn class(&self) -> Class {
         match self {
             Error::Config(_) | Error::Plan(_) | Error::Dra(_) => Class::Input,
             Error::Inventory(e) => inventory(e),
@@ -176,7 +176,7 @@ impl Error {
     }
 
     /// The process exit code (see the table in the module header).
-    pub fn exit_code(&self) -> ExitCode {
+    pub(crate) fn exit_code(&self) -> ExitCode {
         self.class().exit_code()
     }
 }

@@ -13,7 +13,7 @@ use crate::runtime::fleet::Selection;
 
 /// `--config-dir`, `--config-label`, `--config-default`.
 #[derive(Debug, Clone, Args)]
-pub struct FleetArgs {
+pub(crate) struct FleetArgs {
     /// Directory of named configs (a ConfigMap mounted as a directory: one config file per
     /// key). The Node's `--config-label` picks the key; needs `--node-name` / `NODE_NAME`.
     /// Replaces `--config`.
@@ -31,7 +31,7 @@ pub struct FleetArgs {
 impl FleetArgs {
     /// The selection `--config-dir` describes (`None` without it); `state_dir` holds the
     /// name applied before a restart.
-    pub fn selection(&self, config: &ConfigArgs, state_dir: Option<&Path>) -> Option<Selection> {
+    pub(crate) fn selection(&self, config: &ConfigArgs, state_dir: Option<&Path>) -> Option<Selection> {
         let dir = self.config_dir.clone()?;
         let recorded = state_dir.and_then(crate::platform::fleet_state::read);
         let flags = config.clone();

@@ -14,7 +14,7 @@ use crate::domain::inventory::{Gpu, Health, Inventory};
 use crate::domain::plan::{self, Plan};
 
 /// Run `inventory`.
-pub fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {
     let config = args.config.load()?;
     let backend = super::backend::open_backend(&args.backend)?;
     let inventory = backend.discover()?;
@@ -56,7 +56,7 @@ fn write_topology(out: &mut dyn Write, inv: &Inventory, format: OutputFormat) ->
 /// The JSON document.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Report<'a> {
+pub(crate) struct Report<'a> {
     source: &'a str,
     driver_version: Option<&'a str>,
     gpus: &'a [Gpu],
@@ -94,7 +94,7 @@ struct DeviceReport<'a> {
 
 impl<'a> Report<'a> {
     /// Build the report of an inventory and its plan.
-    pub fn new(inventory: &'a Inventory, plan: &'a Plan) -> Self {
+    pub(crate) fn new(inventory: &'a Inventory, plan: &'a Plan) -> Self {
         Self {
             source: &inventory.source,
             driver_version: inventory.driver_version.as_deref(),

@@ -7,7 +7,7 @@ use crate::platform::kube::{ClientSource, InClusterEnv, KubeError};
 
 /// How to reach the Kubernetes API, and which Node this agent runs on.
 #[derive(Debug, Clone, Default, Args)]
-pub struct KubeArgs {
+pub(crate) struct KubeArgs {
     /// Kubeconfig file(s), `:`-separated (default: the pod's service account, in-cluster).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<String>,
@@ -18,12 +18,12 @@ pub struct KubeArgs {
 
 impl KubeArgs {
     /// Where the client's cluster and credentials come from.
-    pub fn source(&self) -> Result<ClientSource, KubeError> {
+    pub(crate) fn source(&self) -> Result<ClientSource, KubeError> {
         ClientSource::resolve(self.kubeconfig.as_deref(), &InClusterEnv::from_process())
     }
 
     /// `--node-name` / `NODE_NAME`, required when the API is used.
-    pub fn node_name(&self) -> Result<String, KubeError> {
+    pub(crate) fn node_name(&self) -> Result<String, KubeError> {
         crate::platform::kube::node_name(self.node_name.as_deref())
     }
 }

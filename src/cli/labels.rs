@@ -14,7 +14,7 @@ use crate::platform::labels_file;
 
 /// Arguments of `gpu-slicer labels`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct LabelsArgs {
+pub(crate) struct LabelsArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -28,7 +28,7 @@ pub struct LabelsArgs {
 }
 
 /// Run `labels`.
-pub fn run(args: &LabelsArgs, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn run(args: &LabelsArgs, out: &mut dyn Write) -> Result<()> {
     let config = args.config.load()?;
     let backend = super::backend::open_backend(&args.backend)?;
     let inventory = backend.discover()?;

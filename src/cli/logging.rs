@@ -9,13 +9,13 @@ use super::LogFormat;
 /// Whether log lines may carry ANSI colour codes: only when stderr is a terminal and
 /// `NO_COLOR` (no-color.org) is unset or empty. A log file, journald or a container
 /// runtime's log then gets plain text.
-pub fn use_colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
+pub(crate) fn use_colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
     stderr_is_terminal && no_color.is_none_or(str::is_empty)
 }
 
 /// Install the global subscriber writing to stderr in `format`. `RUST_LOG` filters
 /// (default `default_filter`: [`super::Cli::default_log_filter`]).
-pub fn init_tracing(format: LogFormat, default_filter: &str) {
+pub(crate) fn init_tracing(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let no_color = std::env::var("NO_COLOR").ok();
@@ -35,7 +35,7 @@ pub fn init_tracing(format: LogFormat, default_filter: &str) {
 /// Report the error a command ended with: the plain `gpu-slicer: error: …` line for
 /// people, or, under `--log-format json`, one JSON log event like every other line, so a
 /// log pipeline that parses every line does not lose the one that matters most.
-pub fn report_fatal(format: LogFormat, error: &dyn std::fmt::Display) {
+pub(crate) fn report_fatal(format: LogFormat, error: &dyn std::fmt::Display) {
     match format {
         LogFormat::Text => eprintln!("gpu-slicer: error: {error}"),
         LogFormat::Json => tracing::error!(error = %error, "fatal"),
@@ -44,7 +44,7 @@ pub fn report_fatal(format: LogFormat, error: &dyn std::fmt::Display) {
 
 /// Whether an error (or any error it wraps) is a write to a closed pipe: `gpu-slicer
 /// inventory | head` closing stdout early is the reader's choice, not a failure.
-pub fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(e) = next {
         if let Some(io) = e.downcast_ref::<std::io::Error>()

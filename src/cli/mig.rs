@@ -21,14 +21,14 @@ use crate::platform::mig::{self as ops, MigOpError};
 
 /// `gpu-slicer mig …`.
 #[derive(Debug, Subcommand)]
-pub enum MigCommand {
+pub(crate) enum MigCommand {
     /// Compute, print and apply the steps that take each GPU to a layout of a mig-parted file.
     Apply(MigApplyArgs),
 }
 
 /// Arguments of `mig apply`.
 #[derive(Debug, Args)]
-pub struct MigApplyArgs {
+pub(crate) struct MigApplyArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
     /// mig-parted config file (`version: v1`, `mig-configs`).
@@ -47,7 +47,7 @@ pub struct MigApplyArgs {
 
 /// Errors of `mig`.
 #[derive(Debug, thiserror::Error)]
-pub enum MigError {
+pub(crate) enum MigError {
     /// The layout file or the layout does not fit.
     #[error(transparent)]
     Layout(Box<MigLayoutError>),
@@ -83,7 +83,7 @@ struct Report<'a> {
 }
 
 /// Run `mig`.
-pub fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
+pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
     let MigCommand::Apply(args) = cmd;
     let file = ops::load_file(&args.config_file)?;
     file.layout(&args.layout)?;

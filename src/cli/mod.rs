@@ -1,25 +1,25 @@
 //! The command-line layer: clap types ([`args`], the only clap user) and one module per
 //! subcommand, each turning arguments into settings and calling the library.
 
-pub mod args;
-pub mod backend;
-pub mod cdi;
-pub mod cdi_hook;
-pub mod demo;
-pub mod dra;
-pub mod dra_args;
-pub mod emulate;
-pub mod error;
-pub mod fleet_args;
+pub(crate) mod args;
+pub(crate) mod backend;
+pub(crate) mod cdi;
+pub(crate) mod cdi_hook;
+pub(crate) mod demo;
+pub(crate) mod dra;
+pub(crate) mod dra_args;
+pub(crate) mod emulate;
+pub(crate) mod error;
+pub(crate) mod fleet_args;
 pub(crate) mod given;
-pub mod inventory;
-pub mod kube_args;
-pub mod labels;
-pub mod logging;
-pub mod mig;
-pub mod nvidia;
-pub mod run;
-pub mod top;
+pub(crate) mod inventory;
+pub(crate) mod kube_args;
+pub(crate) mod labels;
+pub(crate) mod logging;
+pub(crate) mod mig;
+pub(crate) mod nvidia;
+pub(crate) mod run;
+pub(crate) mod top;
 
 use std::io::Write;
 
@@ -30,7 +30,7 @@ use self::error::Error;
 /// gpu-slicer: hand out exactly the GPU share a workload asks for.
 #[derive(Debug, Parser)]
 #[command(name = "gpu-slicer", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log output format.
     #[arg(long, global = true, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -42,7 +42,7 @@ pub struct Cli {
 impl Cli {
     /// The log filter when `RUST_LOG` is unset: `warn` for the demo, whose narrative on stdout
     /// shares the terminal with the log (a problem still shows), `info` for everything else.
-    pub fn default_log_filter(&self) -> &'static str {
+    pub(crate) fn default_log_filter(&self) -> &'static str {
         match self.command {
             Command::Demo => "warn",
             _ => "info",
@@ -52,7 +52,7 @@ impl Cli {
 
 /// Log formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -61,7 +61,7 @@ pub enum LogFormat {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Show the node's GPUs, MIG slices and the resources the config turns them into.
     Inventory(Box<args::InventoryArgs>),
     /// Print the node labels (GPU Feature Discovery's names) once, as `key=value` lines.
@@ -91,7 +91,7 @@ pub enum Command {
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the
 /// other commands are synchronous.
-pub fn dispatch(cli: &Cli) -> Result<(), Error> {
+pub(crate) fn dispatch(cli: &Cli) -> Result<(), Error> {
     let mut stdout = std::io::stdout().lock();
     match &cli.command {
         Command::Inventory(args) => inventory::run(args, &mut stdout),
@@ -124,7 +124,7 @@ fn block_on<E: Into<Error>>(
 /// The async runtime of the daemon: one worker thread. The agent's work is a handful of
 /// sockets and timers; blocking NVML and file I/O go to `spawn_blocking` threads that exit
 /// when idle, so an idle daemon keeps its thread count (and RSS) small.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_keep_alive(std::time::Duration::from_secs(1))

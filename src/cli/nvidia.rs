@@ -15,7 +15,7 @@ use crate::domain::config::{ConfigError, Given};
 
 /// NVIDIA plugin flags with no gpu-slicer equivalent.
 #[derive(Debug, Clone, Default, Args)]
-pub struct NvidiaArgs {
+pub(crate) struct NvidiaArgs {
     /// NVIDIA's device discovery: `auto` and `nvml` both mean NVML here; `tegra` is not
     /// supported.
     #[arg(long, env = "DEVICE_DISCOVERY_STRATEGY", hide = true, value_parser = given::text())]
@@ -60,7 +60,7 @@ pub struct NvidiaArgs {
 impl NvidiaArgs {
     /// Refuse what gpu-slicer cannot do, blamed on the flag or variable that asked for it;
     /// return the names of flags it accepts and ignores (for one warning).
-    pub fn check(&self) -> Result<Vec<&'static str>, ConfigError> {
+    pub(crate) fn check(&self) -> Result<Vec<&'static str>, ConfigError> {
         if let Some(s) = &self.device_discovery_strategy
             && !matches!(s.value.as_str(), "auto" | "nvml")
         {

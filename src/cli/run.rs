@@ -15,7 +15,7 @@ use crate::runtime::triggers::TriggerSettings;
 
 /// Errors of `gpu-slicer run` before or while the daemon runs.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// Config file or flags.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -50,7 +50,7 @@ pub enum RunError {
 /// Flags of `gpu-slicer run` (each also an environment variable). `--log-format` /
 /// `LOG_FORMAT` is global on the command line.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -127,7 +127,7 @@ pub struct RunArgs {
 }
 
 /// Default of `--state-dir`.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-slicer";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/gpu-slicer";
 
 impl RunArgs {
     /// The flags in `argv` (without the program and subcommand names), environment variables
@@ -146,7 +146,7 @@ impl RunArgs {
     }
 
     /// The daemon settings these flags describe (config loaded and validated).
-    pub fn settings(&self) -> Result<RunSettings, RunError> {
+    pub(crate) fn settings(&self) -> Result<RunSettings, RunError> {
         let state_dir = (!self.state_dir.is_empty()).then(|| PathBuf::from(&self.state_dir));
         let selection = self.fleet.selection(&self.config, state_dir.as_deref());
         let config = match &selection {
@@ -206,7 +206,7 @@ impl RunArgs {
 
     /// The DRA front-end when DRA mode is on (the API client is built here: nothing is sent
     /// until the driver's first call, so an API that is down does not stop the start).
-    pub async fn dra_settings(
+    pub(crate) async fn dra_settings(
         &self,
         config: &crate::domain::config::Config,
     ) -> Result<Option<crate::runtime::dra::DraModeSettings>, RunError> {
@@ -293,7 +293,7 @@ impl RunArgs {
 }
 
 /// Run the daemon until SIGTERM or SIGINT.
-pub async fn run(args: &RunArgs) -> Result<(), RunError> {
+pub(crate) async fn run(args: &RunArgs) -> Result<(), RunError> {
     let mut settings = args.settings()?;
     settings.dra = args.dra_settings(&settings.config).await?;
     if let Some(dra) = &settings.dra {

@@ -22,7 +22,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Errors of `gpu-slicer top`.
 #[derive(Debug, thiserror::Error)]
-pub enum TopError {
+pub(crate) enum TopError {
     /// `--endpoint` is not an `http://host:port` URL.
     #[error("invalid flag `--endpoint` = `{url}`: {why}")]
     Endpoint { url: String, why: String },
@@ -39,7 +39,7 @@ pub enum TopError {
 
 /// Flags of `gpu-slicer top`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct TopArgs {
+pub(crate) struct TopArgs {
     /// The daemon's HTTP endpoint (`--http-listen` of `run`).
     #[arg(
         long,
@@ -175,7 +175,7 @@ fn share_line(out: &mut String, s: &ShareReport, indent: &str, style: &Style) {
 }
 
 /// One frame of the view.
-pub fn render(r: &UsageReport, colour: bool) -> String {
+pub(crate) fn render(r: &UsageReport, colour: bool) -> String {
     let style = Style { colour };
     let mut out = String::new();
     let every = humantime::format_duration(Duration::from_secs_f64(r.interval_seconds.max(0.0)));
@@ -260,7 +260,7 @@ pub fn render(r: &UsageReport, colour: bool) -> String {
 }
 
 /// Run `top` until interrupted (or one frame with `--once`).
-pub fn run(args: &TopArgs, out: &mut impl Write) -> Result<(), TopError> {
+pub(crate) fn run(args: &TopArgs, out: &mut impl Write) -> Result<(), TopError> {
     let (addr, url) = authority(&args.endpoint)?;
     let terminal = std::io::stdout().is_terminal();
     let colour = terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());

@@ -8,12 +8,12 @@
 /// Default CDI kind of the generated spec. Chosen not to collide with the kinds
 /// `nvidia-ctk` writes (`nvidia.com/gpu`) or NVIDIA's plugin writes
 /// (`k8s.device-plugin.nvidia.com/gpu`), so both can coexist on one host.
-pub const DEFAULT_CDI_KIND: &str = "gpu-slicer.io/gpu";
+pub(crate) const DEFAULT_CDI_KIND: &str = "gpu-slicer.io/gpu";
 
 /// Check a CDI kind `vendor/class` against the rules every consumer accepts: vendor a
 /// DNS-like name, class without dots, both at least 2 characters (a 1-character vendor or
 /// class makes Podman's CDI library panic host-wide).
-pub fn check_syntax(kind: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_syntax(kind: &str) -> std::result::Result<(), String> {
     let Some((vendor, class)) = kind.split_once('/') else {
         return Err("must be <vendor>/<class>".into());
     };
@@ -59,13 +59,13 @@ pub(crate) fn owner_of_vendor(vendor: &str) -> Option<&'static str> {
 }
 
 /// Who else writes specs of `kind` (`vendor/class`), if anyone.
-pub fn owner_of_kind(kind: &str) -> Option<&'static str> {
+pub(crate) fn owner_of_kind(kind: &str) -> Option<&'static str> {
     let vendor = kind.split_once('/').map_or(kind, |(v, _)| v);
     owner_of_vendor(&vendor.to_ascii_lowercase())
 }
 
 /// Refuse a `cdiKind` another writer owns; the message says whose it is.
-pub fn check_not_foreign(kind: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_not_foreign(kind: &str) -> std::result::Result<(), String> {
     match owner_of_kind(kind) {
         None => Ok(()),
         Some(owner) => Err(format!(

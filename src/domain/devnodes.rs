@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use crate::domain::inventory::{Gpu, Inventory, MigDevice};
 
 /// Control nodes every CUDA container needs alongside its GPU nodes.
-pub const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+pub(crate) const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
 /// A MIG device without one of its capability minors: it cannot be isolated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,17 +26,17 @@ pub struct MissingCapMinor {
 }
 
 /// Container path of a GPU's device node.
-pub fn gpu_node_path(gpu: &Gpu) -> String {
+pub(crate) fn gpu_node_path(gpu: &Gpu) -> String {
     format!("/dev/nvidia{}", gpu.minor)
 }
 
 /// Container path of a MIG capability node.
-pub fn cap_node_path(cap_minor: u32) -> String {
+pub(crate) fn cap_node_path(cap_minor: u32) -> String {
     format!("/dev/nvidia-caps/nvidia-cap{cap_minor}")
 }
 
 /// The GPU-instance and compute-instance capability minors of a MIG device.
-pub fn cap_minors(mig: &MigDevice) -> Result<[u32; 2], MissingCapMinor> {
+pub(crate) fn cap_minors(mig: &MigDevice) -> Result<[u32; 2], MissingCapMinor> {
     let missing = |which| MissingCapMinor {
         device: mig.uuid.clone(),
         which,

@@ -9,15 +9,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// The label that names the config (`--config-label` default, NVIDIA's).
-pub const CONFIG_LABEL: &str = "nvidia.com/device-plugin.config";
+pub(crate) const CONFIG_LABEL: &str = "nvidia.com/device-plugin.config";
 /// The label that names the MIG layout (mig-manager's).
-pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
+pub(crate) const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
 /// mig-manager's state label: `pending` | `success` | `failed`.
-pub const MIG_STATE_LABEL: &str = "nvidia.com/mig.config.state";
+pub(crate) const MIG_STATE_LABEL: &str = "nvidia.com/mig.config.state";
 /// Our config state label: `success` | `failed`.
-pub const CONFIG_STATE_LABEL: &str = "gpu-slicer.io/config.state";
+pub(crate) const CONFIG_STATE_LABEL: &str = "gpu-slicer.io/config.state";
 /// The name of the config in force.
-pub const CONFIG_APPLIED_LABEL: &str = "gpu-slicer.io/config.applied";
+pub(crate) const CONFIG_APPLIED_LABEL: &str = "gpu-slicer.io/config.applied";
 
 /// Why no config could be chosen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,7 +41,7 @@ pub enum FleetError {
 
 /// How the config was chosen, for logs and Events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The node label named it.
     Label,
     /// `--config-default`.
@@ -54,7 +54,7 @@ pub enum Reason {
 
 /// The chosen key and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Choice {
+pub(crate) struct Choice {
     pub key: String,
     pub reason: Reason,
 }
@@ -67,7 +67,7 @@ fn join(keys: &BTreeSet<String>) -> String {
 }
 
 /// The config key for a Node whose `label` is `value`, given the directory's `keys`.
-pub fn choose_config(
+pub(crate) fn choose_config(
     label: &str,
     value: Option<&str>,
     default_flag: Option<&str>,
@@ -109,13 +109,13 @@ pub fn choose_config(
 }
 
 /// The MIG layout to apply: the label wins over `flags.migLayouts.layout`.
-pub fn choose_layout<'a>(label: Option<&'a str>, configured: Option<&'a str>) -> Option<&'a str> {
+pub(crate) fn choose_layout<'a>(label: Option<&'a str>, configured: Option<&'a str>) -> Option<&'a str> {
     label.filter(|v| !v.is_empty()).or(configured)
 }
 
 /// What happened to a config switch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigOutcome {
+pub(crate) enum ConfigOutcome {
     /// `name` is in force.
     Applied { name: String },
     /// The choice failed; `kept` (the last good config) stays in force, if any.
@@ -124,7 +124,7 @@ pub enum ConfigOutcome {
 
 /// What happened to the MIG layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigOutcome {
+pub(crate) enum MigOutcome {
     /// Busy GPUs still wait for their release.
     Pending,
     Success,
@@ -133,7 +133,7 @@ pub enum MigOutcome {
 
 impl MigOutcome {
     /// mig-manager's spelling.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MigOutcome::Pending => "pending",
             MigOutcome::Success => "success",
@@ -143,7 +143,7 @@ impl MigOutcome {
 }
 
 /// The state labels for the outcomes (`None` in the map: leave that label alone).
-pub fn state_labels(
+pub(crate) fn state_labels(
     config: Option<&ConfigOutcome>,
     mig: Option<MigOutcome>,
 ) -> BTreeMap<String, String> {
@@ -172,7 +172,7 @@ pub fn state_labels(
 /// before) that are no longer desired are removed (`None`); keys it never wrote are never
 /// touched. Empty when the Node already agrees, so our own patch echoed back by the watch
 /// leads to no new patch.
-pub fn label_patch(
+pub(crate) fn label_patch(
     on_node: &BTreeMap<String, String>,
     desired: &BTreeMap<String, String>,
     written: &BTreeSet<String>,
@@ -197,10 +197,10 @@ pub fn label_patch(
 /// disagree after a crash between two writes, and it survives a lost or wiped state
 /// directory (a node reinstalled, the agent moved to a new host path), which would otherwise
 /// leave labels nobody removes.
-pub const OWNED_LABELS_ANNOTATION: &str = "gpu-slicer.io/labels-owned";
+pub(crate) const OWNED_LABELS_ANNOTATION: &str = "gpu-slicer.io/labels-owned";
 
 /// The keys [`OWNED_LABELS_ANNOTATION`] lists (empty when absent).
-pub fn owned_keys(annotation: Option<&str>) -> BTreeSet<String> {
+pub(crate) fn owned_keys(annotation: Option<&str>) -> BTreeSet<String> {
     annotation
         .unwrap_or("")
         .split(',')
@@ -214,7 +214,7 @@ pub fn owned_keys(annotation: Option<&str>) -> BTreeSet<String> {
 /// records them. `owned` is what the annotation lists now. A key already on the Node that we
 /// do not own (GPU Feature Discovery itself, an operator) is left as it is and not claimed;
 /// keys we own and no longer want are removed.
-pub fn owned_label_patch(
+pub(crate) fn owned_label_patch(
     on_node: &BTreeMap<String, String>,
     desired: &BTreeMap<String, String>,
     owned: &BTreeSet<String>,
@@ -246,7 +246,7 @@ pub fn owned_label_patch(
 
 /// What [`owned_label_patch`] decided.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct OwnedPatch {
+pub(crate) struct OwnedPatch {
     /// Labels to set (`Some`) and remove (`None`).
     pub labels: BTreeMap<String, Option<String>>,
     /// The new value of [`OWNED_LABELS_ANNOTATION`], when it changes.
@@ -257,7 +257,7 @@ pub struct OwnedPatch {
 
 impl OwnedPatch {
     /// Whether the Node already agrees.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.annotation.is_none()
     }
 }
@@ -265,7 +265,7 @@ impl OwnedPatch {
 /// The labels a watched Node change is about: a new value of either selecting label means
 /// a decision; anything else (our own state labels echoed back, other controllers' labels)
 /// means nothing.
-pub fn selection_changed(
+pub(crate) fn selection_changed(
     before: &BTreeMap<String, String>,
     after: &BTreeMap<String, String>,
     config_label: &str,
@@ -278,7 +278,7 @@ pub fn selection_changed(
 /// The delay before reconnect attempt `attempt` (0-based): exponential from `base`, capped
 /// at `cap`, times a jitter factor in [0.5, 1.0] from `sample` ∈ [0, 1), so that many agents
 /// cut off by one API restart do not come back in step.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration, sample: f64) -> Duration {
+pub(crate) fn backoff(attempt: u32, base: Duration, cap: Duration, sample: f64) -> Duration {
     let exp = base.saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX));
     let capped = exp.min(cap);
     capped.mul_f64(0.5 + 0.5 * sample.clamp(0.0, 1.0))

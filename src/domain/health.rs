@@ -20,10 +20,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// XIDs NVIDIA's plugin ignores by default: errors caused by the application, not the GPU.
-pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+pub(crate) const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// Default quiet period before a re-probe may bring a device back.
-pub const DEFAULT_QUIET_PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_QUIET_PERIOD: Duration = Duration::from_secs(60);
 
 /// Which XIDs count as critical.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +103,7 @@ impl XidFilter {
 
 /// What happened, as the event sources report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventKind {
+pub(crate) enum EventKind {
     /// XID error with its number.
     Xid(u64),
     /// Double-bit (uncorrectable) ECC error.
@@ -118,7 +118,7 @@ pub enum EventKind {
 
 /// A health event on a GPU, optionally attributed to one MIG instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub(crate) struct Event {
     /// GPU the event was reported on; `None` for events about every GPU (wait errors).
     pub gpu_uuid: Option<String>,
     /// The MIG device the event is attributed to, already resolved from GI/CI ids.
@@ -129,7 +129,7 @@ pub struct Event {
 
 /// A change of health of one physical device (GPU or MIG UUID).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transition {
+pub(crate) struct Transition {
     /// GPU or MIG UUID. Devices backed by a GPU follow its state.
     pub uuid: String,
     /// Healthy again (`None`) or unhealthy with a reason (`xid-79`, `gpu-lost`, …).
@@ -146,7 +146,7 @@ struct Sick {
 
 /// Health state of every physical device that is not healthy.
 #[derive(Debug)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     filter: XidFilter,
     quiet: Duration,
     /// All GPUs, for events that concern every GPU.
@@ -156,7 +156,7 @@ pub struct Tracker {
 
 impl Tracker {
     /// A tracker for the given GPUs.
-    pub fn new(filter: XidFilter, quiet: Duration, gpus: Vec<String>) -> Self {
+    pub(crate) fn new(filter: XidFilter, quiet: Duration, gpus: Vec<String>) -> Self {
         Self {
             filter,
             quiet,
@@ -166,22 +166,22 @@ impl Tracker {
     }
 
     /// The XID filter in force.
-    pub fn filter(&self) -> &XidFilter {
+    pub(crate) fn filter(&self) -> &XidFilter {
         &self.filter
     }
 
     /// Replace the GPU list after a re-scan; state of GPUs that are gone is dropped.
-    pub fn set_gpus(&mut self, gpus: Vec<String>) {
+    pub(crate) fn set_gpus(&mut self, gpus: Vec<String>) {
         self.gpus = gpus;
     }
 
     /// The reason a physical device is unhealthy, if it is.
-    pub fn reason(&self, uuid: &str) -> Option<&str> {
+    pub(crate) fn reason(&self, uuid: &str) -> Option<&str> {
         self.sick.get(uuid).map(|s| s.reason.as_str())
     }
 
     /// Every unhealthy physical device with its reason.
-    pub fn unhealthy(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn unhealthy(&self) -> impl Iterator<Item = (&str, &str)> {
         self.sick
             .iter()
             .map(|(u, s)| (u.as_str(), s.reason.as_str()))
@@ -189,7 +189,7 @@ impl Tracker {
 
     /// Apply an event. Returns the devices that became unhealthy (a repeat event only
     /// restarts the quiet period).
-    pub fn on_event(&mut self, event: &Event, now: Instant) -> Vec<Transition> {
+    pub(crate) fn on_event(&mut self, event: &Event, now: Instant) -> Vec<Transition> {
         let reason = match &event.kind {
             EventKind::Xid(x) if self.filter.is_critical(*x) => format!("xid-{x}"),
             EventKind::Xid(_) | EventKind::SingleBitEcc => return Vec::new(),
@@ -238,12 +238,12 @@ impl Tracker {
     }
 
     /// When the next re-probe is due, if any device is unhealthy.
-    pub fn next_probe_at(&self) -> Option<Instant> {
+    pub(crate) fn next_probe_at(&self) -> Option<Instant> {
         self.sick.values().map(|s| s.last_event + self.quiet).min()
     }
 
     /// GPUs whose devices have been quiet long enough to be re-probed now.
-    pub fn due_for_probe(&self, now: Instant) -> BTreeSet<String> {
+    pub(crate) fn due_for_probe(&self, now: Instant) -> BTreeSet<String> {
         self.sick
             .values()
             .filter(|s| now >= s.last_event + self.quiet)
@@ -253,7 +253,7 @@ impl Tracker {
 
     /// Apply the result of re-probing a GPU: on success every quiet device it backs
     /// recovers; on failure the quiet period starts again.
-    pub fn on_probe(&mut self, gpu: &str, ok: bool, now: Instant) -> Vec<Transition> {
+    pub(crate) fn on_probe(&mut self, gpu: &str, ok: bool, now: Instant) -> Vec<Transition> {
         let quiet = self.quiet;
         let due: Vec<String> = self
             .sick

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-pub use node_spec::NodeSpec;
+pub(crate) use node_spec::NodeSpec;
 
 /// Errors discovering the inventory.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum InventoryError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = InventoryError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = InventoryError> = std::result::Result<T, E>;
 
 /// Health of a physical device or of an allocatable device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Default)]

@@ -39,17 +39,17 @@ use crate::domain::plan::{Plan, mig_resource_name};
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// gpu-slicer's own label: the isolation every share on the node gets.
-pub const ISOLATION_LABEL: &str = "gpu-slicer.io/isolation";
+pub(crate) const ISOLATION_LABEL: &str = "gpu-slicer.io/isolation";
 
 /// GFD's multi-node NVLink clique label (`<cluster UUID>.<clique ID>`).
-pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+pub(crate) const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
 
 /// Longest label value Kubernetes accepts.
-pub const MAX_VALUE_LEN: usize = 63;
+pub(crate) const MAX_VALUE_LEN: usize = 63;
 
 /// Labels in key order, and what was odd about the node while computing them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeLabels {
+pub(crate) struct NodeLabels {
     /// `key -> value`, sorted by key.
     pub labels: BTreeMap<String, String>,
     /// Conditions worth a warning (several products, an invalid single-strategy layout,
@@ -59,7 +59,7 @@ pub struct NodeLabels {
 
 impl NodeLabels {
     /// The feature-file form NFD reads: one `key=value` line per label, in key order.
-    pub fn to_feature_file(&self) -> String {
+    pub(crate) fn to_feature_file(&self) -> String {
         self.labels
             .iter()
             .map(|(k, v)| format!("{k}={v}\n"))
@@ -67,7 +67,7 @@ impl NodeLabels {
     }
 
     /// Whether there is nothing to label (no GPUs).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
 
@@ -77,7 +77,7 @@ impl NodeLabels {
 }
 
 /// The labels of a node: its inventory under a config, with the plan for what is shared.
-pub fn build(inv: &Inventory, cfg: &Config, plan: &Plan) -> NodeLabels {
+pub(crate) fn build(inv: &Inventory, cfg: &Config, plan: &Plan) -> NodeLabels {
     let mut out = NodeLabels::default();
     if inv.gpus.is_empty() {
         return out;
@@ -313,7 +313,7 @@ fn architecture(g: &Gpu, out: &mut NodeLabels) {
 }
 
 /// GFD's architecture family of a compute capability.
-pub fn family(major: u32, minor: u32) -> &'static str {
+pub(crate) fn family(major: u32, minor: u32) -> &'static str {
     match (major, minor) {
         (1, _) => "tesla",
         (2, _) => "fermi",
@@ -406,7 +406,7 @@ fn mig_mixed(inv: &Inventory, cfg: &Config, out: &mut NodeLabels) {
 
 /// What every share on the node binds: the isolation common to all shared resources
 /// (memory limit, MPS, both), `none` when nothing is shared or they have nothing in common.
-pub fn node_isolation(plan: &Plan) -> Isolation {
+pub(crate) fn node_isolation(plan: &Plan) -> Isolation {
     let mut memory = true;
     let mut mps = true;
     let mut any = false;
@@ -426,13 +426,13 @@ pub fn node_isolation(plan: &Plan) -> Isolation {
 /// The label value of an isolation level: the config spelling with `+` turned into `.`
 /// (`memory+mps` → `memory.mps`), the rule NVIDIA uses for `+` in MIG profile resource
 /// names, because `+` is not allowed in a label value.
-pub fn isolation_value(i: Isolation) -> String {
+pub(crate) fn isolation_value(i: Isolation) -> String {
     i.as_str().replace('+', ".")
 }
 
 /// GFD's sanitising: drop characters outside `[A-Za-z0-9-_. ]`, join blank-separated words
 /// with `-`.
-pub fn sanitise(input: &str) -> String {
+pub(crate) fn sanitise(input: &str) -> String {
     let kept: String = input
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ' '))
@@ -442,7 +442,7 @@ pub fn sanitise(input: &str) -> String {
 
 /// A valid label value for any input: sanitised as GFD does, cut to 63 characters, and
 /// trimmed so it starts and ends with an alphanumeric character.
-pub fn label_value(input: &str) -> String {
+pub(crate) fn label_value(input: &str) -> String {
     let s = sanitise(input);
     let s: String = s.chars().take(MAX_VALUE_LEN).collect();
     s.trim_matches(|c: char| !c.is_ascii_alphanumeric())
@@ -451,7 +451,7 @@ pub fn label_value(input: &str) -> String {
 
 /// Whether `v` is a valid Kubernetes label value: empty, or at most 63 characters of
 /// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`.
-pub fn is_valid_label_value(v: &str) -> bool {
+pub(crate) fn is_valid_label_value(v: &str) -> bool {
     let b = v.as_bytes();
     if b.is_empty() {
         return true;

@@ -2,21 +2,21 @@
 //! tokio, tonic, hyper, notify or clap; the runtime and the platform layers feed it values and
 //! act on what it returns.
 
-pub mod allocate;
-pub mod cdi;
-pub mod cdi_kind;
-pub mod config;
-pub mod devnodes;
-pub mod dra;
-pub mod fleet;
-pub mod health;
-pub mod inventory;
-pub mod labels;
-pub mod miglayout;
-pub mod mps;
-pub mod plan;
-pub mod snapshot;
-pub mod topology;
-pub mod transition;
-pub mod usage;
-pub mod view;
+pub(crate) mod allocate;
+pub(crate) mod cdi;
+pub(crate) mod cdi_kind;
+pub(crate) mod config;
+pub(crate) mod devnodes;
+pub(crate) mod dra;
+pub(crate) mod fleet;
+pub(crate) mod health;
+pub(crate) mod inventory;
+pub(crate) mod labels;
+pub(crate) mod miglayout;
+pub(crate) mod mps;
+pub(crate) mod plan;
+pub(crate) mod snapshot;
+pub(crate) mod topology;
+pub(crate) mod transition;
+pub(crate) mod usage;
+pub(crate) mod view;

@@ -47,16 +47,16 @@ use crate::domain::config::Config;
 use crate::domain::plan::Plan;
 
 /// Directory inside the container under which each daemon's pipe directory is mounted.
-pub const CONTAINER_MPS_ROOT: &str = "/mps";
+pub(crate) const CONTAINER_MPS_ROOT: &str = "/mps";
 
 /// Default client/daemon binary.
-pub const DEFAULT_CONTROL_BIN: &str = "nvidia-cuda-mps-control";
+pub(crate) const DEFAULT_CONTROL_BIN: &str = "nvidia-cuda-mps-control";
 
 /// Default size bound of each daemon's `/dev/shm` tmpfs (`--mps-shm-size`). A bound, not a
 /// reservation: pages are used (and charged to the writer's cgroup) only when written. One
 /// per daemon, so a node with 8 shared GPUs caps MPS shared memory at 8 GiB, where NVIDIA's
 /// plugin gives all daemons and tenants together one tmpfs of half the node's RAM.
-pub const DEFAULT_SHM_SIZE: &str = "1Gi";
+pub(crate) const DEFAULT_SHM_SIZE: &str = "1Gi";
 
 /// Errors of the MPS manager.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,7 @@ pub enum MpsError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = MpsError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = MpsError> = std::result::Result<T, E>;
 
 /// One MPS control daemon gpu-slicer runs: everything needed to start and configure it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,7 +220,7 @@ pub struct MpsClientEdits {
 ///
 /// Errors when a resource uses MPS but `cfg.mps_root` is unset (config loading fills a
 /// default, so this only happens for hand-built configs).
-pub fn daemons_for(plan: &Plan, cfg: &Config) -> Result<Vec<DaemonSpec>> {
+pub(crate) fn daemons_for(plan: &Plan, cfg: &Config) -> Result<Vec<DaemonSpec>> {
     match &cfg.mps_root {
         Some(root) => daemons(plan, root),
         None => match plan
@@ -238,7 +238,7 @@ pub fn daemons_for(plan: &Plan, cfg: &Config) -> Result<Vec<DaemonSpec>> {
 
 /// The daemons a plan needs under `mps_root`: one per physical device whose resource is
 /// shared with an MPS isolation level, sorted by UUID.
-pub fn daemons(plan: &Plan, mps_root: &Path) -> Result<Vec<DaemonSpec>> {
+pub(crate) fn daemons(plan: &Plan, mps_root: &Path) -> Result<Vec<DaemonSpec>> {
     let mut out: BTreeMap<String, DaemonSpec> = BTreeMap::new();
     for (resource, device) in plan.devices() {
         let Some(sharing) = &resource.sharing else {

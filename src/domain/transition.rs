@@ -42,7 +42,7 @@ pub enum TransitionError {
 
 /// Facts about the host the platform gathered for this transition.
 #[derive(Debug, Clone, Default)]
-pub struct Host {
+pub(crate) struct Host {
     /// Device nodes found under the dev root, by host path (see
     /// [`DeviceNodes::all_paths`]).
     pub nodes: BTreeMap<PathBuf, NodeInfo>,
@@ -56,7 +56,7 @@ pub struct Host {
 
 /// How the MPS daemon set changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MpsChange {
+pub(crate) struct MpsChange {
     /// Daemons to start (new, or changed: stop the old one first).
     pub start: Vec<DaemonSpec>,
     /// UUIDs of daemons to stop (gone, or changed).
@@ -69,7 +69,7 @@ pub struct MpsChange {
 /// `Store::commit`, which adds the generation, health overlay, views and held set of the
 /// moment) and the diff.
 #[derive(Debug, Clone)]
-pub struct Next {
+pub(crate) struct Next {
     /// The spec to write before committing is `state.spec`; `state.kept` are the CDI
     /// devices carried over from the previous spec because they are still held.
     pub state: Computed,
@@ -79,7 +79,7 @@ pub struct Next {
 
 /// The device nodes of `inventory`, derived once per reload: the platform probes their
 /// paths and [`next`] serves them. None without a working driver.
-pub fn device_nodes(
+pub(crate) fn device_nodes(
     inventory: &Inventory,
     no_driver: bool,
 ) -> Result<DeviceNodes, TransitionError> {
@@ -91,7 +91,7 @@ pub fn device_nodes(
 
 /// Compute the next state. Pure: every fact about the host arrives in `host`; `nodes` are
 /// [`device_nodes`] of `inventory`.
-pub fn next(
+pub(crate) fn next(
     current: &Snapshot,
     config: Arc<Config>,
     inventory: Arc<Inventory>,
@@ -168,7 +168,7 @@ fn merge_edits(edits: &mut ContainerEdits, extra: &ContainerEdits) {
 
 /// Carry every device of `previous` that `held` names and `spec` lacks into `spec`, so a
 /// container holding it can restart. Returns the merged spec and the names carried.
-pub fn keep_held(
+pub(crate) fn keep_held(
     mut spec: Spec,
     previous: Option<&Spec>,
     held: &BTreeSet<String>,
@@ -197,7 +197,7 @@ pub fn keep_held(
 }
 
 /// Which daemons start, stop or stay, by UUID: only changed daemons restart.
-pub fn mps_change(current: &[DaemonSpec], next: &[DaemonSpec]) -> MpsChange {
+pub(crate) fn mps_change(current: &[DaemonSpec], next: &[DaemonSpec]) -> MpsChange {
     let old: BTreeMap<&str, &DaemonSpec> = current.iter().map(|d| (d.uuid.as_str(), d)).collect();
     let new: BTreeMap<&str, &DaemonSpec> = next.iter().map(|d| (d.uuid.as_str(), d)).collect();
     let mut change = MpsChange::default();

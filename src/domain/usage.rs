@@ -89,7 +89,7 @@ pub struct Sample {
 
 /// The pod (and container) a cgroup path belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodCgroup {
+pub(crate) struct PodCgroup {
     /// Pod UID with dashes (`5f1c…-…`), as the kubelet's checkpoint writes it.
     pub pod_uid: String,
     /// Container ID (runtime prefix stripped), when the path goes down to the container.
@@ -154,7 +154,7 @@ fn parse_cgroup_path(path: &str) -> Option<PodCgroup> {
 /// Parse `/proc/<pid>/cgroup` (v2 `0::<path>`, or v1's one line per hierarchy
 /// `<id>:<controllers>:<path>`) into the pod it belongs to. The first line that names a pod
 /// and a container wins, else the first that names a pod; `None`: not a pod's process.
-pub fn parse_cgroup(text: &str) -> Option<PodCgroup> {
+pub(crate) fn parse_cgroup(text: &str) -> Option<PodCgroup> {
     let mut pod_only = None;
     for line in text.lines() {
         let Some(path) = line.splitn(3, ':').nth(2) else {
@@ -175,7 +175,7 @@ pub fn parse_cgroup(text: &str) -> Option<PodCgroup> {
 
 /// One device-manager checkpoint entry: devices of one resource held by one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointEntry {
+pub(crate) struct CheckpointEntry {
     /// Pod UID.
     pub pod_uid: String,
     /// Container name.
@@ -224,7 +224,7 @@ enum RawDeviceIds {
 
 /// Parse the kubelet's `kubelet_internal_checkpoint` (device manager). Entries are sorted
 /// and their device IDs deduplicated; `origin` names the file in errors.
-pub fn parse_checkpoint(text: &str, origin: &str) -> Result<Vec<CheckpointEntry>, UsageError> {
+pub(crate) fn parse_checkpoint(text: &str, origin: &str) -> Result<Vec<CheckpointEntry>, UsageError> {
     let file: CheckpointFile = serde_json::from_str(text).map_err(|e| UsageError::Checkpoint {
         path: origin.to_string(),
         message: e.to_string(),
@@ -269,7 +269,7 @@ pub struct Holder {
 
 /// A share: the devices of one resource one container holds.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ShareKey {
+pub(crate) struct ShareKey {
     /// Extended resource name.
     pub resource: String,
     /// The container holding it.
@@ -278,7 +278,7 @@ pub struct ShareKey {
 
 /// Why a process could not be given to a share (`reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Unattributed {
+pub(crate) enum Unattributed {
     /// `<proc-root>/<pid>/cgroup` could not be read (the process ended, or the proc root is
     /// not the host's).
     NoCgroup,
@@ -294,7 +294,7 @@ pub enum Unattributed {
 
 impl Unattributed {
     /// Every reason, for zero-valued series.
-    pub const ALL: [Self; 5] = [
+    pub(crate) const ALL: [Self; 5] = [
         Self::NoCgroup,
         Self::NotAPod,
         Self::NoCheckpointEntry,
@@ -303,7 +303,7 @@ impl Unattributed {
     ];
 
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::NoCgroup => "no-cgroup",
             Self::NotAPod => "not-a-pod",
@@ -316,7 +316,7 @@ impl Unattributed {
 
 /// A share's figures on one physical device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ShareOnDevice {
+pub(crate) struct ShareOnDevice {
     /// The held device IDs on this physical device.
     pub device_ids: Vec<String>,
     /// Memory its processes use here, bytes.
@@ -329,7 +329,7 @@ pub struct ShareOnDevice {
 
 /// One share's figures in a sample.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ShareUsage {
+pub(crate) struct ShareUsage {
     /// Physical UUID → the share there.
     pub on: BTreeMap<String, ShareOnDevice>,
     /// The holder had a compute process, or a whole GPU it holds alone was busy.
@@ -338,24 +338,24 @@ pub struct ShareUsage {
 
 impl ShareUsage {
     /// Memory used over every device, bytes.
-    pub fn memory_used(&self) -> u64 {
+    pub(crate) fn memory_used(&self) -> u64 {
         self.on.values().map(|d| d.memory_used).sum()
     }
 
     /// Memory granted over every device, bytes.
-    pub fn memory_granted(&self) -> u64 {
+    pub(crate) fn memory_granted(&self) -> u64 {
         self.on.values().map(|d| d.memory_granted).sum()
     }
 
     /// Held device IDs.
-    pub fn device_count(&self) -> usize {
+    pub(crate) fn device_count(&self) -> usize {
         self.on.values().map(|d| d.device_ids.len()).sum()
     }
 }
 
 /// What attribution needs besides the sample.
 #[derive(Debug, Clone, Copy)]
-pub struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     /// The GPU figures.
     pub sample: &'a Sample,
     /// pid → the text of its cgroup file (`None`: unreadable).
@@ -370,7 +370,7 @@ pub struct Inputs<'a> {
 
 /// The outcome of one attribution.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Attribution {
+pub(crate) struct Attribution {
     /// Every share the ledger reports for a served resource, with or without processes.
     pub shares: BTreeMap<ShareKey, ShareUsage>,
     /// Processes no share could be found for, by reason.
@@ -378,7 +378,7 @@ pub struct Attribution {
 }
 
 /// Give every process of the sample to the share it runs on.
-pub fn attribute(inputs: &Inputs<'_>) -> Attribution {
+pub(crate) fn attribute(inputs: &Inputs<'_>) -> Attribution {
     let mut shares: BTreeMap<ShareKey, ShareUsage> = BTreeMap::new();
     // Every held device of a served resource makes (or extends) its holder's share.
     for (resource, devices) in inputs.holders {
@@ -485,7 +485,7 @@ fn share_of(inputs: &Inputs<'_>, p: &ProcessSample) -> Result<ShareKey, Unattrib
 
 /// Remembers, per share, since when it is held and when it was last busy.
 #[derive(Debug, Default)]
-pub struct IdleTracker {
+pub(crate) struct IdleTracker {
     seen: HashMap<ShareKey, (Instant, Option<Instant>)>,
 }
 
@@ -493,7 +493,7 @@ impl IdleTracker {
     /// Record one attribution taken at `now`; return the shares idle for at least `window`
     /// (held that long, and no process or compute seen in it). Shares no longer held are
     /// forgotten.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         shares: &BTreeMap<ShareKey, ShareUsage>,
         now: Instant,
@@ -520,7 +520,7 @@ impl IdleTracker {
 /// How many requests of each size (1 … the replica count) can still be placed on one
 /// physical device: each device's free healthy units, divided by the size, rounded down,
 /// summed. Two GPUs with 2 free replicas each place two requests of 2 and none of 4.
-pub fn placeable(view: &ResourceView, allocated: &BTreeSet<String>) -> Vec<(u32, u64)> {
+pub(crate) fn placeable(view: &ResourceView, allocated: &BTreeSet<String>) -> Vec<(u32, u64)> {
     let mut free: BTreeMap<&str, u64> = BTreeMap::new();
     let mut max = 1u32;
     for (d, h) in view.devices() {
@@ -688,7 +688,7 @@ impl TopologyReport {
 
 /// Everything [`report`] combines.
 #[derive(Debug, Clone, Copy)]
-pub struct ReportInputs<'a> {
+pub(crate) struct ReportInputs<'a> {
     /// Snapshot generation.
     pub generation: u64,
     /// Unix ms of the sample.
@@ -712,7 +712,7 @@ pub struct ReportInputs<'a> {
 }
 
 /// Build the report.
-pub fn report(i: &ReportInputs<'_>) -> UsageReport {
+pub(crate) fn report(i: &ReportInputs<'_>) -> UsageReport {
     let figures: HashMap<&str, &DeviceSample> = i
         .sample
         .devices

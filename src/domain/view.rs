@@ -285,7 +285,7 @@ impl Overlay {
 /// The views of every resource of `plan` under `overlay`, reusing `previous` views whose
 /// resource and health did not change (same `Arc`), so their ListAndWatch streams stay
 /// quiet. `generation` is stamped on new views only.
-pub fn views(
+pub(crate) fn views(
     plan: &Plan,
     overlay: &Overlay,
     previous: &BTreeMap<String, Arc<ResourceView>>,
@@ -318,7 +318,7 @@ pub fn views(
 
 /// Names of the resources whose view differs (by identity) between two view maps, plus
 /// the added and removed ones: what a health event or a commit changed.
-pub fn changed(
+pub(crate) fn changed(
     old: &BTreeMap<String, Arc<ResourceView>>,
     new: &BTreeMap<String, Arc<ResourceView>>,
 ) -> BTreeSet<String> {

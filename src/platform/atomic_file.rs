@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteOutcome {
+pub(crate) enum WriteOutcome {
     /// The file was created or replaced.
     Written,
     /// The file already held exactly these bytes; nothing was touched.

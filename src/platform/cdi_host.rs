@@ -11,7 +11,7 @@ use crate::domain::cdi::validate::{check_file_name, validate};
 use crate::domain::cdi::{CdiError, Result, Spec};
 
 /// Read, parse and check one spec file; errors name the file.
-pub fn validate_file(path: &Path) -> Result<Spec> {
+pub(crate) fn validate_file(path: &Path) -> Result<Spec> {
     let in_file = |e: CdiError| CdiError::InFile {
         path: path.to_path_buf(),
         source: Box::new(e),
@@ -28,12 +28,12 @@ pub fn validate_file(path: &Path) -> Result<Spec> {
 
 /// Stats host paths with `lstat`-free `stat` (a symlinked node counts as its target).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct HostProbe;
+pub(crate) struct HostProbe;
 
 impl HostProbe {
     /// Check that `dev_root` is an existing directory, so a typo is an error rather than a
     /// spec whose nodes are all silently missing.
-    pub fn check_root(dev_root: &Path) -> Result<()> {
+    pub(crate) fn check_root(dev_root: &Path) -> Result<()> {
         match std::fs::metadata(dev_root) {
             Ok(m) if m.is_dir() => Ok(()),
             Ok(_) => Err(CdiError::DevRoot {
@@ -79,7 +79,7 @@ fn split_dev(dev: u64) -> (u32, u32) {
 /// The running executable as the hook, with no extra environment. Right when the runtime
 /// sees the same filesystem (a host install); a containerised daemon must pass the
 /// binary's host path instead.
-pub fn current_exe_hook(nvml_lib: Option<PathBuf>) -> Result<HookSettings> {
+pub(crate) fn current_exe_hook(nvml_lib: Option<PathBuf>) -> Result<HookSettings> {
     let path = std::env::current_exe().map_err(|e| CdiError::HookPath {
         path: PathBuf::from("<current executable>"),
         rule: format!("cannot resolve ({e}); pass --cdi-hook-path"),

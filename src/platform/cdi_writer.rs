@@ -21,10 +21,10 @@ use crate::domain::cdi::validate::check_file_name;
 use crate::domain::cdi::{CdiError, Result};
 
 /// Mode of written spec files: runtimes run as other users in some setups and must read it.
-pub const SPEC_FILE_MODE: u32 = 0o644;
+pub(crate) const SPEC_FILE_MODE: u32 = 0o644;
 
 /// What [`write_spec`] did.
-pub use super::atomic_file::WriteOutcome;
+pub(crate) use super::atomic_file::WriteOutcome;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CdiError + '_ {
     move |source| CdiError::Io {
@@ -42,7 +42,7 @@ fn from_io(e: IoAt) -> CdiError {
 
 /// Write `contents` to `dir/file_name` atomically, creating `dir` if needed, and remove the
 /// same spec's file in the other format, if any.
-pub fn write_spec(dir: &Path, file_name: &str, contents: &[u8]) -> Result<WriteOutcome> {
+pub(crate) fn write_spec(dir: &Path, file_name: &str, contents: &[u8]) -> Result<WriteOutcome> {
     let target = dir.join(file_name);
     if file_name.contains('/') || file_name.starts_with('.') {
         return Err(CdiError::FileName {
@@ -77,7 +77,7 @@ fn twin_path(target: &Path) -> PathBuf {
 }
 
 /// Remove `dir/file_name` and its other-format twin; returns the paths that were there.
-pub fn remove_spec(dir: &Path, file_name: &str) -> Result<Vec<PathBuf>> {
+pub(crate) fn remove_spec(dir: &Path, file_name: &str) -> Result<Vec<PathBuf>> {
     let target = dir.join(file_name);
     check_file_name(&target)?;
     crate::domain::cdi::foreign::check_file_name(&target)?;

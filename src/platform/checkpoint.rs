@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::domain::snapshot::Held;
 
 /// File name of the checkpoint inside the state directory.
-pub const FILE_NAME: &str = "held.json";
+pub(crate) const FILE_NAME: &str = "held.json";
 
 /// Errors reading or writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum CheckpointError {
 
 /// The checkpoint file of one state directory.
 #[derive(Debug)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     dir: PathBuf,
     /// Serialises writers (Allocate answers on several streams at once).
     lock: Mutex<()>,
@@ -46,7 +46,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// The checkpoint in `dir` (created on first write).
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
             lock: Mutex::new(()),
@@ -54,13 +54,13 @@ impl Checkpoint {
     }
 
     /// Path of the file.
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.join(FILE_NAME)
     }
 
     /// Read the held set; an absent file is an empty set. A symlink in its place is
     /// refused, not followed.
-    pub fn load(&self) -> Result<Held, CheckpointError> {
+    pub(crate) fn load(&self) -> Result<Held, CheckpointError> {
         let path = self.path();
         let io = |source| CheckpointError::Io {
             path: path.clone(),
@@ -85,7 +85,7 @@ impl Checkpoint {
     }
 
     /// Write `held()` (called under the write lock, so it reads the newest set).
-    pub fn save_with(&self, held: impl FnOnce() -> Held) -> Result<(), CheckpointError> {
+    pub(crate) fn save_with(&self, held: impl FnOnce() -> Held) -> Result<(), CheckpointError> {
         let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let held = held();
         let path = self.path();

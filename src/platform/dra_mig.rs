@@ -52,7 +52,7 @@ pub trait InstanceOps: Send + Sync + std::fmt::Debug {
 
 /// [`InstanceOps`] through NVML.
 #[derive(Debug, Clone)]
-pub struct NvmlInstances {
+pub(crate) struct NvmlInstances {
     /// The NVML library (`--nvml-lib`; `None`: the system's).
     pub lib: Option<PathBuf>,
     /// Where `driver/nvidia-caps/mig-minors` is (normally `/proc`).

@@ -30,11 +30,11 @@ use serde::{Deserialize, Serialize};
 use super::atomic_file::{self, IoAt};
 
 /// File name of the checkpoint inside `--state-dir`.
-pub const CHECKPOINT_FILE: &str = "dra-prepared.json";
+pub(crate) const CHECKPOINT_FILE: &str = "dra-prepared.json";
 
 /// Suffix of the per-claim records' folder in the CDI directory, after `k8s.<driver>-claim`
 /// (`<claimUID>.json` each).
-pub const RECORDS_SUFFIX: &str = "-records";
+pub(crate) const RECORDS_SUFFIX: &str = "-records";
 
 /// Errors reading or writing the DRA driver's files.
 #[derive(Debug, thiserror::Error)]
@@ -446,7 +446,7 @@ impl DraFiles {
 
 /// The boot ID under `proc_root` (`sys/kernel/random/boot_id`); empty when unreadable, so
 /// entries are then kept across what may be a reboot rather than dropped for no reason.
-pub fn boot_id(proc_root: &Path) -> String {
+pub(crate) fn boot_id(proc_root: &Path) -> String {
     std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()

@@ -7,11 +7,11 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 /// File name inside the state directory.
-pub const FILE_NAME: &str = "config-applied";
+pub(crate) const FILE_NAME: &str = "config-applied";
 
 /// Errors writing the record (reading treats anything unusable as "no record").
 #[derive(Debug, thiserror::Error)]
-pub enum FleetStateError {
+pub(crate) enum FleetStateError {
     #[error("applied-config record {path}: {source}")]
     Io {
         path: PathBuf,
@@ -21,7 +21,7 @@ pub enum FleetStateError {
 }
 
 /// The recorded name, if there is a usable one.
-pub fn read(dir: &Path) -> Option<String> {
+pub(crate) fn read(dir: &Path) -> Option<String> {
     let path = dir.join(FILE_NAME);
     match std::fs::read_to_string(&path) {
         Ok(text) => Some(text.trim().to_owned()).filter(|n| !n.is_empty()),
@@ -34,7 +34,7 @@ pub fn read(dir: &Path) -> Option<String> {
 }
 
 /// Record `name` as applied (creates `dir` when missing).
-pub fn write(dir: &Path, name: &str) -> Result<(), FleetStateError> {
+pub(crate) fn write(dir: &Path, name: &str) -> Result<(), FleetStateError> {
     let path = dir.join(FILE_NAME);
     let io = |e: super::atomic_file::IoAt| FleetStateError::Io {
         path: e.path,

@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 
 /// What happened in a watched directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsKind {
+pub(crate) enum FsKind {
     /// An entry was created (a file, a directory, a socket bound).
     Created,
     /// An entry's data was written.
@@ -32,7 +32,7 @@ pub enum FsKind {
 /// One event: its kind and the entry's path (the watched directory, as given, joined with
 /// the entry's name); `None` when it names no entry (`Lost`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsEvent {
+pub(crate) struct FsEvent {
     /// What happened.
     pub kind: FsKind,
     /// The entry it happened to.
@@ -40,7 +40,7 @@ pub struct FsEvent {
 }
 
 /// A directory's event handler.
-pub type Handler = Box<dyn Fn(&FsEvent) + Send>;
+pub(crate) type Handler = Box<dyn Fn(&FsEvent) + Send>;
 
 struct Route {
     wd: WatchDescriptor,
@@ -51,7 +51,7 @@ struct Route {
 type Routes = Arc<Mutex<Vec<Route>>>;
 
 /// The shared watcher. Dropping the last `Arc` ends the reader task and closes the fd.
-pub struct DirWatch {
+pub(crate) struct DirWatch {
     watches: Mutex<Watches>,
     routes: Routes,
     reader: tokio::task::AbortHandle,
@@ -102,7 +102,7 @@ fn kind_of(mask: EventMask) -> FsKind {
 impl DirWatch {
     /// Open the inotify instance and start its reader task (no directory watched yet).
     /// Must be called inside a tokio runtime: the fd is read through its reactor.
-    pub fn new() -> std::io::Result<Arc<Self>> {
+    pub(crate) fn new() -> std::io::Result<Arc<Self>> {
         let inotify = Inotify::init()?;
         let watches = inotify.watches();
         let mut events = inotify.into_event_stream([0u8; 4096])?;
@@ -147,7 +147,7 @@ impl DirWatch {
 
     /// Watch `dir` (not recursively) and hand its events to `handler`. Paths in events are
     /// `dir` joined with the entry name, so `dir` is matched as given.
-    pub fn watch(&self, dir: &Path, handler: Handler) -> std::io::Result<()> {
+    pub(crate) fn watch(&self, dir: &Path, handler: Handler) -> std::io::Result<()> {
         // Held across the add: the reader routes nothing until this watch's route exists,
         // so no event of the new watch is lost.
         let mut routes = lock(&self.routes);

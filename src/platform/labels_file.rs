@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use super::atomic_file::{self, IoAt};
 
 /// Mode of the feature file: NFD may run as another user.
-pub const FILE_MODE: u32 = 0o644;
+pub(crate) const FILE_MODE: u32 = 0o644;
 
 /// Errors writing or removing the feature file.
 #[derive(Debug, thiserror::Error)]
-pub enum LabelsFileError {
+pub(crate) enum LabelsFileError {
     /// The path has no file name or no parent directory.
     #[error("labels file {path}: not a file path")]
     NotAFilePath { path: PathBuf },
@@ -32,10 +32,10 @@ pub enum LabelsFileError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = LabelsFileError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = LabelsFileError> = std::result::Result<T, E>;
 
 /// What [`write`] did.
-pub use super::atomic_file::WriteOutcome;
+pub(crate) use super::atomic_file::WriteOutcome;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LabelsFileError + '_ {
     move |source| LabelsFileError::Io {
@@ -68,7 +68,7 @@ fn split(path: &Path) -> Result<&Path> {
 
 /// Write `contents` to `path` atomically (see the module header). Unchanged content is not
 /// rewritten, so NFD sees no churn.
-pub fn write(path: &Path, contents: &[u8]) -> Result<WriteOutcome> {
+pub(crate) fn write(path: &Path, contents: &[u8]) -> Result<WriteOutcome> {
     let dir = split(path)?;
     if atomic_file::same_content(path, contents).map_err(from_io)? {
         return Ok(WriteOutcome::Unchanged);
@@ -81,7 +81,7 @@ pub fn write(path: &Path, contents: &[u8]) -> Result<WriteOutcome> {
 
 /// Remove the file (a symlink there is removed itself, never its target). `Ok(false)` when
 /// there was nothing to remove.
-pub fn remove(path: &Path) -> Result<bool> {
+pub(crate) fn remove(path: &Path) -> Result<bool> {
     split(path)?;
     atomic_file::remove_if_present(path).map_err(from_io)
 }

@@ -37,7 +37,7 @@ use crate::domain::miglayout::{
 
 /// Errors reading or changing MIG instances.
 #[derive(Debug, thiserror::Error)]
-pub enum MigOpError {
+pub(crate) enum MigOpError {
     /// An NVML call failed.
     #[error("NVML: {call} on GPU {gpu}: {source}")]
     Nvml {
@@ -70,7 +70,7 @@ type Result<T, E = MigOpError> = std::result::Result<T, E>;
 
 /// One GPU as the planner needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigGpu {
+pub(crate) struct MigGpu {
     /// Index, UUID, product, MIG mode.
     pub facts: GpuFacts,
     /// Its GPU instances (empty when MIG is off or unsupported).
@@ -78,7 +78,7 @@ pub struct MigGpu {
 }
 
 /// Read a mig-parted layout file, bounded (a path to a huge file must not fill memory).
-pub fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError> {
+pub(crate) fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError> {
     use std::io::Read;
     let origin = path.display().to_string();
     let read_err = |message: String| MigLayoutError::Read {
@@ -95,7 +95,7 @@ pub fn load_file(path: &std::path::Path) -> Result<MigPartedFile, MigLayoutError
 
 /// The GPUs of a discovered inventory with the instances its MIG devices imply (the sim
 /// backend's view: placements assumed as the fake driver assigns them).
-pub fn from_inventory(inventory: &crate::domain::inventory::Inventory) -> Vec<MigGpu> {
+pub(crate) fn from_inventory(inventory: &crate::domain::inventory::Inventory) -> Vec<MigGpu> {
     inventory
         .gpus
         .iter()
@@ -107,7 +107,7 @@ pub fn from_inventory(inventory: &crate::domain::inventory::Inventory) -> Vec<Mi
 }
 
 /// Plan every GPU for `layout` of `file` (same order as `gpus`).
-pub fn plan_all(
+pub(crate) fn plan_all(
     file: &MigPartedFile,
     layout: &str,
     gpus: &[MigGpu],
@@ -125,7 +125,7 @@ pub fn plan_all(
 }
 
 /// PIDs of the compute processes NVML reports on GPU `index` (MIG instances included).
-pub fn compute_processes(nvml: &Nvml, index: u32) -> Result<Vec<u32>> {
+pub(crate) fn compute_processes(nvml: &Nvml, index: u32) -> Result<Vec<u32>> {
     let dev = nvml
         .device_by_index(index)
         .map_err(err("nvmlDeviceGetHandleByIndex_v2", index))?;
@@ -136,7 +136,7 @@ pub fn compute_processes(nvml: &Nvml, index: u32) -> Result<Vec<u32>> {
 }
 
 /// Text of a step for messages: `create gpu-instance 3g.40gb@4`.
-pub fn describe(step: &Step) -> String {
+pub(crate) fn describe(step: &Step) -> String {
     let action = match step.action {
         Action::Create => "create",
         Action::Destroy => "destroy",
@@ -156,7 +156,7 @@ fn err(call: &'static str, gpu: u32) -> impl FnOnce(NvmlError) -> MigOpError {
 }
 
 /// Read every GPU's MIG facts and instances.
-pub fn read(nvml: &Nvml) -> Result<Vec<MigGpu>> {
+pub(crate) fn read(nvml: &Nvml) -> Result<Vec<MigGpu>> {
     let count = nvml
         .device_count()
         .map_err(err("nvmlDeviceGetCount_v2", 0))?;
@@ -164,7 +164,7 @@ pub fn read(nvml: &Nvml) -> Result<Vec<MigGpu>> {
 }
 
 /// Read one GPU by index.
-pub fn read_gpu(nvml: &Nvml, index: u32) -> Result<MigGpu> {
+pub(crate) fn read_gpu(nvml: &Nvml, index: u32) -> Result<MigGpu> {
     let dev = nvml
         .device_by_index(index)
         .map_err(err("nvmlDeviceGetHandleByIndex_v2", index))?;
@@ -260,7 +260,7 @@ fn list_gis(
 
 /// Why applying a plan to a GPU failed, and where the rollback left it.
 #[derive(Debug)]
-pub struct ApplyFailure {
+pub(crate) struct ApplyFailure {
     /// The step that failed (`create gpu-instance 2g.20gb@0`).
     pub step: String,
     /// What NVML said.
@@ -281,7 +281,7 @@ impl std::fmt::Display for ApplyFailure {
 
 /// Run `steps` on `gpu` (as read before planning). When a step fails, plan from where the GPU
 /// stopped back to the profiles it had and run that, as far as NVML allows.
-pub fn apply(nvml: &Nvml, gpu: &MigGpu, steps: &[Step]) -> Result<(), Box<ApplyFailure>> {
+pub(crate) fn apply(nvml: &Nvml, gpu: &MigGpu, steps: &[Step]) -> Result<(), Box<ApplyFailure>> {
     let index = gpu.facts.index;
     for step in steps {
         if let Err(error) = run_step(nvml, index, step) {
@@ -376,7 +376,7 @@ fn run_step(nvml: &Nvml, index: u32, step: &Step) -> Result<()> {
 /// Create a GPU instance of `profile` at `start` with its full-size compute instance on GPU
 /// `index` (whose UUID must still be `uuid`): the create steps of `mig apply`, rolled back the
 /// same way when one fails. Returns the new GPU and compute instance ids.
-pub fn create_at(
+pub(crate) fn create_at(
     nvml: &Nvml,
     index: u32,
     uuid: &str,
@@ -416,7 +416,7 @@ pub fn create_at(
 /// Destroy GPU instance `gi` of GPU `index` (and its compute instances), when it is still
 /// the `profile` instance at `start`; one that is gone already is success (an Unprepare the
 /// kubelet repeats). A failed step rolls the GPU back as `mig apply` does.
-pub fn destroy_at(
+pub(crate) fn destroy_at(
     nvml: &Nvml,
     index: u32,
     gi: u32,

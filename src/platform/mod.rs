@@ -2,24 +2,24 @@
 //! the sim backend's node files, files on disk (atomic CDI spec and NFD feature-file writes),
 //! and the MPS daemons' size-bounded `/dev/shm` mounts.
 
-pub mod atomic_file;
-pub mod cdi_host;
-pub mod cdi_writer;
-pub mod checkpoint;
-pub mod claims;
-pub mod config_file;
-pub mod dra_mig;
-pub mod dra_state;
-pub mod driver;
-pub mod enforce;
-pub mod fleet_state;
-pub mod fswatch;
-pub mod kube;
-pub mod labels_file;
-pub mod mig;
-pub mod mps_shm;
-pub mod nvml;
-pub mod nvml_events;
+pub(crate) mod atomic_file;
+pub(crate) mod cdi_host;
+pub(crate) mod cdi_writer;
+pub(crate) mod checkpoint;
+pub(crate) mod claims;
+pub(crate) mod config_file;
+pub(crate) mod dra_mig;
+pub(crate) mod dra_state;
+pub(crate) mod driver;
+pub(crate) mod enforce;
+pub(crate) mod fleet_state;
+pub(crate) mod fswatch;
+pub(crate) mod kube;
+pub(crate) mod labels_file;
+pub(crate) mod mig;
+pub(crate) mod mps_shm;
+pub(crate) mod nvml;
+pub(crate) mod nvml_events;
 pub(crate) mod nvml_topology;
-pub mod sim;
-pub mod usage;
+pub(crate) mod sim;
+pub(crate) mod usage;

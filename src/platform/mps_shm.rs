@@ -24,7 +24,7 @@ use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 
 /// Filesystem source name of the tmpfs (what `/proc/mounts` shows), to tell ours apart.
-pub const TMPFS_SOURCE: &str = "gpu-slicer-mps-shm";
+pub(crate) const TMPFS_SOURCE: &str = "gpu-slicer-mps-shm";
 
 /// Most leftover mounts detached from one directory before giving up (a crashed agent
 /// leaves one per run; more than this is not ours to clean up).
@@ -37,7 +37,7 @@ const MAX_LEFTOVERS: usize = 16;
 /// already there (left by an agent that died) is detached first: its daemon is gone, and
 /// a fresh one must not inherit its segments. The tmpfs is `1777` like `/dev/shm`
 /// (tenants run as any UID), `nosuid,nodev,noexec` like a container's `/dev/shm`.
-pub fn mount(dir: &Path, size_bytes: u64) -> io::Result<()> {
+pub(crate) fn mount(dir: &Path, size_bytes: u64) -> io::Result<()> {
     let parent = dir
         .parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"))?;
@@ -64,7 +64,7 @@ pub fn mount(dir: &Path, size_bytes: u64) -> io::Result<()> {
 /// they exit) and remove the directory, so a container started after its daemon is gone
 /// fails to start instead of getting an unbounded directory on the host. A `dir` that
 /// does not exist is fine.
-pub fn remove(dir: &Path) -> io::Result<()> {
+pub(crate) fn remove(dir: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
@@ -79,7 +79,7 @@ pub fn remove(dir: &Path) -> io::Result<()> {
 }
 
 /// Detach whatever is mounted at `dir`, stacked mounts included; none is fine.
-pub fn unmount(dir: &Path) -> io::Result<()> {
+pub(crate) fn unmount(dir: &Path) -> io::Result<()> {
     for _ in 0..MAX_LEFTOVERS {
         match nix::mount::umount2(dir, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
             Ok(()) => {}
@@ -95,7 +95,7 @@ pub fn unmount(dir: &Path) -> io::Result<()> {
 
 /// Whether a tmpfs of ours is mounted at `dir`, and its size in bytes (from
 /// `/proc/self/mountinfo`; for tests and diagnostics).
-pub fn mounted_size(dir: &Path) -> io::Result<Option<u64>> {
+pub(crate) fn mounted_size(dir: &Path) -> io::Result<Option<u64>> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
     let want = dir.as_os_str().as_bytes();
     // The last line for a mount point is the one on top.
@@ -137,13 +137,13 @@ fn kib(v: &str) -> Option<u64> {
 /// propagating back, and its daemon's tmpfs at `/dev/shm`. The server the control daemon
 /// spawns inherits the namespace, so server and clients share that one tmpfs.
 #[derive(Debug, Clone)]
-pub struct ShmBind {
+pub(crate) struct ShmBind {
     source: CString,
 }
 
 impl ShmBind {
     /// Paths are converted here, before `fork`: the child may not allocate.
-    pub fn new(shm_dir: &Path) -> io::Result<Self> {
+    pub(crate) fn new(shm_dir: &Path) -> io::Result<Self> {
         let source = CString::new(shm_dir.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"))?;
         Ok(Self { source })
@@ -151,7 +151,7 @@ impl ShmBind {
 
     /// Checked before spawning: a missing `/dev/shm` would fail the child with an ENOENT
     /// that reads like a missing binary.
-    pub fn check_target() -> io::Result<()> {
+    pub(crate) fn check_target() -> io::Result<()> {
         match std::fs::metadata("/dev/shm") {
             Ok(m) if m.is_dir() => Ok(()),
             Ok(_) => Err(io::Error::other("/dev/shm is not a directory")),
@@ -161,7 +161,7 @@ impl ShmBind {
 
     /// Run in the child between `fork` and `exec` (`Command::pre_exec`): only system
     /// calls, no allocation. The error is the failed call's errno.
-    pub fn apply(&self) -> io::Result<()> {
+    pub(crate) fn apply(&self) -> io::Result<()> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
         // Private first: with the mpsRoot volume shared (Bidirectional), the bind below
         // would otherwise propagate out to the agent and the host.

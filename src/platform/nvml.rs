@@ -32,7 +32,7 @@ use crate::domain::inventory::{
 
 /// The NVML-backed inventory source.
 #[derive(Debug, Clone)]
-pub struct NvmlBackend {
+pub(crate) struct NvmlBackend {
     lib_path: Option<PathBuf>,
     proc_root: PathBuf,
     sys_root: PathBuf,
@@ -41,7 +41,7 @@ pub struct NvmlBackend {
 impl NvmlBackend {
     /// `lib_path`: the NVML library to open (`None`: `libnvidia-ml.so.1` from the loader path).
     /// `proc_root`: where `driver/nvidia-caps/mig-minors` lives (normally `/proc`).
-    pub fn new(lib_path: Option<PathBuf>, proc_root: PathBuf) -> Self {
+    pub(crate) fn new(lib_path: Option<PathBuf>, proc_root: PathBuf) -> Self {
         Self {
             lib_path,
             proc_root,
@@ -51,19 +51,19 @@ impl NvmlBackend {
 
     /// Where to read `bus/pci/devices/<busid>/numa_node` when NVML reports no NUMA node
     /// (normally `/sys`; tests point it at an empty directory).
-    pub fn with_sys_root(mut self, sys_root: PathBuf) -> Self {
+    pub(crate) fn with_sys_root(mut self, sys_root: PathBuf) -> Self {
         self.sys_root = sys_root;
         self
     }
 
     /// Open NVML (the configured library or the default one).
-    pub fn open(&self) -> Result<Nvml> {
+    pub(crate) fn open(&self) -> Result<Nvml> {
         open_nvml(self.lib_path.as_deref())
     }
 
     /// GPU `index` as discovery sees it (its MIG devices with their capability minors),
     /// through an NVML session the caller holds: what a MIG instance just made looks like.
-    pub fn discover_gpu(&self, nvml: &Nvml, index: u32) -> Result<Gpu> {
+    pub(crate) fn discover_gpu(&self, nvml: &Nvml, index: u32) -> Result<Gpu> {
         let minors = self.mig_minors()?;
         self.gpu(nvml, index, minors.as_ref())
     }
@@ -205,7 +205,7 @@ impl Backend for NvmlBackend {
 }
 
 /// Open NVML from `lib_path`, or `libnvidia-ml.so.1` from the loader path.
-pub fn open_nvml(lib_path: Option<&Path>) -> Result<Nvml> {
+pub(crate) fn open_nvml(lib_path: Option<&Path>) -> Result<Nvml> {
     let mut builder = Nvml::builder();
     if let Some(path) = lib_path {
         builder.lib_path(path.as_os_str());
@@ -313,7 +313,7 @@ fn dev_err(call: &'static str, device: &str) -> impl FnOnce(NvmlError) -> Invent
 /// Minors of the `/dev/nvidia-caps/nvidia-cap<m>` nodes, from
 /// `/proc/driver/nvidia-caps/mig-minors`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MigMinors {
+pub(crate) struct MigMinors {
     /// (GPU minor, GI id) → minor of `gpu<g>/gi<i>/access`.
     gi: BTreeMap<(u32, u32), u32>,
     /// (GPU minor, GI id, CI id) → minor of `gpu<g>/gi<i>/ci<c>/access`.
@@ -322,12 +322,12 @@ pub struct MigMinors {
 
 impl MigMinors {
     /// Minor of the GPU instance's access node.
-    pub fn gi(&self, gpu_minor: u32, gi: u32) -> Option<u32> {
+    pub(crate) fn gi(&self, gpu_minor: u32, gi: u32) -> Option<u32> {
         self.gi.get(&(gpu_minor, gi)).copied()
     }
 
     /// Minor of the compute instance's access node.
-    pub fn ci(&self, gpu_minor: u32, gi: u32, ci: u32) -> Option<u32> {
+    pub(crate) fn ci(&self, gpu_minor: u32, gi: u32, ci: u32) -> Option<u32> {
         self.ci.get(&(gpu_minor, gi, ci)).copied()
     }
 }
@@ -335,7 +335,7 @@ impl MigMinors {
 /// Parse the driver's `mig-minors` file (`gpu0/gi2/access 21`, `gpu0/gi2/ci0/access 22`).
 /// Other lines (`config 1`, `monitor 2`) and malformed lines are skipped: the file only
 /// adds minors, and a missing entry leaves that device's minor unknown.
-pub fn parse_mig_minors(text: &str) -> MigMinors {
+pub(crate) fn parse_mig_minors(text: &str) -> MigMinors {
     let mut out = MigMinors::default();
     for line in text.lines() {
         let Some((path, minor)) = line.trim().split_once(char::is_whitespace) else {

@@ -36,7 +36,7 @@ const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Errors starting the watcher.
 #[derive(Debug, thiserror::Error)]
-pub enum NvmlEventsError {
+pub(crate) enum NvmlEventsError {
     /// NVML could not be opened or initialised.
     #[error("NVML event watcher: {0}")]
     Open(#[source] crate::domain::inventory::InventoryError),
@@ -56,11 +56,11 @@ pub enum NvmlEventsError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = NvmlEventsError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = NvmlEventsError> = std::result::Result<T, E>;
 
 /// One health signal about a GPU (or one of its MIG devices).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthEvent {
+pub(crate) struct HealthEvent {
     /// UUID of the physical GPU the event was reported on.
     pub gpu_uuid: String,
     /// GPU instance the event is attributed to, when NVML names one (MIG).
@@ -73,7 +73,7 @@ pub struct HealthEvent {
 
 /// Kinds of health signal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HealthEventKind {
+pub(crate) enum HealthEventKind {
     /// An XID critical error with its number.
     Xid(u64),
     /// A double-bit ECC error.
@@ -101,7 +101,7 @@ impl std::fmt::Display for HealthEventKind {
 
 /// A running watcher. Dropping it stops and joins the thread.
 #[derive(Debug)]
-pub struct NvmlEventWatcher {
+pub(crate) struct NvmlEventWatcher {
     lib_path: Option<PathBuf>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -111,7 +111,7 @@ impl NvmlEventWatcher {
     /// Open NVML from `lib_path` (`None`: `libnvidia-ml.so.1`) on a new thread, register all
     /// GPUs and start waiting with `wait_timeout` per wait. Returns once registration is done;
     /// fails if NVML cannot be opened or the event set cannot be created.
-    pub fn start(
+    pub(crate) fn start(
         lib_path: Option<PathBuf>,
         wait_timeout: Duration,
         tx: UnboundedSender<HealthEvent>,
@@ -144,7 +144,7 @@ impl NvmlEventWatcher {
     }
 
     /// Ask the thread to stop and wait for it (at most one wait timeout).
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.shutdown();
     }
 
@@ -152,7 +152,7 @@ impl NvmlEventWatcher {
     /// `nvmlEventSetWait_v2` (FFI, not cancellable) and exits when that wait returns. Used
     /// at daemon shutdown, which must not wait up to a whole wait timeout; the process
     /// exits right after.
-    pub fn detach(mut self) {
+    pub(crate) fn detach(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         drop(self.thread.take());
     }
@@ -167,7 +167,7 @@ impl NvmlEventWatcher {
     }
 
     /// Blocking: whether the GPU answers again (see [`reprobe`]).
-    pub fn reprobe(&self, gpu_uuid: &str) -> bool {
+    pub(crate) fn reprobe(&self, gpu_uuid: &str) -> bool {
         reprobe(self.lib_path.as_deref(), gpu_uuid)
     }
 }
@@ -180,7 +180,7 @@ impl Drop for NvmlEventWatcher {
 
 /// Blocking: open NVML and check that the GPU `gpu_uuid` can be found and answers a memory
 /// query. Health recovery uses it before marking a device healthy again.
-pub fn reprobe(lib_path: Option<&Path>, gpu_uuid: &str) -> bool {
+pub(crate) fn reprobe(lib_path: Option<&Path>, gpu_uuid: &str) -> bool {
     let nvml = match open_nvml(lib_path) {
         Ok(n) => n,
         Err(e) => {

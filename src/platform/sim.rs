@@ -15,7 +15,7 @@ use crate::domain::inventory::{
 };
 
 /// Built-in node profiles: (name, file contents).
-pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
+pub(crate) const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ("dgx-h100", include_str!("../../hack/nodes/dgx-h100.yaml")),
     (
         "mixed-a100",
@@ -24,13 +24,13 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
 ];
 
 /// Names of the built-in profiles.
-pub fn builtin_names() -> Vec<&'static str> {
+pub(crate) fn builtin_names() -> Vec<&'static str> {
     BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect()
 }
 
 /// The sim backend: a parsed node description.
 #[derive(Debug, Clone)]
-pub struct SimBackend {
+pub(crate) struct SimBackend {
     source: String,
     spec: NodeSpec,
     /// Set for a node file: every discovery reads it again, so editing the file is how a
@@ -40,7 +40,7 @@ pub struct SimBackend {
 
 impl SimBackend {
     /// Resolve `profile` as a built-in profile name, else as a file path.
-    pub fn open(profile: &str) -> Result<Self> {
+    pub(crate) fn open(profile: &str) -> Result<Self> {
         if let Some((name, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == profile) {
             let spec = NodeSpec::parse(text, &format!("built-in profile {name}"))?;
             return Ok(Self {
@@ -60,7 +60,7 @@ impl SimBackend {
     }
 
     /// Load a node file.
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self> {
         let spec = NodeSpec::load(path)?;
         Ok(Self {
             source: format!("sim:{}", path.display()),
@@ -70,7 +70,7 @@ impl SimBackend {
     }
 
     /// Wrap an already parsed node description.
-    pub fn from_spec(spec: NodeSpec, source: impl Into<String>) -> Self {
+    pub(crate) fn from_spec(spec: NodeSpec, source: impl Into<String>) -> Self {
         Self {
             source: source.into(),
             spec,
@@ -79,12 +79,12 @@ impl SimBackend {
     }
 
     /// The node description as first loaded.
-    pub fn spec(&self) -> &NodeSpec {
+    pub(crate) fn spec(&self) -> &NodeSpec {
         &self.spec
     }
 
     /// The node file, when the node came from one (read again on every discovery).
-    pub fn path(&self) -> Option<&Path> {
+    pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 }
@@ -99,7 +99,7 @@ impl Backend for SimBackend {
 }
 
 /// Build the domain inventory a node description stands for.
-pub fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
+pub(crate) fn inventory_from_spec(spec: &NodeSpec, source: &str) -> Inventory {
     let gpus = spec
         .gpus
         .iter()
@@ -220,7 +220,7 @@ fn raw_pair(t: &node_spec::TopologySpec, a: usize, b: usize) -> RawPair {
 
 /// Sort MIG devices by (GPU instance, compute instance) and number them `0..` so the
 /// `i:j` index is stable whatever order the backend enumerated them in.
-pub fn sort_migs(migs: &mut [MigDevice]) {
+pub(crate) fn sort_migs(migs: &mut [MigDevice]) {
     migs.sort_by_key(|m| (m.gpu_instance_id, m.compute_instance_id));
     for (j, m) in migs.iter_mut().enumerate() {
         m.index = j as u32;

@@ -27,7 +27,7 @@ use crate::domain::usage::{
 };
 
 /// File name of the device manager's checkpoint in the device-plugin directory.
-pub const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
+pub(crate) const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
 /// Largest checkpoint read (a node with hundreds of pods writes well under 1 MiB).
 const CHECKPOINT_MAX: u64 = 8 << 20;
 /// Largest `cgroup` file read (v1 lists one line per hierarchy: a few KiB).
@@ -70,14 +70,14 @@ pub trait UsageSource: Send + std::fmt::Debug {
 
 /// Figures from NVML.
 #[derive(Debug)]
-pub struct NvmlUsage {
+pub(crate) struct NvmlUsage {
     lib_path: Option<PathBuf>,
     nvml: Option<Nvml>,
 }
 
 impl NvmlUsage {
     /// A source over the library at `lib_path` (`None`: the system's), opened on first use.
-    pub fn new(lib_path: Option<PathBuf>) -> Self {
+    pub(crate) fn new(lib_path: Option<PathBuf>) -> Self {
         Self {
             lib_path,
             nvml: None,
@@ -211,7 +211,7 @@ impl UsageSource for NvmlUsage {
 
 /// Figures from a sim node's `usage` section.
 #[derive(Debug)]
-pub struct SimUsage {
+pub(crate) struct SimUsage {
     spec: NodeSpec,
     /// Read again on every sample when set, so editing the file changes the figures.
     path: Option<PathBuf>,
@@ -219,13 +219,13 @@ pub struct SimUsage {
 
 impl SimUsage {
     /// A source over `spec`, re-reading `path` on every sample when given.
-    pub fn new(spec: NodeSpec, path: Option<PathBuf>) -> Self {
+    pub(crate) fn new(spec: NodeSpec, path: Option<PathBuf>) -> Self {
         Self { spec, path }
     }
 }
 
 /// The sample a node description stands for.
-pub fn sample_from_spec(spec: &NodeSpec) -> Sample {
+pub(crate) fn sample_from_spec(spec: &NodeSpec) -> Sample {
     let mut sample = Sample::default();
     for g in &spec.gpus {
         let mig = g.mig_enabled();
@@ -291,7 +291,7 @@ fn read_bounded(path: &Path, max: u64) -> std::io::Result<String> {
 
 /// The cgroup file text of each pid (`None`: unreadable, e.g. the process ended). A
 /// `<proc-root>/<pid>` that is not a directory (a symlink) is not followed.
-pub fn read_cgroups(
+pub(crate) fn read_cgroups(
     proc_root: &Path,
     pids: impl IntoIterator<Item = u32>,
 ) -> BTreeMap<u32, Option<String>> {
@@ -309,7 +309,7 @@ pub fn read_cgroups(
 
 /// The device manager's checkpoint entries; no file yet (a kubelet that never allocated)
 /// reads as none.
-pub fn read_checkpoint(path: &Path) -> Result<Vec<CheckpointEntry>, UsageReadError> {
+pub(crate) fn read_checkpoint(path: &Path) -> Result<Vec<CheckpointEntry>, UsageReadError> {
     match read_bounded(path, CHECKPOINT_MAX) {
         Ok(text) => Ok(crate::domain::usage::parse_checkpoint(
             &text,

@@ -43,7 +43,7 @@ use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Loads one config file with the command line's overrides (`ConfigArgs::load_path`).
-pub type FileLoader = Arc<dyn Fn(&Path) -> Result<Config, ConfigError> + Send + Sync>;
+pub(crate) type FileLoader = Arc<dyn Fn(&Path) -> Result<Config, ConfigError> + Send + Sync>;
 
 /// How often one load reads the directory again after `..data` moved under it.
 const SWAP_RETRIES: u32 = 3;
@@ -270,7 +270,7 @@ impl FleetSettings {
 
 /// What the actor is handed by the supervisor.
 #[derive(Debug)]
-pub struct FleetPeers {
+pub(crate) struct FleetPeers {
     /// Asks the reloader for a config reload.
     pub reload: mpsc::Sender<Cause>,
     /// Every reload's outcome.
@@ -280,7 +280,7 @@ pub struct FleetPeers {
 }
 
 /// Start the actor (and its Node watcher). Exposes the state labels it wants on the Node.
-pub fn spawn(
+pub(crate) fn spawn(
     settings: FleetSettings,
     peers: FleetPeers,
     ctx: &Context,

@@ -34,10 +34,10 @@ use crate::state::{Snapshot, Store};
 
 /// Longest single NVML event wait. Long, so an idle node costs (almost) no CPU; short enough
 /// that stopping the thread (checked after every wait) fits the daemon's 5 s shutdown deadline.
-pub const NVML_WAIT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const NVML_WAIT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How often the sim injector looks for `--health-events-file`.
-pub const SIM_POLL_INTERVAL: Duration = Duration::from_millis(20);
+pub(crate) const SIM_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Where health events come from.
 #[derive(Debug, Clone)]
@@ -91,7 +91,7 @@ impl HealthSettings {
 /// `inventory` follows re-scans: a new inventory (a changed MIG layout) re-maps GPU
 /// instance / compute instance ids to MIG UUIDs without restarting the watcher, and keeps
 /// the policy's state (a GPU waiting for its quiet period stays so).
-pub fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
+pub(crate) fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     let inventory = ctx.store.subscribe();
     if !settings.filter.any_enabled() {
@@ -112,7 +112,7 @@ pub fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
 /// Apply health events from outside (embedders, tests) with [`Store::set_health`] until
 /// the sender goes away or the daemon or the handle stops; events for unknown devices are
 /// logged.
-pub fn spawn_external(events: mpsc::Receiver<HealthUpdate>, ctx: &Context) -> Handle {
+pub(crate) fn spawn_external(events: mpsc::Receiver<HealthUpdate>, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
         .spawn(apply_external(events, ctx.store.clone(), token.clone()));

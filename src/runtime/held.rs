@@ -14,25 +14,25 @@ use crate::state::Store;
 
 /// Persists the store's held set; `None` inside: not persisted (no `--state-dir`).
 #[derive(Debug, Clone)]
-pub struct HeldCheckpoint {
+pub(crate) struct HeldCheckpoint {
     checkpoint: Option<Arc<Checkpoint>>,
     store: Store,
 }
 
 impl HeldCheckpoint {
     /// Persist `store`'s held set into `checkpoint` (`None`: a no-op writer).
-    pub fn new(checkpoint: Option<Arc<Checkpoint>>, store: Store) -> Self {
+    pub(crate) fn new(checkpoint: Option<Arc<Checkpoint>>, store: Store) -> Self {
         Self { checkpoint, store }
     }
 
     /// A writer that persists nothing (tests and embedders without a state directory).
-    pub fn disabled(store: Store) -> Self {
+    pub(crate) fn disabled(store: Store) -> Self {
         Self::new(None, store)
     }
 
     /// Write the held set now and wait for it; `Ok` when nothing is persisted. The error
     /// is the reason as text (an I/O error naming the file, or the blocking task's end).
-    pub async fn save(&self) -> Result<(), String> {
+    pub(crate) async fn save(&self) -> Result<(), String> {
         let Some(checkpoint) = self.checkpoint.clone() else {
             return Ok(());
         };
@@ -50,7 +50,7 @@ impl HeldCheckpoint {
 
     /// Write the held set without waiting (after a release); a failure is logged and the
     /// next write retries.
-    pub fn save_in_background(&self) {
+    pub(crate) fn save_in_background(&self) {
         let Some(checkpoint) = self.checkpoint.clone() else {
             return;
         };

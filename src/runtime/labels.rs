@@ -24,11 +24,11 @@ use crate::state::Store;
 
 /// Default of `--labels-file`: NFD's local feature directory, a file of our own (GFD writes
 /// `gfd` beside it, so both can coexist while a cluster migrates).
-pub const DEFAULT_LABELS_FILE: &str =
+pub(crate) const DEFAULT_LABELS_FILE: &str =
     "/etc/kubernetes/node-feature-discovery/features.d/gpu-slicer";
 
 /// How long after a failed write the writer tries again.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Settings of the labels writer.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ impl LabelsSettings {
 }
 
 /// Start the writer; it stops (and removes the file) when the daemon or the handle stops.
-pub fn spawn(settings: LabelsSettings, ctx: &Context) -> Handle {
+pub(crate) fn spawn(settings: LabelsSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
         .spawn(follow(settings, ctx.store.clone(), token.clone()));

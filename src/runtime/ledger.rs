@@ -39,14 +39,14 @@ use crate::state::Store;
 use pb::pod_resources_lister_client::PodResourcesListerClient;
 
 /// Default PodResources socket of the kubelet.
-pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub(crate) const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// Default reconciliation interval.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Errors of one reconciliation round.
 #[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
+pub(crate) enum LedgerError {
     /// The socket could not be dialled (absent, refused, not a socket).
     #[error("cannot connect to pod-resources socket {path}: {reason}")]
     Connect {
@@ -71,7 +71,7 @@ pub enum LedgerError {
 }
 
 /// Who holds a device (the same value usage attribution joins on).
-pub use crate::domain::usage::Holder;
+pub(crate) use crate::domain::usage::Holder;
 
 /// A mismatch between what the kubelet reports and what this agent serves.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -153,7 +153,7 @@ impl LedgerSnapshot {
 
 /// The live plan as the ledger sees it: the current view of every served resource. A
 /// closure so a reload that swaps the plan is seen on the next round.
-pub type ViewSource = Arc<dyn Fn() -> Vec<Arc<ResourceView>> + Send + Sync>;
+pub(crate) type ViewSource = Arc<dyn Fn() -> Vec<Arc<ResourceView>> + Send + Sync>;
 
 /// Where and how often to reconcile.
 #[derive(Debug, Clone)]
@@ -175,7 +175,7 @@ impl Default for LedgerSettings {
 
 /// The answers of one round, in domain terms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KubeletReport {
+pub(crate) struct KubeletReport {
     /// (holder, resource, device IDs) per container and resource.
     pub assigned: Vec<(Holder, String, Vec<String>)>,
     /// (resource, device IDs) the kubelet can allocate.
@@ -186,7 +186,7 @@ pub struct KubeletReport {
 
 /// One device of a DRA claim a container holds, as PodResources reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimedDevice {
+pub(crate) struct ClaimedDevice {
     /// The container.
     pub holder: Holder,
     /// Driver.
@@ -199,7 +199,7 @@ pub struct ClaimedDevice {
 
 /// Which front-end serves the plan: what the kubelet's allocatable list can be compared with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Front {
+pub(crate) enum Front {
     /// Device-plugin servers: the kubelet lists their devices as allocatable.
     DevicePlugin,
     /// The DRA driver: the kubelet's allocatable list does not cover its devices.
@@ -208,7 +208,7 @@ pub enum Front {
 
 /// The driver and pool whose claimed devices are ours (DRA mode).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DraPool {
+pub(crate) struct DraPool {
     /// Driver name.
     pub driver: String,
     /// Pool (the node name).
@@ -319,7 +319,7 @@ fn domain(resource: &str) -> &str {
 /// plan serves (so `nvidia.com/mig-1g.10gb` still counts after a reload removed it, while
 /// another vendor's resources are recorded but never called drift). Under [`Front::Dra`]
 /// the kubelet's allocatable list is not compared with the plan.
-pub fn reconcile(
+pub(crate) fn reconcile(
     report: &KubeletReport,
     views: &[Arc<ResourceView>],
     rounds: u64,
@@ -431,7 +431,7 @@ fn allocatable_drift(
 /// Whether the kubelet is reachable, so that a state change is logged once and a
 /// persisting failure is not logged every interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Reachability {
+pub(crate) enum Reachability {
     /// No round ran yet.
     #[default]
     Unknown,
@@ -443,7 +443,7 @@ pub enum Reachability {
 
 impl Reachability {
     /// Record a round's outcome; true when this is a change worth a log line.
-    pub fn record(&mut self, ok: bool) -> bool {
+    pub(crate) fn record(&mut self, ok: bool) -> bool {
         let next = if ok { Self::Up } else { Self::Down };
         let changed = *self != next;
         *self = next;
@@ -471,11 +471,11 @@ impl Ledger {
 
 /// Shortest time a held device must be missing from the kubelet's list before it is
 /// released (see [`spawn`]).
-pub const RELEASE_GRACE_MIN: Duration = Duration::from_secs(1);
+pub(crate) const RELEASE_GRACE_MIN: Duration = Duration::from_secs(1);
 
 /// What the ledger is handed by the supervisor, for releases.
 #[derive(Debug, Clone, Default)]
-pub struct LedgerPeers {
+pub(crate) struct LedgerPeers {
     /// Persists the held set after a release (`None`: nothing persisted).
     pub held: Option<HeldCheckpoint>,
     /// Asks the reloader for a rewrite that drops released CDI devices from the spec.
@@ -494,7 +494,7 @@ type ClaimMapper =
 /// the store, held devices the kubelet no longer reports, then persists the held set and
 /// asks for a reload through `peers` (the spec may drop devices kept only for the released
 /// holders). A round that fails releases nothing.
-pub fn spawn(settings: LedgerSettings, peers: LedgerPeers, ctx: &Context) -> Handle<Ledger> {
+pub(crate) fn spawn(settings: LedgerSettings, peers: LedgerPeers, ctx: &Context) -> Handle<Ledger> {
     let token = ctx.child_token();
     let live = ctx.store.clone();
     let views: ViewSource = Arc::new(move || live.current().views.values().cloned().collect());

@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub mod usage;
+pub(crate) mod usage;
 
 /// Labels naming a resource.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -116,7 +116,7 @@ fn is_reason_code(text: &str) -> bool {
 /// The health state keys an override set on a physical device as `<uuid>: <code>` for
 /// the devices it covers, so the code after the last `: ` is used; anything else is
 /// `other` (the full text is in the log line of the transition).
-pub fn reason_code(reason: &str) -> String {
+pub(crate) fn reason_code(reason: &str) -> String {
     if reason.is_empty() || is_reason_code(reason) {
         return reason.to_string();
     }
@@ -485,7 +485,7 @@ impl Metrics {
 /// Mirror every resource's view into `metrics` as the store changes (no polling) until
 /// `token` is cancelled: a view that changed (by identity) is published again, a resource
 /// that left the plan has its series forgotten.
-pub async fn follow_store(store: Store, metrics: Arc<Metrics>, token: CancellationToken) {
+pub(crate) async fn follow_store(store: Store, metrics: Arc<Metrics>, token: CancellationToken) {
     let mut rx = store.subscribe();
     let mut last: BTreeMap<String, Arc<ResourceView>> = BTreeMap::new();
     loop {
@@ -526,7 +526,7 @@ impl Metrics {
 /// Convert OpenMetrics text to the classic Prometheus format: counter families are named
 /// with their `_total` suffix (OpenMetrics names the family without it), and the `# EOF`
 /// and `# UNIT` lines, which the classic format lacks, are dropped.
-pub fn openmetrics_to_prometheus(text: &str) -> String {
+pub(crate) fn openmetrics_to_prometheus(text: &str) -> String {
     let counters: std::collections::HashSet<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

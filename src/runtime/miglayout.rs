@@ -57,7 +57,7 @@ const RESCAN_WAIT: Duration = Duration::from_secs(30);
 
 /// What the actor is handed by the supervisor.
 #[derive(Debug, Clone)]
-pub struct MigLayoutPeers {
+pub(crate) struct MigLayoutPeers {
     /// Asks the reloader for the re-scan that advertises a new layout.
     pub rescan: mpsc::Sender<Cause>,
 }
@@ -65,7 +65,7 @@ pub struct MigLayoutPeers {
 /// Where the layout in force stands after the last round (the Node's
 /// `nvidia.com/mig.config.state`, [`crate::runtime::fleet`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigReport {
+pub(crate) struct MigReport {
     /// The layout the round applied (`flags.migLayouts.layout`, or the Node's label).
     pub layout: String,
     /// Every GPU in it (success), some waiting (pending), or the layout unusable (failed).
@@ -76,7 +76,7 @@ pub struct MigReport {
 
 /// Start the actor; it runs until the daemon or the handle stops, and exposes each round's
 /// [`MigReport`] (`None` while no layout is configured).
-pub fn spawn(
+pub(crate) fn spawn(
     settings: MigLayoutSettings,
     peers: MigLayoutPeers,
     ctx: &Context,

@@ -40,25 +40,25 @@
 //! 4. Test it with [`crate::testkit::Node`] (a whole daemon with a kubelet emulator) or,
 //!    alone, with a [`Context`] from [`Context::new`] on a fixture store.
 
-pub mod dra;
-pub mod error;
-pub mod fleet;
-pub mod health;
-pub mod held;
-pub mod http;
-pub mod labels;
-pub mod ledger;
-pub mod metrics;
-pub mod miglayout;
-pub mod mps;
-pub mod node_labels;
-pub mod node_watch;
-pub mod plugin;
-pub mod reloader;
+pub(crate) mod dra;
+pub(crate) mod error;
+pub(crate) mod fleet;
+pub(crate) mod health;
+pub(crate) mod held;
+pub(crate) mod http;
+pub(crate) mod labels;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
+pub(crate) mod miglayout;
+pub(crate) mod mps;
+pub(crate) mod node_labels;
+pub(crate) mod node_watch;
+pub(crate) mod plugin;
+pub(crate) mod reloader;
 pub(crate) mod report;
-pub mod supervisor;
-pub mod triggers;
-pub mod usage;
+pub(crate) mod supervisor;
+pub(crate) mod triggers;
+pub(crate) mod usage;
 
 use std::sync::Arc;
 
@@ -71,7 +71,7 @@ use crate::state::Store;
 /// What every actor shares: the state, the metrics, the owner of its tasks and the stop
 /// signal. Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Context {
+pub(crate) struct Context {
     /// The state every actor reads one snapshot of and writes through commands.
     pub store: Store,
     /// The registry `/metrics` serves.
@@ -84,7 +84,7 @@ pub struct Context {
 
 impl Context {
     /// A context on `store` with a fresh registry, tracker and token (tests, embedders).
-    pub fn new(store: Store) -> Self {
+    pub(crate) fn new(store: Store) -> Self {
         Self {
             store,
             metrics: Arc::default(),
@@ -94,36 +94,36 @@ impl Context {
     }
 
     /// A token for one actor: cancelled with the daemon, or alone through its [`Handle`].
-    pub fn child_token(&self) -> CancellationToken {
+    pub(crate) fn child_token(&self) -> CancellationToken {
         self.token.child_token()
     }
 }
 
 /// A started actor: its own stop token and what it exposes to others.
 #[derive(Debug, Clone)]
-pub struct Handle<T = ()> {
+pub(crate) struct Handle<T = ()> {
     token: CancellationToken,
     exposed: T,
 }
 
 impl<T> Handle<T> {
     /// An actor running until `token` is cancelled, exposing `exposed`.
-    pub fn new(token: CancellationToken, exposed: T) -> Self {
+    pub(crate) fn new(token: CancellationToken, exposed: T) -> Self {
         Self { token, exposed }
     }
 
     /// Stop this actor (and only it); its tasks end at their next cancellation point.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.token.cancel();
     }
 
     /// What the actor exposes.
-    pub fn get(&self) -> &T {
+    pub(crate) fn get(&self) -> &T {
         &self.exposed
     }
 
     /// What the actor exposes, by value.
-    pub fn into_inner(self) -> T {
+    pub(crate) fn into_inner(self) -> T {
         self.exposed
     }
 }

@@ -48,7 +48,7 @@ impl NodeLabelsSettings {
 }
 
 /// Start the labeller; it stops when the daemon or the handle stops.
-pub fn spawn(settings: NodeLabelsSettings, ctx: &Context) -> Handle {
+pub(crate) fn spawn(settings: NodeLabelsSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
         .spawn(follow(settings, ctx.store.clone(), token.clone()));

@@ -22,7 +22,7 @@ use crate::runtime::{Context, Handle};
 
 /// The Node as the agent last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeView {
+pub(crate) struct NodeView {
     pub labels: BTreeMap<String, String>,
     pub uid: Option<String>,
 }
@@ -49,7 +49,7 @@ impl NodeWatchSettings {
 }
 
 /// Starts the watcher; the handle exposes the Node's latest view.
-pub fn spawn(
+pub(crate) fn spawn(
     settings: NodeWatchSettings,
     ctx: &Context,
 ) -> Handle<watch::Receiver<Option<NodeView>>> {

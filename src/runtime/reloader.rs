@@ -37,7 +37,7 @@ use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Loads the config again on reload (file, environment and flags, as at start).
-pub type ConfigLoader = Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+pub(crate) type ConfigLoader = Arc<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
 
 /// How many times one reload re-runs the transition when Allocate handed out a device of
 /// the old plan while the spec was being written (each round keeps what was held then).
@@ -62,7 +62,7 @@ pub struct ReloadStatus {
 
 /// What the reloader needs: the config served first, how to load it again, what
 /// triggers a reload, where the spec goes and the hook its share devices run.
-pub struct ReloaderSettings {
+pub(crate) struct ReloaderSettings {
     /// The validated config of the first transition.
     pub config: Config,
     /// Discovers the inventory.
@@ -89,14 +89,14 @@ impl fmt::Debug for ReloaderSettings {
 
 /// What the reloader is handed by the supervisor.
 #[derive(Debug)]
-pub struct ReloaderPeers {
+pub(crate) struct ReloaderPeers {
     /// The daemon's one inotify fd (the config file's directory is watched on it).
     pub fs: Arc<DirWatch>,
 }
 
 /// What a running reloader exposes.
 #[derive(Debug, Clone)]
-pub struct Reloads {
+pub(crate) struct Reloads {
     /// Ask for a reload (config and inventory).
     pub requester: mpsc::Sender<Cause>,
     /// Outcome of every reload.
@@ -105,7 +105,7 @@ pub struct Reloads {
 
 /// Run the first transition (its errors stop the daemon: nothing is served yet), then
 /// start the triggers and the task serving them until the daemon or the handle stops.
-pub async fn spawn(
+pub(crate) async fn spawn(
     settings: ReloaderSettings,
     peers: ReloaderPeers,
     ctx: &Context,
@@ -167,7 +167,7 @@ impl fmt::Debug for Reloader {
 
 /// The snapshot a run starts from: nothing served yet, the spec an earlier run left in
 /// `cdi_dir` (so held devices can be carried over) and the held set it checkpointed.
-pub fn initial(cdi_dir: &Path, kind: &str, held: crate::state::Held) -> Snapshot {
+pub(crate) fn initial(cdi_dir: &Path, kind: &str, held: crate::state::Held) -> Snapshot {
     let name = cdi::spec_file_name(kind, Format::Yaml);
     let path = cdi_dir.join(&name);
     let spec = std::fs::read_to_string(&path)

@@ -31,7 +31,7 @@ use crate::domain::config::Config;
 use crate::domain::inventory::{Backend, Inventory};
 use crate::domain::plan::Plan;
 use crate::platform::checkpoint::Checkpoint;
-pub use crate::runtime::error::AppError;
+pub(crate) use crate::runtime::error::AppError;
 use crate::runtime::error::blocking;
 use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::http::{self, HttpPeers, Readiness};
@@ -39,7 +39,7 @@ use crate::runtime::ledger::{Ledger, LedgerPeers};
 use crate::runtime::miglayout::MigLayoutPeers;
 use crate::runtime::plugin::{self, Backoff, PluginPeers, PluginSettings, WatchError};
 use crate::runtime::reloader::{self, ReloaderPeers, ReloaderSettings, Reloads};
-pub use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
+pub(crate) use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
 use crate::runtime::triggers::{Cause, TriggerSettings};
 use crate::runtime::usage::UsagePeers;
 use crate::runtime::{Context, Handle};
@@ -181,7 +181,7 @@ impl RunSettings {
 }
 
 /// Run the daemon until `shutdown` is cancelled (or a resource fails).
-pub async fn run(
+pub(crate) async fn run(
     settings: RunSettings,
     backend: Arc<dyn Backend>,
     shutdown: CancellationToken,

@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use crate::platform::fswatch::{DirWatch, FsEvent, FsKind, Handler};
 
 /// How long to wait after the first trigger for more to arrive before reloading.
-pub const SETTLE: Duration = Duration::from_millis(150);
+pub(crate) const SETTLE: Duration = Duration::from_millis(150);
 
 /// Errors setting up the triggers.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,7 @@ pub enum Cause {
 
 /// Merged causes of one reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Causes {
+pub(crate) struct Causes {
     /// Re-read the config.
     pub config: bool,
     /// Re-discover the inventory.
@@ -85,7 +85,7 @@ impl Causes {
     }
 
     /// Short label for logs and metrics.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match (self.config, self.inventory) {
             (true, true) => "config+inventory",
             (true, false) => "config",
@@ -113,7 +113,7 @@ pub struct TriggerSettings {
 /// Live triggers. Dropping this ends the inotify watch; the signal and timer tasks end with
 /// the token they were given.
 #[derive(Debug)]
-pub struct Triggers {
+pub(crate) struct Triggers {
     rx: mpsc::Receiver<Cause>,
     tx: mpsc::Sender<Cause>,
     /// Kept alive for as long as events are wanted: dropping the watcher ends the inotify
@@ -124,7 +124,7 @@ pub struct Triggers {
 impl Triggers {
     /// Start every trigger `settings` asks for; tasks are owned by `tracker` and stop with
     /// `token`.
-    pub fn start(
+    pub(crate) fn start(
         settings: &TriggerSettings,
         fs: &Arc<DirWatch>,
         tracker: &TaskTracker,
@@ -185,13 +185,13 @@ impl Triggers {
     }
 
     /// A sender for embedders that want to ask for a reload.
-    pub fn requester(&self) -> mpsc::Sender<Cause> {
+    pub(crate) fn requester(&self) -> mpsc::Sender<Cause> {
         self.tx.clone()
     }
 
     /// Wait for the next trigger, then for [`SETTLE`] more, and return everything that
     /// arrived merged. Never returns `None` while `self` holds a sender.
-    pub async fn next(&mut self) -> Option<Causes> {
+    pub(crate) async fn next(&mut self) -> Option<Causes> {
         let first = self.rx.recv().await?;
         let mut causes = Causes::default();
         causes.add(first);

@@ -32,9 +32,9 @@ use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Default of `--usage-interval`.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 /// Default of `--idle-window`.
-pub const DEFAULT_IDLE_WINDOW: Duration = Duration::from_secs(15 * 60);
+pub(crate) const DEFAULT_IDLE_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// How long shutdown waits for a round in progress.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 
@@ -70,7 +70,7 @@ impl StateDocument {
 }
 
 /// Follow the sampler's rounds.
-pub type UsageWatch = watch::Receiver<Arc<StateDocument>>;
+pub(crate) type UsageWatch = watch::Receiver<Arc<StateDocument>>;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -190,14 +190,14 @@ impl Sampler {
 
 /// What the sampler is handed by the supervisor.
 #[derive(Debug, Default)]
-pub struct UsagePeers {
+pub(crate) struct UsagePeers {
     /// The PodResources ledger's snapshots, when there is one (holder names come from it).
     pub ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
 }
 
 /// Start the sampler thread (first round at once) and the task that stops it when the
 /// daemon or the handle stops. The handle exposes the sampler's rounds.
-pub fn spawn(
+pub(crate) fn spawn(
     settings: UsageSettings,
     peers: UsagePeers,
     ctx: &Context,

@@ -17,7 +17,7 @@ use crate::state::Store;
 pub const SHARED_CONFIG: &str = "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n";
 
 /// A config time-slicing every whole GPU `replicas` ways, MIG devices served one by one.
-pub fn time_sliced(replicas: u32) -> String {
+pub(crate) fn time_sliced(replicas: u32) -> String {
     format!(
         "version: v1\nflags: {{migStrategy: mixed}}\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
     )
@@ -45,7 +45,7 @@ pub fn write_pool_configs(dir: &Path) {
 /// A node file for the fake NVML driver: two A100-40GB with MIG on, GPU 0
 /// (`GPU-40400000-0000-4000-8000-0000000000a0`) with two 3g.20gb (GPU instances 1 and 2),
 /// GPU 1 (`...00a1`) with three 2g.10gb (3 to 5); for the live MIG layout tests.
-pub const MIG_A100_40GB: &str = r#"
+pub(crate) const MIG_A100_40GB: &str = r#"
 gpus:
   - index: 0
     uuid: GPU-40400000-0000-4000-8000-0000000000a0
@@ -72,7 +72,7 @@ gpus:
 ///
 /// # Panics
 /// When the profile does not load: fixtures are for tests.
-pub fn inventory(profile: &str) -> Inventory {
+pub(crate) fn inventory(profile: &str) -> Inventory {
     SimBackend::open(profile)
         .and_then(|b| b.discover())
         .unwrap_or_else(|e| panic!("sim profile {profile}: {e}"))
@@ -82,7 +82,7 @@ pub fn inventory(profile: &str) -> Inventory {
 ///
 /// # Panics
 /// When the text is not a valid config.
-pub fn config(text: &str) -> Config {
+pub(crate) fn config(text: &str) -> Config {
     config::parse(text, "test.yaml", &Overrides::default())
         .unwrap_or_else(|e| panic!("config: {e}"))
 }
@@ -91,7 +91,7 @@ pub fn config(text: &str) -> Config {
 ///
 /// # Panics
 /// When the config does not fit the profile.
-pub fn planned(profile: &str, config_text: &str) -> (Inventory, Config, Plan) {
+pub(crate) fn planned(profile: &str, config_text: &str) -> (Inventory, Config, Plan) {
     let inventory = inventory(profile);
     let config = config(config_text);
     let plan = plan::build(&inventory, &config).unwrap_or_else(|e| panic!("plan: {e}"));
@@ -100,24 +100,24 @@ pub fn planned(profile: &str, config_text: &str) -> (Inventory, Config, Plan) {
 
 /// A config loader reading `file` as `gpu-slicer run --config <file>` does (no flags or
 /// environment), for a daemon whose reloads read the file again.
-pub fn file_loader(file: &Path) -> ConfigLoader {
+pub(crate) fn file_loader(file: &Path) -> ConfigLoader {
     let file = file.to_path_buf();
     Arc::new(move || crate::platform::config_file::load(Some(&file), &Overrides::default()))
 }
 
 /// The plan of a profile under a config text.
-pub fn plan(profile: &str, config_text: &str) -> Plan {
+pub(crate) fn plan(profile: &str, config_text: &str) -> Plan {
     planned(profile, config_text).2
 }
 
 /// A store serving the plan of a profile under a config text.
-pub fn store(profile: &str, config_text: &str) -> Store {
+pub(crate) fn store(profile: &str, config_text: &str) -> Store {
     let (inventory, config, plan) = planned(profile, config_text);
     Store::new(Snapshot::serving(config, inventory, plan))
 }
 
 /// The CDI examples: `valid/`, `invalid/`, and the 51 Podman 4.3.1 cases with what Podman did.
-pub const CDI_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
+pub(crate) const CDI_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cdi");
 
 /// Files that `cdi validate` must reject: `tests/fixtures/cdi/invalid/` (including the cases
 /// CDI-RS's own fixtures reject), and every Podman case file Podman rejected for a

@@ -14,7 +14,7 @@ use serde_yaml_ng::Value;
 use crate::testkit::apiserver::ApiServer;
 
 /// `kubectl` as hack/install-deps.sh provides it: the repository's venv first, else PATH.
-pub fn kubectl() -> PathBuf {
+pub(crate) fn kubectl() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/kubectl");
     if venv.exists() {
         venv
@@ -94,7 +94,7 @@ pub fn node(name: &str, labels: &[(&str, &str)]) -> Node {
 }
 
 /// The labels of the Node `name` in `api` (none when it has none or does not exist).
-pub fn labels_of(api: &ApiServer, name: &str) -> BTreeMap<String, String> {
+pub(crate) fn labels_of(api: &ApiServer, name: &str) -> BTreeMap<String, String> {
     api.get::<Node>("", name)
         .and_then(|n| n.metadata.labels)
         .unwrap_or_default()

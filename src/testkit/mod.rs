@@ -6,14 +6,14 @@
 //! [`fake_nvml`] (the fake driver, [`PrivateFake`]), [`manifests`] (`deploy/` rendered,
 //! Kubernetes objects) and [`fixtures`] (nodes, configs, plans, stores).
 
-pub mod apiserver;
-pub mod fake_nvml;
-pub mod fixtures;
-pub mod kubelet;
-pub mod manifests;
-pub mod node;
-pub mod probe;
-pub mod stats;
+pub(crate) mod apiserver;
+pub(crate) mod fake_nvml;
+pub(crate) mod fixtures;
+pub(crate) mod kubelet;
+pub(crate) mod manifests;
+pub(crate) mod node;
+pub(crate) mod probe;
+pub(crate) mod stats;
 
 pub use apiserver::{
     Admission, ApiServer, ApiServerError, Denial, Fault, RequestRecord, ShareRequest, User, Verb,
@@ -24,7 +24,8 @@ pub use kubelet::dra::{DraKubeletError, DraPluginConn, KubeletClaim};
 pub use kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
 pub use manifests::{kustomize, node, object, strings, until_labels};
 pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
-pub use probe::{free_port, http, promtool_check, read_cdi_spec, rerun_alone, spec_device_names};
+pub use probe::{free_port, read_cdi_spec, spec_device_names};
+pub(crate) use probe::{http, promtool_check, rerun_alone};
 pub use stats::percentile;
 
 /// The socket file name of a resource's plugin server in the device-plugin directory.

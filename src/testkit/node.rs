@@ -30,7 +30,7 @@ use crate::testkit::kubelet::{EmulatorError, KubeletEmulator};
 pub const STEP: Duration = Duration::from_secs(30);
 
 /// Registration retries fast enough that a test never waits on them.
-pub const FAST_BACKOFF: Backoff = Backoff {
+pub(crate) const FAST_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(1),
     max: Duration::from_millis(50),
 };
@@ -92,7 +92,7 @@ impl From<AppError> for NodeError {
 
 /// A short temporary directory under `/tmp` (unix socket paths are limited to 108 bytes),
 /// random and created 0700: a predictable name could be planted by another user.
-pub fn short_tempdir(prefix: &str) -> Result<TempDir, NodeError> {
+pub(crate) fn short_tempdir(prefix: &str) -> Result<TempDir, NodeError> {
     Ok(tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp")?)
 }
 

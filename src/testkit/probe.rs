@@ -26,7 +26,7 @@ pub fn free_port() -> u16 {
 ///
 /// # Panics
 /// When the connection fails or the answer is not HTTP: the probe is for tests.
-pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+pub(crate) async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
         .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
@@ -55,7 +55,7 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
 /// # Panics
 /// When promtool finds a problem, or is not installed (Debian package `prometheus`:
 /// hack/install-deps.sh installs it).
-pub fn promtool_check(body: &str) {
+pub(crate) fn promtool_check(body: &str) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let scrape = dir.path().join("scrape.txt");
     std::fs::write(&scrape, body).unwrap_or_else(|e| panic!("write scrape: {e}"));
@@ -104,7 +104,7 @@ pub fn spec_device_names(spec: &str) -> BTreeSet<String> {
 /// # Panics
 /// When the child cannot run, fails, or did not run exactly that one test (its output is in
 /// the message).
-pub fn rerun_alone(path: &str, configure: impl FnOnce(&mut std::process::Command)) {
+pub(crate) fn rerun_alone(path: &str, configure: impl FnOnce(&mut std::process::Command)) {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current exe: {e}"));
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["--exact", path, "--nocapture", "--test-threads=1"]);

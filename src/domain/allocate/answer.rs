@@ -11,11 +11,11 @@ use super::{AllocateError, ContainerAllocation, add_device_specs, response, vali
 use crate::domain::snapshot::Snapshot;
 
 /// Annotation naming the state generation an Allocate answer was built from.
-pub const GENERATION_ANNOTATION: &str = "gpu-slicer.io/generation";
+pub(crate) const GENERATION_ANNOTATION: &str = "gpu-slicer.io/generation";
 
 /// What an answer hands out.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Holding {
+pub(crate) struct Holding {
     /// Kubelet device IDs of every container request, in request order.
     pub ids: Vec<String>,
     /// CDI device names (without `<kind>=`) the answer names.
@@ -24,7 +24,7 @@ pub struct Holding {
 
 /// The answer to every container request of one call, in request order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// One allocation per container request.
     pub containers: Vec<ContainerAllocation>,
     /// What the answer hands out (to record before replying).
@@ -34,7 +34,7 @@ pub struct Answer {
 /// Answer `requests` (the device IDs of each container request) for `resource` from one
 /// snapshot. Refused as a whole when any request breaks a rule, or when the snapshot no
 /// longer serves `resource`.
-pub fn answer<S: AsRef<str>>(
+pub(crate) fn answer<S: AsRef<str>>(
     snapshot: &Snapshot,
     resource: &str,
     requests: &[Vec<S>],

@@ -11,9 +11,9 @@
 //! The gRPC edge (`crate::runtime::plugin`) converts to and from prost types and maps
 //! [`AllocateError::class`] to a gRPC code. Nothing here does IO or imports tonic.
 
-pub mod answer;
-pub mod preferred;
-pub mod response;
+pub(crate) mod answer;
+pub(crate) mod preferred;
+pub(crate) mod response;
 
 #[cfg(test)]
 mod tests;
@@ -22,17 +22,17 @@ use std::collections::HashSet;
 
 use crate::domain::plan::Device;
 
-pub use crate::domain::devnodes::DeviceNodes;
-pub use crate::domain::view::{DeviceHealth, HealthUpdate, Overlay, ResourceView, StateError};
-pub use answer::{Answer, GENERATION_ANNOTATION, Holding, answer};
-pub use preferred::preferred;
-pub use response::{
+pub(crate) use crate::domain::devnodes::DeviceNodes;
+pub(crate) use crate::domain::view::{DeviceHealth, HealthUpdate, Overlay, ResourceView, StateError};
+pub(crate) use answer::{Answer, GENERATION_ANNOTATION, Holding, answer};
+pub(crate) use preferred::preferred;
+pub(crate) use response::{
     ContainerAllocation, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
 };
 
 /// Why a container request was refused. Every variant names the device and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocateError {
+pub(crate) enum AllocateError {
     /// The container request names no device at all.
     #[error("container request names no device (rule: a request takes at least one device)")]
     Empty,
@@ -75,7 +75,7 @@ pub enum AllocateError {
 
 /// How the edge should classify a refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
+pub(crate) enum ErrorClass {
     /// The request itself is wrong (gRPC `InvalidArgument`).
     Invalid,
     /// The request is well formed but a device is unusable now (gRPC `FailedPrecondition`).
@@ -84,7 +84,7 @@ pub enum ErrorClass {
 
 impl AllocateError {
     /// Classification for the gRPC edge.
-    pub fn class(&self) -> ErrorClass {
+    pub(crate) fn class(&self) -> ErrorClass {
         match self {
             AllocateError::Unhealthy { .. } | AllocateError::NotServed { .. } => {
                 ErrorClass::Unhealthy
@@ -95,7 +95,7 @@ impl AllocateError {
 
     /// Every code [`AllocateError::rule`] returns for a resource that is served, for
     /// zero-valued metric series (`not-served` is no rule of the request: not counted).
-    pub const RULES: [&'static str; 7] = [
+    pub(crate) const RULES: [&'static str; 7] = [
         "empty",
         "unknown-device",
         "duplicate",
@@ -106,7 +106,7 @@ impl AllocateError {
     ];
 
     /// Short name of the broken rule, for metrics labels.
-    pub fn rule(&self) -> &'static str {
+    pub(crate) fn rule(&self) -> &'static str {
         match self {
             AllocateError::Empty => "empty",
             AllocateError::Unknown { .. } => "unknown-device",
@@ -120,7 +120,7 @@ impl AllocateError {
     }
 
     /// The device ID concerned, when there is one.
-    pub fn device_id(&self) -> Option<&str> {
+    pub(crate) fn device_id(&self) -> Option<&str> {
         match self {
             AllocateError::Empty | AllocateError::NotServed { .. } => None,
             AllocateError::Unknown { id, .. }
@@ -136,7 +136,7 @@ impl AllocateError {
 /// Check one container request against the live view of its resource and return the
 /// devices it names, in request order. Nothing is reserved: the kubelet owns allocation
 /// bookkeeping, so a refusal leaves no partial state behind.
-pub fn validate<'a, S: AsRef<str>>(
+pub(crate) fn validate<'a, S: AsRef<str>>(
     view: &'a ResourceView,
     ids: &[S],
 ) -> Result<Vec<&'a Device>, AllocateError> {

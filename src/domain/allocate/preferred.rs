@@ -32,7 +32,7 @@ use crate::domain::view::ResourceView;
 ///
 /// The result has no duplicates, starts with `must_include`, and has
 /// `min(size, |must_include ∪ available|)` entries when `must_include` fits in `size`.
-pub fn preferred<S: AsRef<str>>(
+pub(crate) fn preferred<S: AsRef<str>>(
     view: &ResourceView,
     policy: AllocationPolicy,
     available: &[S],

@@ -16,15 +16,15 @@ use crate::domain::devnodes::DeviceNodes;
 use crate::domain::plan::{Device, Resource};
 
 /// Env var carrying the granted memory in bytes (sum over the request).
-pub const ENV_MEMORY_BYTES: &str = "GPU_SLICER_MEMORY_BYTES";
+pub(crate) const ENV_MEMORY_BYTES: &str = "GPU_SLICER_MEMORY_BYTES";
 /// Env var carrying the granted compute percent (sum over the request).
-pub const ENV_COMPUTE_PERCENT: &str = "GPU_SLICER_COMPUTE_PERCENT";
+pub(crate) const ENV_COMPUTE_PERCENT: &str = "GPU_SLICER_COMPUTE_PERCENT";
 /// Env var carrying the number of units granted.
-pub const ENV_REPLICAS: &str = "GPU_SLICER_REPLICAS";
+pub(crate) const ENV_REPLICAS: &str = "GPU_SLICER_REPLICAS";
 /// NVIDIA's device list env var.
-pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub(crate) const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Container directory of NVIDIA's volume-mounts device list.
-pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+pub(crate) const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 /// Name part of the annotation key before the resource-specific suffix.
 const ANNOTATION_PLUGIN: &str = "gpu-slicer";
 /// Longest key part after the annotation prefix (a Kubernetes qualified-name part).
@@ -68,7 +68,7 @@ pub struct ContainerAllocation {
 }
 
 /// Build the answer for validated devices of `resource`.
-pub fn build_response(
+pub(crate) fn build_response(
     cfg: &Config,
     resource: &Resource,
     devices: &[&Device],
@@ -153,7 +153,7 @@ pub(crate) fn build(
 /// itself, or, for a resource shared with an enforced isolation level, the
 /// `<uuid>-share-<k>` device whose edits bind k shares (k = the request's replicas of that
 /// physical device).
-pub fn cdi_device_name(resource: &Resource, devices: &[&Device], d: &Device) -> String {
+pub(crate) fn cdi_device_name(resource: &Resource, devices: &[&Device], d: &Device) -> String {
     let enforced = resource
         .sharing
         .as_ref()
@@ -175,7 +175,7 @@ pub fn cdi_device_name(resource: &Resource, devices: &[&Device], d: &Device) -> 
 /// resources gets two annotations rather than a clash. The part after the prefix must be a
 /// qualified-name part (≤ 63 characters, alphanumeric at both ends, `[A-Za-z0-9_.-]`); long
 /// resource names are shortened and made unique with a hash.
-pub fn annotation_key(prefix: &str, resource: &str) -> String {
+pub(crate) fn annotation_key(prefix: &str, resource: &str) -> String {
     let clean: String = resource
         .chars()
         .map(|c| {
@@ -208,7 +208,7 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 
 /// With `passDeviceSpecs`, add DeviceSpecs (`rw`, host path under `devRoot`) for the control
 /// nodes and every node of the granted physical devices, deduplicated. Without it, nothing.
-pub fn add_device_specs(
+pub(crate) fn add_device_specs(
     out: &mut ContainerAllocation,
     cfg: &Config,
     nodes: &DeviceNodes,

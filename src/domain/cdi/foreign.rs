@@ -18,7 +18,7 @@ use crate::domain::cdi_kind::owner_of_vendor;
 
 /// Refuse to write or remove a spec file whose name another writer uses: `nvidia.*` and
 /// `<vendor>-<class>.*` for a vendor [`crate::domain::cdi_kind::owner_of_kind`] knows.
-pub fn check_file_name(path: &Path) -> Result<()> {
+pub(crate) fn check_file_name(path: &Path) -> Result<()> {
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())

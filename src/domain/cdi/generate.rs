@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 
 use super::{CdiError, ContainerEdits, Device, DeviceNode, Result, Spec, VISIBLE_DEVICES_VOID};
 use crate::domain::devnodes::{CONTROL_NODES, cap_minors};
-pub use crate::domain::devnodes::{cap_node_path, gpu_node_path};
+pub(crate) use crate::domain::devnodes::{cap_node_path, gpu_node_path};
 use crate::domain::inventory::{Gpu, Inventory, MigDevice};
 
 /// What the generator needs to know besides the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GenerateOptions {
+pub(crate) struct GenerateOptions {
     /// `vendor/class` of the spec.
     pub kind: String,
     /// Host root under which `/dev` is found; `hostPath` = dev root + container path. `None`:
@@ -33,7 +33,7 @@ pub struct GenerateOptions {
 
 impl GenerateOptions {
     /// Options for `kind` without a dev root.
-    pub fn new(kind: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: impl Into<String>) -> Self {
         Self {
             kind: kind.into(),
             dev_root: None,
@@ -45,7 +45,7 @@ impl GenerateOptions {
 
 /// Type and numbers of a host device node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeInfo {
+pub(crate) struct NodeInfo {
     /// `c` or `b`.
     pub node_type: char,
     /// Major number.
@@ -55,14 +55,14 @@ pub struct NodeInfo {
 }
 
 /// Looks up host device nodes; injected so generation stays pure.
-pub trait NodeProbe: fmt::Debug {
+pub(crate) trait NodeProbe: fmt::Debug {
     /// The node at `host_path`, or `None` when there is none (or it is not a device).
     fn probe(&self, host_path: &Path) -> Option<NodeInfo>;
 }
 
 /// A probe that finds nothing: nodes are emitted with their paths only.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoProbe;
+pub(crate) struct NoProbe;
 
 impl NodeProbe for NoProbe {
     fn probe(&self, _host_path: &Path) -> Option<NodeInfo> {
@@ -78,7 +78,7 @@ impl NodeProbe for BTreeMap<PathBuf, NodeInfo> {
 }
 
 /// Readable index name of a MIG device: `<gpu index>:<mig index>`, as in `nvidia-smi -L`.
-pub fn mig_index_name(mig: &MigDevice) -> String {
+pub(crate) fn mig_index_name(mig: &MigDevice) -> String {
     format!("{}:{}", mig.parent_index, mig.index)
 }
 
@@ -90,7 +90,7 @@ pub fn mig_index_name(mig: &MigDevice) -> String {
 /// when [`GenerateOptions::driver`] has them. `cdiVersion` is the
 /// lowest version the content needs. Fails (naming the device and rule) instead of
 /// returning a spec a runtime would reject.
-pub fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) -> Result<Spec> {
+pub(crate) fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) -> Result<Spec> {
     crate::domain::cdi_kind::check_syntax(&opts.kind).map_err(|rule| CdiError::Kind {
         kind: opts.kind.clone(),
         rule,

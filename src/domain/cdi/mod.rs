@@ -14,28 +14,28 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub mod foreign;
-pub mod generate;
-pub mod naming;
-pub mod shares;
-pub mod validate;
+pub(crate) mod foreign;
+pub(crate) mod generate;
+pub(crate) mod naming;
+pub(crate) mod shares;
+pub(crate) mod validate;
 pub(crate) mod yaml;
 
-pub use generate::{GenerateOptions, NoProbe, NodeInfo, NodeProbe, generate};
-pub use validate::{minimum_version, validate};
+pub(crate) use generate::{GenerateOptions, NoProbe, NodeInfo, NodeProbe, generate};
+pub(crate) use validate::{minimum_version, validate};
 
 /// Spec versions we write or accept, oldest first. 0.1.0/0.2.0 are pre-release schemas that
 /// current libraries reject; 0.6.0 and later cannot be loaded by Podman 4.3 or containerd
 /// 1.7.0–1.7.11, so a spec that needs them is refused rather than written.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.4.0", "0.5.0"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.4.0", "0.5.0"];
 
 /// Directory that dynamically generated specs go to (runtimes also scan `/etc/cdi`, which
 /// has lower priority).
-pub const DEFAULT_SPEC_DIR: &str = "/var/run/cdi";
+pub(crate) const DEFAULT_SPEC_DIR: &str = "/var/run/cdi";
 
 /// Env entry that stops an image's baked-in `NVIDIA_VISIBLE_DEVICES` from widening access
 /// through the NVIDIA container runtime hook.
-pub const VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
+pub(crate) const VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 
 /// Errors generating, checking or writing a CDI spec. Each names the device, rule or path
 /// concerned.
@@ -111,7 +111,7 @@ pub enum CdiError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = CdiError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = CdiError> = std::result::Result<T, E>;
 
 /// A CDI spec file, limited to the fields CDI 0.3.0–0.5.0 define.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,12 +290,12 @@ impl fmt::Display for Format {
 }
 
 /// `<kind>=<device>`: the name a runtime (or the kubelet's `cdi_devices`) asks for.
-pub fn qualified_name(kind: &str, device: &str) -> String {
+pub(crate) fn qualified_name(kind: &str, device: &str) -> String {
     format!("{kind}={device}")
 }
 
 /// Default file name of the spec for `kind`: `<vendor>-<class>.<ext>`.
-pub fn spec_file_name(kind: &str, format: Format) -> String {
+pub(crate) fn spec_file_name(kind: &str, format: Format) -> String {
     format!("{}.{}", kind.replace('/', "-"), format.extension())
 }
 

@@ -8,7 +8,7 @@ use super::{CdiError, Result, Spec};
 
 /// How devices are named in the spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DeviceNameStrategy {
+pub(crate) enum DeviceNameStrategy {
     /// `0`, `1:3`.
     Index,
     /// `GPU-…`, `MIG-…`.
@@ -33,7 +33,7 @@ impl std::str::FromStr for DeviceNameStrategy {
 }
 
 /// The default: index and UUID names, as the generator makes them.
-pub const DEFAULT_STRATEGIES: &[DeviceNameStrategy] =
+pub(crate) const DEFAULT_STRATEGIES: &[DeviceNameStrategy] =
     &[DeviceNameStrategy::Index, DeviceNameStrategy::Uuid];
 
 enum Class {
@@ -66,7 +66,7 @@ fn classify(name: &str) -> (Class, &str, &str) {
 
 /// Keep (and for `type-index`, rename) the devices `strategies` ask for; `cdiVersion`
 /// is recomputed and the spec checked again. An empty list means the default.
-pub fn apply(spec: &mut Spec, strategies: &[DeviceNameStrategy]) -> Result<()> {
+pub(crate) fn apply(spec: &mut Spec, strategies: &[DeviceNameStrategy]) -> Result<()> {
     let want = if strategies.is_empty() {
         DEFAULT_STRATEGIES
     } else {

@@ -33,7 +33,7 @@ use crate::domain::config::Isolation;
 use crate::domain::plan::Plan;
 
 /// Seconds the runtime gives the memory-limit hook (NVML init on a busy node can be slow).
-pub const HOOK_TIMEOUT_SECS: i64 = 30;
+pub(crate) const HOOK_TIMEOUT_SECS: i64 = 30;
 
 /// Where the memory-limit hook lives and what it is told, on the HOST the runtime runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct HookSettings {
 
 /// What the generator needs to add share devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShareOptions {
+pub(crate) struct ShareOptions {
     /// The plan: which devices are split N ways with which isolation.
     pub plan: Plan,
     /// `flags.mpsRoot` (required when any resource uses MPS).
@@ -59,7 +59,7 @@ pub struct ShareOptions {
 
 /// The limits of one share: k of N replicas of one physical device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShareLimits {
+pub(crate) struct ShareLimits {
     /// `GPU-…` or `MIG-…`.
     pub uuid: String,
     /// Parent GPU UUID (the memory limit is set on the GPU handle).
@@ -79,12 +79,12 @@ pub struct ShareLimits {
 }
 
 /// `<device name>-share-<k>`: the CDI device of k shares of `device` (a UUID or index name).
-pub fn share_device_name(device: &str, k: u32) -> String {
+pub(crate) fn share_device_name(device: &str, k: u32) -> String {
     format!("{device}-share-{k}")
 }
 
 /// The limits of k shares of a device split `of` ways, `per_replica` bytes each.
-pub fn limits_for(per_replica: u64, k: u32, of: u32) -> (u64, u32) {
+pub(crate) fn limits_for(per_replica: u64, k: u32, of: u32) -> (u64, u32) {
     let memory = per_replica.saturating_mul(u64::from(k));
     let threads = k.saturating_mul(100) / of.max(1);
     (memory, threads)
@@ -92,7 +92,7 @@ pub fn limits_for(per_replica: u64, k: u32, of: u32) -> (u64, u32) {
 
 /// Every share of every device whose resource has an enforced isolation level, sorted by
 /// UUID then k.
-pub fn share_limits(plan: &Plan) -> Vec<ShareLimits> {
+pub(crate) fn share_limits(plan: &Plan) -> Vec<ShareLimits> {
     let mut out = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for (resource, device) in plan.devices() {
@@ -122,7 +122,7 @@ pub fn share_limits(plan: &Plan) -> Vec<ShareLimits> {
 }
 
 /// The `createRuntime` hook that sets the hard limit of k shares.
-pub fn memory_hook(hook: &HookSettings, gpu_uuid: &str, bytes: u64) -> Hook {
+pub(crate) fn memory_hook(hook: &HookSettings, gpu_uuid: &str, bytes: u64) -> Hook {
     let path = hook.path.display().to_string();
     let mut args = vec![
         path.clone(),
@@ -149,7 +149,7 @@ pub fn memory_hook(hook: &HookSettings, gpu_uuid: &str, bytes: u64) -> Hook {
 /// Share devices for `opts.plan`, given the already generated parent devices (looked up
 /// by UUID and index name for their device nodes). Errors name the device when an MPS
 /// level has no MPS root or a parent is missing from the spec.
-pub fn share_devices(
+pub(crate) fn share_devices(
     opts: &ShareOptions,
     parents: &[Device],
 ) -> std::result::Result<Vec<Device>, super::CdiError> {
@@ -212,7 +212,7 @@ fn mps_edits(edits: &mut ContainerEdits, daemon: &crate::domain::mps::DaemonSpec
 /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (when given) and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`
 /// (`pinned_bytes`, in whole MiB) for the one device the daemon sees. Also used for DRA
 /// claim shares (`crate::domain::dra::cdi`).
-pub fn mps_client(
+pub(crate) fn mps_client(
     edits: &mut ContainerEdits,
     daemon: &crate::domain::mps::DaemonSpec,
     thread_percent: Option<u32>,

@@ -44,7 +44,7 @@ const HOOK_NAMES: &[&str] = &[
 const SPEC_LEVEL: &str = "(spec-level containerEdits)";
 
 /// The lowest `cdiVersion` whose features `spec` uses (0.3.0 at least).
-pub fn minimum_version(spec: &Spec) -> &'static str {
+pub(crate) fn minimum_version(spec: &Spec) -> &'static str {
     minimum_with_reason(spec).0
 }
 
@@ -85,7 +85,7 @@ fn version_rank(v: &str) -> Option<usize> {
 }
 
 /// Check `spec` against every rule; the first broken rule is returned.
-pub fn validate(spec: &Spec) -> Result<()> {
+pub(crate) fn validate(spec: &Spec) -> Result<()> {
     let version = spec.cdi_version.as_str();
     let version_err = |rule: &str| CdiError::Version {
         version: version.to_string(),
@@ -141,7 +141,7 @@ pub fn validate(spec: &Spec) -> Result<()> {
 
 /// Device names (CDI ≥ 0.5.0): alphanumeric first and last, `[A-Za-z0-9_.:-]` inside; a
 /// digit first is allowed because [`minimum_version`] then demands 0.5.0.
-pub fn check_device_name(name: &str) -> Result<()> {
+pub(crate) fn check_device_name(name: &str) -> Result<()> {
     let err = |rule: &str| CdiError::DeviceName {
         device: name.to_string(),
         rule: rule.to_string(),
@@ -250,7 +250,7 @@ fn check_edits(device: &str, edits: &ContainerEdits) -> Result<()> {
 }
 
 /// Check that runtimes would scan a file of this name: `.yaml` or `.json` only.
-pub fn check_file_name(path: &Path) -> Result<()> {
+pub(crate) fn check_file_name(path: &Path) -> Result<()> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("yaml" | "json") => Ok(()),
         _ => Err(CdiError::FileName {

@@ -6,12 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use super::settings::{FileFlags, FilePluginFlags};
+pub(crate) use super::settings::{FileFlags, FilePluginFlags};
 
 /// Top level of a config file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     /// `v1` (empty means `v1`).
     #[serde(default)]
     pub version: Option<String>,
@@ -32,7 +32,7 @@ pub struct FileConfig {
 /// `flags.migLayouts:`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileMigLayouts {
+pub(crate) struct FileMigLayouts {
     #[serde(default)]
     pub file: Option<String>,
     #[serde(default)]
@@ -42,7 +42,7 @@ pub struct FileMigLayouts {
 /// `flags.dra:`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileDra {
+pub(crate) struct FileDra {
     #[serde(default)]
     pub enabled: Option<bool>,
     #[serde(default)]
@@ -55,7 +55,7 @@ pub struct FileDra {
 /// A YAML value that is either one string or a list of strings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum StringOrList {
+pub(crate) enum StringOrList {
     One(String),
     Many(Vec<String>),
 }
@@ -63,7 +63,7 @@ pub enum StringOrList {
 /// `resources:` (pattern-based naming).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileResources {
+pub(crate) struct FileResources {
     #[serde(default)]
     pub gpus: Vec<FileResourcePattern>,
     #[serde(default)]
@@ -73,7 +73,7 @@ pub struct FileResources {
 /// One `{pattern, name}` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileResourcePattern {
+pub(crate) struct FileResourcePattern {
     pub pattern: String,
     pub name: String,
 }
@@ -81,7 +81,7 @@ pub struct FileResourcePattern {
 /// `imex:`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileImex {
+pub(crate) struct FileImex {
     #[serde(default, rename = "channelIDs")]
     pub channel_ids: Vec<u32>,
     #[serde(default)]
@@ -91,7 +91,7 @@ pub struct FileImex {
 /// `sharing:`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileSharing {
+pub(crate) struct FileSharing {
     #[serde(default)]
     pub time_slicing: Option<FileReplicas>,
     #[serde(default)]
@@ -101,7 +101,7 @@ pub struct FileSharing {
 /// `sharing.timeSlicing` / `sharing.mps`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileReplicas {
+pub(crate) struct FileReplicas {
     #[serde(default)]
     pub rename_by_default: Option<bool>,
     #[serde(default)]
@@ -113,7 +113,7 @@ pub struct FileReplicas {
 /// One entry of `sharing.*.resources`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileReplicatedResource {
+pub(crate) struct FileReplicatedResource {
     pub name: String,
     #[serde(default)]
     pub rename: Option<String>,
@@ -134,7 +134,7 @@ pub struct FileReplicatedResource {
 /// `devices:` — `all`, a count, or a list of references.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum FileDevices {
+pub(crate) enum FileDevices {
     Count(i64),
     Word(String),
     List(Vec<DeviceRefValue>),
@@ -143,7 +143,7 @@ pub enum FileDevices {
 /// A list entry: an index as a number, or a string (`"1"`, `"0:3"`, `GPU-…`, `MIG-…`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum DeviceRefValue {
+pub(crate) enum DeviceRefValue {
     Index(i64),
     Text(String),
 }
@@ -151,7 +151,7 @@ pub enum DeviceRefValue {
 /// A memory quantity: bytes as a number, or a Kubernetes-style string.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Quantity {
+pub(crate) enum Quantity {
     Bytes(u64),
     Text(String),
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub mod file;
+pub(crate) mod file;
 mod origin;
 mod quantity;
 mod settings;
@@ -25,18 +25,18 @@ use file::{
     FileConfig, FileDevices, FileDra, FileImex, FileMigLayouts, FileResources, FileSharing,
 };
 
-pub use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
-pub use origin::{Given, Origin, Refusal};
-pub use quantity::{parse_quantity, parse_quantity_text};
-pub use settings::{Config, Overrides};
-pub use sharing::{
+pub(crate) use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
+pub(crate) use origin::{Given, Origin, Refusal};
+pub(crate) use quantity::{parse_quantity, parse_quantity_text};
+pub(crate) use settings::{Config, Overrides};
+pub(crate) use sharing::{
     DeviceRef, DeviceSelector, SharedResource, SharingKind, check_resource_name, parse_device_ref,
     qualify,
 };
-pub use values::{AllocationPolicy, DeviceIdStrategy, DeviceListStrategy, Isolation, MigStrategy};
+pub(crate) use values::{AllocationPolicy, DeviceIdStrategy, DeviceListStrategy, Isolation, MigStrategy};
 
 /// Default prefix of CDI container annotations.
-pub const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+pub(crate) const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 
 /// `mpsRoot` when an MPS share needs one and none is set (NVIDIA's default).
 const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
@@ -86,13 +86,13 @@ pub enum ConfigError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = ConfigError> = std::result::Result<T, E>;
 
 /// `flags.dra`: the file's DRA mode settings (unvalidated: the driver name is checked where
 /// the mode is resolved, with the flags that override it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DraFlags {
+pub(crate) struct DraFlags {
     /// `flags.dra.enabled`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
@@ -107,14 +107,14 @@ pub struct DraFlags {
 
 impl DraFlags {
     /// Nothing set in the file.
-    pub fn is_unset(&self) -> bool {
+    pub(crate) fn is_unset(&self) -> bool {
         self.enabled.is_none() && self.driver_name.is_none() && self.dynamic_mig.is_none()
     }
 }
 
 /// `flags.migLayouts`: a mig-parted config file and the layout of it to apply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MigLayouts {
+pub(crate) struct MigLayouts {
     /// The mig-parted file.
     pub file: PathBuf,
     /// A key of its `mig-configs`.
@@ -124,7 +124,7 @@ pub struct MigLayouts {
 /// Something in a config worth a warning that does not stop the load; the caller logs it
 /// (the domain does no logging).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigWarning {
+pub(crate) enum ConfigWarning {
     /// The `resources` field (pattern-based naming) is set: accepted but ignored.
     IgnoredResources {
         /// The config's origin (file path).
@@ -143,12 +143,12 @@ impl std::fmt::Display for ConfigWarning {
 }
 
 /// The defaults with overrides applied (no file given).
-pub fn defaults(overrides: &Overrides) -> Result<Config> {
+pub(crate) fn defaults(overrides: &Overrides) -> Result<Config> {
     from_file_config(FileConfig::default(), "built-in defaults", overrides).map(|(c, _)| c)
 }
 
 /// [`parse`], also returning the warnings for the caller to log.
-pub fn parse_reporting(
+pub(crate) fn parse_reporting(
     text: &str,
     origin: &str,
     overrides: &Overrides,
@@ -158,12 +158,12 @@ pub fn parse_reporting(
 }
 
 /// Parse config text. `origin` names the source in errors.
-pub fn parse(text: &str, origin: &str, overrides: &Overrides) -> Result<Config> {
+pub(crate) fn parse(text: &str, origin: &str, overrides: &Overrides) -> Result<Config> {
     parse_reporting(text, origin, overrides).map(|(c, _)| c)
 }
 
 /// Parse the raw file shape, reporting the dotted path of the offending field.
-pub fn parse_file(text: &str, origin: &str) -> Result<FileConfig> {
+pub(crate) fn parse_file(text: &str, origin: &str) -> Result<FileConfig> {
     let parse_err = |field: String, message: String| ConfigError::Parse {
         path: origin.to_string(),
         field,

@@ -11,7 +11,7 @@ use super::ConfigError;
 
 /// Where a setting's value was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// A command-line flag, by its long name without the dashes (`mig-strategy`).
     Flag(String),
     /// An environment variable (`MIG_STRATEGY`).
@@ -45,7 +45,7 @@ impl fmt::Display for Origin {
 
 impl Origin {
     /// A field of the file at `path`.
-    pub fn file(path: &str, field: &str) -> Self {
+    pub(crate) fn file(path: &str, field: &str) -> Self {
         Self::File {
             path: path.to_string(),
             field: field.to_string(),
@@ -55,7 +55,7 @@ impl Origin {
     /// The error for a value from here that breaks a rule, naming the value as written: a
     /// file value is blamed on the file and its field, anything else on the flag or variable
     /// that set it.
-    pub fn invalid(&self, value: impl fmt::Display, message: impl Into<String>) -> ConfigError {
+    pub(crate) fn invalid(&self, value: impl fmt::Display, message: impl Into<String>) -> ConfigError {
         let (value, message) = (format!("`{value}`"), message.into());
         match self {
             Self::File { path, field } => ConfigError::Invalid {
@@ -75,7 +75,7 @@ impl Origin {
 
 /// A value as written, with where it was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Given<T> {
+pub(crate) struct Given<T> {
     /// The value as parsed by the layer that read it (text, a boolean, a list).
     pub value: T,
     /// Where it was written.
@@ -84,7 +84,7 @@ pub struct Given<T> {
 
 impl<T> Given<T> {
     /// `value`, written at `origin`.
-    pub fn new(value: impl Into<T>, origin: Origin) -> Self {
+    pub(crate) fn new(value: impl Into<T>, origin: Origin) -> Self {
         Self {
             value: value.into(),
             origin,
@@ -93,7 +93,7 @@ impl<T> Given<T> {
 
     /// Check and convert the value; a refusal is blamed on [`Self::origin`], naming the value
     /// (or the part of it that [`Refusal::part`] singles out) as written.
-    pub fn parse<U>(&self, parse: impl FnOnce(&T) -> Result<U, Refusal>) -> super::Result<U>
+    pub(crate) fn parse<U>(&self, parse: impl FnOnce(&T) -> Result<U, Refusal>) -> super::Result<U>
     where
         T: fmt::Display,
     {
@@ -124,7 +124,7 @@ impl From<&str> for Given<String> {
 /// Why a value was refused: the rule it broke and, when one part of it is to blame (an item
 /// of a list), that part as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The rule, as the error states it (`expected none, single or mixed`).
     pub message: String,
     /// The part of the value to name instead of the whole.
@@ -133,7 +133,7 @@ pub struct Refusal {
 
 impl Refusal {
     /// `part` of the value breaks `message`.
-    pub fn of_part(part: impl fmt::Display, message: impl Into<String>) -> Self {
+    pub(crate) fn of_part(part: impl fmt::Display, message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
             part: Some(part.to_string()),

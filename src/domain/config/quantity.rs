@@ -5,7 +5,7 @@ use super::file::Quantity;
 
 /// Parse a memory quantity: bytes, or a number with a Ki/Mi/Gi/Ti (binary) or k/M/G/T
 /// (decimal) suffix.
-pub fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
+pub(crate) fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
     let text = match q {
         Quantity::Bytes(b) => return nonzero(*b),
         Quantity::Text(t) => t.trim(),
@@ -40,7 +40,7 @@ pub fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
 }
 
 /// [`parse_quantity`] of a quantity written as text (a flag, an environment variable).
-pub fn parse_quantity_text(text: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_quantity_text(text: &str) -> std::result::Result<u64, String> {
     parse_quantity(&Quantity::Text(text.into()))
 }
 

@@ -26,9 +26,9 @@ use super::{
 
 /// The table's grammar (see the invocation below for an example of each part):
 ///
-/// * `pub struct Config { field: Type = default, … }`: the fields of [`Config`] that no flag
+/// * `pub(crate) struct Config { field: Type = default, … }`: the fields of [`Config`] that no flag
 ///   or file key sets directly (filled by the section functions of the parent module);
-/// * `pub struct Overrides { field: Raw, … }`: override slots of those section functions;
+/// * `pub(crate) struct Overrides { field: Raw, … }`: override slots of those section functions;
 /// * `section FileX = "flags.x" { field: Type = default; "fileKey": Raw => check; … } also
 ///   { file-only fields }`: a section of the file. Each entry is a field of [`Config`] (its
 ///   doc and attributes go there), a key of the section's file struct holding `Raw` as
@@ -39,11 +39,11 @@ use super::{
 macro_rules! settings {
     (
         $(#[$cmeta:meta])*
-        pub struct $config:ident {
+        pub(crate) struct $config:ident {
             $( $(#[$pmeta:meta])* $pfield:ident : $pty:ty = $pdefault:expr, )*
         }
         $(#[$ometa:meta])*
-        pub struct $overrides:ident {
+        pub(crate) struct $overrides:ident {
             $( $(#[$xmeta:meta])* $xfield:ident : $xty:ty, )*
         }
         $(
@@ -59,9 +59,9 @@ macro_rules! settings {
         )*
     ) => {
         $(#[$cmeta])*
-        pub struct $config {
-            $( $(#[$pmeta])* pub $pfield: $pty, )*
-            $( $( $(#[$fmeta])* pub $field: $ty, )* )*
+        pub(crate) struct $config {
+            $( $(#[$pmeta])* pub(crate) $pfield: $pty, )*
+            $( $( $(#[$fmeta])* pub(crate) $field: $ty, )* )*
         }
 
         impl Default for $config {
@@ -76,27 +76,27 @@ macro_rules! settings {
 
         $(#[$ometa])*
         #[derive(Debug, Clone, Default)]
-        pub struct $overrides {
+        pub(crate) struct $overrides {
             $(
                 $(
                     #[doc = concat!("`", $path, ".", $key, "` from a flag or an environment variable.")]
-                    pub $field: Option<Given<$raw>>,
+                    pub(crate) $field: Option<Given<$raw>>,
                 )*
             )*
-            $( $(#[$xmeta])* pub $xfield: Option<Given<$xty>>, )*
+            $( $(#[$xmeta])* pub(crate) $xfield: Option<Given<$xty>>, )*
         }
 
         $(
             $(#[$smeta])*
             #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
             #[serde(rename_all = "camelCase", deny_unknown_fields)]
-            pub struct $file {
+            pub(crate) struct $file {
                 $(
                     #[doc = concat!("`", $path, ".", $key, "`.")]
                     #[serde(default, rename = $key)]
-                    pub $field: Option<$raw>,
+                    pub(crate) $field: Option<$raw>,
                 )*
-                $( $(#[$emeta])* pub $efield: $ety, )*
+                $( $(#[$emeta])* pub(crate) $efield: $ety, )*
             }
 
             impl $file {
@@ -147,7 +147,7 @@ settings! {
     /// A validated config.
     #[derive(Debug, Clone, PartialEq, Serialize)]
     #[serde(rename_all = "camelCase")]
-    pub struct Config {
+    pub(crate) struct Config {
         /// Where it came from (file path, or `built-in defaults`).
         source: String = "built-in defaults".to_string(),
         /// Sharing entries in file order (time-slicing first, then MPS).
@@ -164,7 +164,7 @@ settings! {
     /// Settings given on the command line or in the environment, each with the flag or
     /// variable that set it; `Some` wins over the file. A value set through the library
     /// without naming its flag is blamed on "command-line setting".
-    pub struct Overrides {
+    pub(crate) struct Overrides {
         /// `flags.migLayouts.file`: `--mig-layout-file` / `MIG_LAYOUT_FILE`.
         mig_layout_file: String,
         /// `flags.migLayouts.layout`: `--mig-layout` / `MIG_LAYOUT`.

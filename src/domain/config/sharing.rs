@@ -33,7 +33,7 @@ impl SharingKind {
 /// A reference to a device in `devices:`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase", tag = "by", content = "value")]
-pub enum DeviceRef {
+pub(crate) enum DeviceRef {
     /// GPU index `i`.
     Index(u32),
     /// MIG device `i:j`.
@@ -55,7 +55,7 @@ impl std::fmt::Display for DeviceRef {
 /// Which devices of a resource a sharing entry applies to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub enum DeviceSelector {
+pub(crate) enum DeviceSelector {
     /// Every device of the resource.
     All,
     /// Devices whose GPU index is below N.
@@ -81,7 +81,7 @@ impl std::fmt::Display for DeviceSelector {
 /// One validated `sharing.*.resources[]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SharedResource {
+pub(crate) struct SharedResource {
     /// Section it came from.
     pub kind: SharingKind,
     /// Position in that section's list (for error messages).
@@ -106,7 +106,7 @@ pub struct SharedResource {
 
 impl SharedResource {
     /// Config path of this entry, e.g. `sharing.timeSlicing.resources[0]`.
-    pub fn field(&self) -> String {
+    pub(crate) fn field(&self) -> String {
         format!("{}.resources[{}]", self.kind.field(), self.position)
     }
 }
@@ -277,7 +277,7 @@ impl Entry<'_> {
 }
 
 /// Add `nvidia.com/` when the name has no domain, as the incumbent does.
-pub fn qualify(name: &str) -> String {
+pub(crate) fn qualify(name: &str) -> String {
     if name.contains('/') {
         name.to_string()
     } else {
@@ -287,7 +287,7 @@ pub fn qualify(name: &str) -> String {
 
 /// Kubernetes extended resource name rules: `<dns-domain>/<name>`, ≤ 63 characters in all
 /// (the incumbent's limit), name part alphanumeric with `-`, `_`, `.` inside.
-pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_resource_name(name: &str) -> std::result::Result<(), String> {
     let Some((domain, rest)) = name.split_once('/') else {
         return Err("must be <domain>/<name>".into());
     };
@@ -326,7 +326,7 @@ pub fn check_resource_name(name: &str) -> std::result::Result<(), String> {
 }
 
 /// Parse one `devices` entry given as a string.
-pub fn parse_device_ref(s: &str) -> std::result::Result<DeviceRef, String> {
+pub(crate) fn parse_device_ref(s: &str) -> std::result::Result<DeviceRef, String> {
     let s = s.trim();
     if s.starts_with("GPU-") || s.starts_with("MIG-") {
         return Ok(DeviceRef::Uuid(s.to_string()));

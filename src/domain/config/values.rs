@@ -15,18 +15,18 @@ use super::origin::Refusal;
 macro_rules! spelled {
     (
         $(#[$meta:meta])*
-        pub enum $name:ident {
+        pub(crate) enum $name:ident {
             $( $(#[$vmeta:meta])* $variant:ident = $word:literal, )+
         }
     ) => {
         $(#[$meta])*
-        pub enum $name {
+        pub(crate) enum $name {
             $( $(#[$vmeta])* $variant, )+
         }
 
         impl $name {
             /// The word the config file and the command line use.
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $( Self::$variant => $word, )+
                 }
@@ -71,7 +71,7 @@ fn expected(words: &[&str]) -> String {
 spelled! {
     /// How MIG devices are exposed.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-    pub enum MigStrategy {
+    pub(crate) enum MigStrategy {
         /// MIG-enabled GPUs are exposed as whole GPUs.
         #[default]
         None = "none",
@@ -85,7 +85,7 @@ spelled! {
 spelled! {
     /// What Allocate puts in the container response besides the checks.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-    pub enum DeviceListStrategy {
+    pub(crate) enum DeviceListStrategy {
         /// `NVIDIA_VISIBLE_DEVICES=<ids>`.
         Envvar = "envvar",
         /// Per-device mounts under `/var/run/nvidia-container-devices`.
@@ -100,7 +100,7 @@ spelled! {
 spelled! {
     /// How devices are named to the runtime in envvar / volume-mounts responses.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-    pub enum DeviceIdStrategy {
+    pub(crate) enum DeviceIdStrategy {
         /// UUIDs.
         #[default]
         Uuid = "uuid",
@@ -112,7 +112,7 @@ spelled! {
 spelled! {
     /// Preferred-allocation policy for replicas and MIG devices.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-    pub enum AllocationPolicy {
+    pub(crate) enum AllocationPolicy {
         /// One replica per GPU where possible.
         #[default]
         Distributed = "distributed",
@@ -124,7 +124,7 @@ spelled! {
 spelled! {
     /// Isolation level of a shared resource.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
-    pub enum Isolation {
+    pub(crate) enum Isolation {
         /// Plain time-slicing: nothing enforced.
         #[default]
         None = "none",
@@ -139,17 +139,17 @@ spelled! {
 
 impl Isolation {
     /// Parse the config spelling (`None` for anything else).
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         s.parse().ok()
     }
 
     /// Whether MPS control daemons are involved.
-    pub fn uses_mps(self) -> bool {
+    pub(crate) fn uses_mps(self) -> bool {
         matches!(self, Self::Mps | Self::MemoryMps)
     }
 
     /// Whether the driver memory limit is set per container.
-    pub fn uses_memory_limit(self) -> bool {
+    pub(crate) fn uses_memory_limit(self) -> bool {
         matches!(self, Self::Memory | Self::MemoryMps)
     }
 }

@@ -26,19 +26,19 @@ use serde::{Deserialize, Serialize};
 use super::model::{Capacity, RequestPolicy, ValidRange, bytes_quantity};
 
 /// Capacity name of a device's memory (bytes).
-pub const MEMORY: &str = "memory";
+pub(crate) const MEMORY: &str = "memory";
 /// Capacity name of a shared device's compute share (percent of its SMs).
-pub const COMPUTE: &str = "compute";
+pub(crate) const COMPUTE: &str = "compute";
 /// Attribute naming a shared device's isolation level (`none`, `memory`, `mps`,
 /// `memory+mps`), so a claim can select on what is enforced.
-pub const ATTR_ISOLATION: &str = "isolation";
+pub(crate) const ATTR_ISOLATION: &str = "isolation";
 /// Granularity of a memory share (see the module header for why 2 MiB).
-pub const MEMORY_STEP: u64 = 2 << 20;
+pub(crate) const MEMORY_STEP: u64 = 2 << 20;
 /// The whole of a device's compute, in percent.
-pub const FULL_COMPUTE: u32 = 100;
+pub(crate) const FULL_COMPUTE: u32 = 100;
 
 /// The capacities of a device shared among claims, whose memory is `memory_bytes`.
-pub fn shared_capacity(memory_bytes: u64) -> BTreeMap<String, Capacity> {
+pub(crate) fn shared_capacity(memory_bytes: u64) -> BTreeMap<String, Capacity> {
     let whole = memory_bytes - memory_bytes % MEMORY_STEP;
     let mut out = BTreeMap::new();
     out.insert(
@@ -96,7 +96,7 @@ impl Consumed {
 /// A quantity as the API writes one (`10Gi`, `30720Mi`, `25`, `0`, `1k`) as an integer.
 /// Fractions (`500m`) and exponents are refused: neither memory nor a percentage comes in
 /// them from a `validRange` with integer steps.
-pub fn quantity_value(text: &str) -> Result<u64, String> {
+pub(crate) fn quantity_value(text: &str) -> Result<u64, String> {
     if text.trim() == "0" {
         return Ok(0);
     }
@@ -107,7 +107,7 @@ pub fn quantity_value(text: &str) -> Result<u64, String> {
 /// (no `consumedCapacity`) is the whole device. Unknown capacity names are ignored (a newer
 /// scheduler may add some); a memory share above the device or a compute share above 100 is
 /// an error naming the value.
-pub fn consumed(
+pub(crate) fn consumed(
     capacity: Option<&BTreeMap<String, String>>,
     memory_bytes: u64,
 ) -> Result<Consumed, String> {
@@ -153,7 +153,7 @@ pub struct Holding {
 
 /// Whether `want` still fits on `device` (of `memory_bytes`) next to `held`. The error names
 /// the device, what is claimed and what is free, for memory or compute (whichever is short).
-pub fn check_fits(
+pub(crate) fn check_fits(
     device: &str,
     memory_bytes: u64,
     held: &[Holding],
@@ -187,7 +187,7 @@ pub fn check_fits(
 
 /// Whether a share ID is usable in a CDI device name and a file: 1–64 of `a-z0-9-`, as the
 /// scheduler's UUIDs are. Anything else is refused rather than escaped.
-pub fn valid_share_id(id: &str) -> bool {
+pub(crate) fn valid_share_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
         && id

@@ -36,16 +36,16 @@ use super::opaque::Strategy;
 use super::slices::DeviceType;
 
 /// The CDI class of per-claim specs.
-pub const CLAIM_CLASS: &str = "claim";
+pub(crate) const CLAIM_CLASS: &str = "claim";
 
 /// `k8s.<driver>/claim`.
-pub fn claim_kind(driver: &str) -> String {
+pub(crate) fn claim_kind(driver: &str) -> String {
     format!("{}/{CLAIM_CLASS}", super::cdi_vendor(driver))
 }
 
 /// File name of a claim's spec: `<vendor>-<class>_<claimUID>.json` (the CDI library's
 /// transient-spec convention, `/` in the id as `_`).
-pub fn spec_file_name(driver: &str, claim_uid: &str) -> String {
+pub(crate) fn spec_file_name(driver: &str, claim_uid: &str) -> String {
     format!(
         "{}-{CLAIM_CLASS}_{}.json",
         super::cdi_vendor(driver),
@@ -54,13 +54,13 @@ pub fn spec_file_name(driver: &str, claim_uid: &str) -> String {
 }
 
 /// CDI device name of a claim's device: `<claimUID>-<device>`.
-pub fn device_name(claim_uid: &str, device: &str) -> String {
+pub(crate) fn device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
 }
 
 /// CDI device name of a resolved device: `<claimUID>-<device>`, with `-<shareID>` for a
 /// share (a claim may hold two shares of one device; names are never reused).
-pub fn resolved_name(claim_uid: &str, d: &ResolvedDevice) -> String {
+pub(crate) fn resolved_name(claim_uid: &str, d: &ResolvedDevice) -> String {
     match d.share.as_ref().and_then(|s| s.share_id.as_deref()) {
         Some(id) => format!("{}-{id}", device_name(claim_uid, &d.device)),
         None => device_name(claim_uid, &d.device),
@@ -68,18 +68,18 @@ pub fn resolved_name(claim_uid: &str, d: &ResolvedDevice) -> String {
 }
 
 /// Fully qualified CDI ID handed to the kubelet: `k8s.<driver>/claim=<claimUID>-<device>`.
-pub fn qualified(driver: &str, claim_uid: &str, device: &str) -> String {
+pub(crate) fn qualified(driver: &str, claim_uid: &str, device: &str) -> String {
     format!("{}={}", claim_kind(driver), device_name(claim_uid, device))
 }
 
 /// Fully qualified CDI ID of a resolved device ([`resolved_name`]).
-pub fn qualified_resolved(driver: &str, claim_uid: &str, d: &ResolvedDevice) -> String {
+pub(crate) fn qualified_resolved(driver: &str, claim_uid: &str, d: &ResolvedDevice) -> String {
     format!("{}={}", claim_kind(driver), resolved_name(claim_uid, d))
 }
 
 /// What a claim's spec is cut from besides the claim.
 #[derive(Debug, Clone, Copy)]
-pub struct SpecInputs<'a> {
+pub(crate) struct SpecInputs<'a> {
     /// The node's spec (generated with the same options the device plugin's spec is).
     pub node: &'a Spec,
     /// The memory-limit hook (`None`: a claim that needs it fails, never runs unlimited).
@@ -91,7 +91,7 @@ pub struct SpecInputs<'a> {
 }
 
 /// The spec of `claim`, from the node's spec `node` only (no hook, daemons or made MIG).
-pub fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, DraError> {
+pub(crate) fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, DraError> {
     let made = BTreeMap::new();
     let inputs = SpecInputs {
         node,
@@ -103,7 +103,7 @@ pub fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, D
 }
 
 /// The spec of `claim` from `inputs`.
-pub fn claim_spec_with(
+pub(crate) fn claim_spec_with(
     driver: &str,
     inputs: &SpecInputs<'_>,
     claim: &Resolved,

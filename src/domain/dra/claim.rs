@@ -140,7 +140,7 @@ impl std::fmt::Display for ClaimRef {
 
 /// What a claim is resolved against.
 #[derive(Debug, Clone, Copy)]
-pub struct NodeContext<'a> {
+pub(crate) struct NodeContext<'a> {
     /// Our driver name.
     pub driver: &'a str,
     /// Our pool (the node name).
@@ -154,7 +154,7 @@ pub struct NodeContext<'a> {
 
 /// One device of a resolved claim.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ResolvedDevice {
+pub(crate) struct ResolvedDevice {
     /// The request it serves, without a subrequest (what the kubelet matches containers on).
     pub request: String,
     /// Published device name.
@@ -179,7 +179,7 @@ pub struct ResolvedDevice {
 
 /// A claim's share of a shared device.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ClaimShare {
+pub(crate) struct ClaimShare {
     /// The scheduler's share ID (`None`: the device was allocated whole).
     pub share_id: Option<String>,
     /// What it takes.
@@ -190,7 +190,7 @@ pub struct ClaimShare {
 
 /// A claim ready to prepare.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// The claim.
     pub claim: ClaimRef,
     /// Its devices on this node, in allocation order.
@@ -198,7 +198,7 @@ pub struct Resolved {
 }
 
 /// Resolve `claim` (as read from the API) for the kubelet's `want`.
-pub fn resolve(
+pub(crate) fn resolve(
     want: &ClaimRef,
     claim: &ResourceClaim,
     ctx: &NodeContext<'_>,

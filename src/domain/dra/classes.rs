@@ -7,10 +7,10 @@ use super::model::{CelSelector, DeviceClass, DeviceClassSpec, DeviceSelector, Ob
 use super::slices::DeviceType;
 
 /// The extended resource the whole-GPU class serves.
-pub const EXTENDED_RESOURCE: &str = crate::domain::plan::GPU_RESOURCE;
+pub(crate) const EXTENDED_RESOURCE: &str = crate::domain::plan::GPU_RESOURCE;
 
 /// The classes of `driver`.
-pub fn build(driver: &str) -> Vec<DeviceClass> {
+pub(crate) fn build(driver: &str) -> Vec<DeviceClass> {
     vec![
         class(driver, DeviceType::Gpu, Some(EXTENDED_RESOURCE)),
         class(driver, DeviceType::Mig, None),
@@ -18,7 +18,7 @@ pub fn build(driver: &str) -> Vec<DeviceClass> {
 }
 
 /// Name of the class of `kind` for `driver`: `gpu.gpu-slicer.io`, `mig.gpu-slicer.io`.
-pub fn class_name(driver: &str, kind: DeviceType) -> String {
+pub(crate) fn class_name(driver: &str, kind: DeviceType) -> String {
     format!("{}.{driver}", kind.as_str())
 }
 

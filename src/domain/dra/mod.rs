@@ -23,25 +23,25 @@
 //! The runtime (`crate::runtime::dra`) serves the kubelet and publishes the objects; the
 //! CLI (`crate::cli::dra`) prints them.
 
-pub mod capacity;
-pub mod cdi;
-pub mod claim;
-pub mod classes;
-pub mod model;
-pub mod opaque;
-pub mod partition;
-pub mod slices;
-pub mod status;
+pub(crate) mod capacity;
+pub(crate) mod cdi;
+pub(crate) mod claim;
+pub(crate) mod classes;
+pub(crate) mod model;
+pub(crate) mod opaque;
+pub(crate) mod partition;
+pub(crate) mod slices;
+pub(crate) mod status;
 
 /// Default driver name (`--dra-driver-name`).
-pub const DEFAULT_DRIVER_NAME: &str = "gpu-slicer.io";
+pub(crate) const DEFAULT_DRIVER_NAME: &str = "gpu-slicer.io";
 
 /// `apiVersion` of the objects this driver publishes and reads.
-pub const API_VERSION: &str = "resource.k8s.io/v1";
+pub(crate) const API_VERSION: &str = "resource.k8s.io/v1";
 
 /// Errors of the DRA domain: each names the claim, request, device or field concerned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DraError {
+pub(crate) enum DraError {
     /// The driver name is not a DNS subdomain of at most 63 characters.
     #[error("invalid DRA driver name `{name}`: {rule}")]
     DriverName { name: String, rule: String },
@@ -67,7 +67,7 @@ pub enum DraError {
 
 /// Check a driver name: a lowercase DNS subdomain of at most 63 characters (the limit of
 /// `ResourceSlice.spec.driver`).
-pub fn check_driver_name(name: &str) -> Result<(), DraError> {
+pub(crate) fn check_driver_name(name: &str) -> Result<(), DraError> {
     let bad = |rule: &str| DraError::DriverName {
         name: name.to_string(),
         rule: rule.to_string(),
@@ -84,6 +84,6 @@ pub fn check_driver_name(name: &str) -> Result<(), DraError> {
 }
 
 /// The CDI vendor of the per-claim specs: `k8s.<driver>`, the DRA helper library's rule.
-pub fn cdi_vendor(driver: &str) -> String {
+pub(crate) fn cdi_vendor(driver: &str) -> String {
     format!("k8s.{driver}")
 }

@@ -213,7 +213,7 @@ pub struct Taint {
 /// `resource.k8s.io/v1` DeviceClass.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DeviceClass {
+pub(crate) struct DeviceClass {
     /// `resource.k8s.io/v1`.
     pub api_version: String,
     /// `DeviceClass`.
@@ -227,7 +227,7 @@ pub struct DeviceClass {
 /// DeviceClass spec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DeviceClassSpec {
+pub(crate) struct DeviceClassSpec {
     /// CEL selectors, all of which must hold.
     pub selectors: Vec<DeviceSelector>,
     /// Extended resource served by this class (KEP-5004), e.g. `nvidia.com/gpu`.
@@ -237,20 +237,20 @@ pub struct DeviceClassSpec {
 
 /// A device selector.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceSelector {
+pub(crate) struct DeviceSelector {
     /// The CEL selector.
     pub cel: CelSelector,
 }
 
 /// A CEL expression over `device`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CelSelector {
+pub(crate) struct CelSelector {
     /// The expression.
     pub expression: String,
 }
 
 /// Whether `s` is a DNS label (RFC 1123): 1–63 of `a-z0-9-`, alphanumeric at both ends.
-pub fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -260,12 +260,12 @@ pub fn is_dns_label(s: &str) -> bool {
 }
 
 /// Whether `s` is a DNS subdomain (RFC 1123): labels joined by `.`, at most 253 characters.
-pub fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 /// A byte count as a Kubernetes quantity: `Gi` or `Mi` when exact, else plain bytes.
-pub fn bytes_quantity(bytes: u64) -> String {
+pub(crate) fn bytes_quantity(bytes: u64) -> String {
     const MI: u64 = 1 << 20;
     const GI: u64 = 1 << 30;
     if bytes > 0 && bytes.is_multiple_of(GI) {
@@ -280,7 +280,7 @@ pub fn bytes_quantity(bytes: u64) -> String {
 /// A dotted version as semver: up to three numeric parts, leading zeros dropped, missing
 /// parts zero (`570.124.06` → `570.124.6`, `9.0` → `9.0.0`). `None` for anything else, so a
 /// version the API would reject is left out rather than published.
-pub fn semver(version: &str) -> Option<String> {
+pub(crate) fn semver(version: &str) -> Option<String> {
     let parts: Vec<&str> = version.trim().split('.').collect();
     if parts.is_empty() || parts.len() > 3 {
         return None;

@@ -17,12 +17,12 @@ use serde::Deserialize;
 use crate::domain::config::{Isolation, parse_quantity_text};
 
 /// The `apiVersion` of our parameters.
-pub const CONFIG_API_VERSION: &str = "gpu-slicer.io/v1alpha1";
+pub(crate) const CONFIG_API_VERSION: &str = "gpu-slicer.io/v1alpha1";
 
 /// An invalid opaque config, naming the request(s) it applies to and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("opaque config for {requests}: field `{field}`: {message}")]
-pub struct ConfigError {
+pub(crate) struct ConfigError {
     /// The requests the config entry names (`all requests` when it names none).
     pub requests: String,
     /// The field path (`parameters.sharing.strategy`).
@@ -33,7 +33,7 @@ pub struct ConfigError {
 
 /// Which kind of device a config is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConfigKind {
+pub(crate) enum ConfigKind {
     /// `GpuConfig`: whole GPUs.
     Gpu,
     /// `MigDeviceConfig`: MIG devices.
@@ -42,7 +42,7 @@ pub enum ConfigKind {
 
 /// A parsed config.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DeviceConfig {
+pub(crate) struct DeviceConfig {
     /// Its kind.
     pub kind: ConfigKind,
     /// Sharing, when set.
@@ -54,7 +54,7 @@ pub struct DeviceConfig {
 /// How the claim's containers share the device.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Sharing {
+pub(crate) struct Sharing {
     /// `TimeSlicing` or `MPS`.
     pub strategy: Strategy,
     /// Time-slice length (GPUs only).
@@ -67,7 +67,7 @@ pub struct Sharing {
 
 /// Sharing strategy (NVIDIA's spelling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     /// Time-slicing.
     TimeSlicing,
     /// MPS.
@@ -78,7 +78,7 @@ pub enum Strategy {
 /// `timeSlicingConfig`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TimeSlicingConfig {
+pub(crate) struct TimeSlicingConfig {
     /// `Default`, `Short`, `Medium` or `Long`.
     #[serde(default)]
     pub interval: Option<Interval>,
@@ -86,7 +86,7 @@ pub struct TimeSlicingConfig {
 
 /// Time-slice length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Interval {
+pub(crate) enum Interval {
     /// Driver default.
     Default,
     /// Short.
@@ -100,7 +100,7 @@ pub enum Interval {
 /// `mpsConfig`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MpsConfig {
+pub(crate) struct MpsConfig {
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, 1–100.
     #[serde(default)]
     pub default_active_thread_percentage: Option<u32>,
@@ -115,7 +115,7 @@ pub struct MpsConfig {
 /// A Kubernetes quantity as written: a string (`10Gi`) or a bare number of bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
-pub enum Quantity {
+pub(crate) enum Quantity {
     /// A number of bytes.
     Bytes(u64),
     /// A quantity string.
@@ -124,7 +124,7 @@ pub enum Quantity {
 
 impl Quantity {
     /// The bytes it stands for.
-    pub fn bytes(&self) -> Result<u64, String> {
+    pub(crate) fn bytes(&self) -> Result<u64, String> {
         match self {
             Quantity::Bytes(0) => Err("must be greater than 0".into()),
             Quantity::Bytes(b) => Ok(*b),
@@ -146,7 +146,7 @@ struct Raw {
 
 /// Parse `parameters` of an opaque entry for our driver. `requests` names what the entry
 /// applies to, for the error.
-pub fn parse(
+pub(crate) fn parse(
     parameters: &serde_json::Value,
     requests: &[String],
 ) -> Result<DeviceConfig, ConfigError> {

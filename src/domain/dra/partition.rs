@@ -29,18 +29,18 @@ use crate::domain::inventory::Gpu;
 
 /// Attribute of every published device: `true` when Prepare makes it (a dynamic MIG
 /// placement, or the whole GPU of a dynamic GPU), `false` for devices that exist already.
-pub const ATTR_ON_DEMAND: &str = "onDemand";
+pub(crate) const ATTR_ON_DEMAND: &str = "onDemand";
 
 /// Counter of the GPU's compute slices.
-pub const COMPUTE_SLICES: &str = "compute-slices";
+pub(crate) const COMPUTE_SLICES: &str = "compute-slices";
 
 /// The counter set of GPU `index`: `gpu-<index>-counter-set`.
-pub fn counter_set_name(index: u32) -> String {
+pub(crate) fn counter_set_name(index: u32) -> String {
     format!("gpu-{index}-counter-set")
 }
 
 /// Counter of memory slice `k`.
-pub fn memory_slice_counter(k: u32) -> String {
+pub(crate) fn memory_slice_counter(k: u32) -> String {
     format!("memory-slice-{k}")
 }
 
@@ -89,7 +89,7 @@ pub struct MadeInstance {
 }
 
 /// Whether `selector` (`flags.dra.dynamicMig`) names `gpu`.
-pub fn selects(selector: &DeviceSelector, gpu: &Gpu) -> bool {
+pub(crate) fn selects(selector: &DeviceSelector, gpu: &Gpu) -> bool {
     match selector {
         DeviceSelector::All => true,
         DeviceSelector::Count(n) => gpu.index < *n,
@@ -102,7 +102,7 @@ pub fn selects(selector: &DeviceSelector, gpu: &Gpu) -> bool {
 }
 
 /// Why a GPU the selector names is not dynamic; `Ok`: its product and profiles.
-pub fn dynamic_product(gpu: &Gpu) -> Result<(&'static Product, &'static [GiProfile]), String> {
+pub(crate) fn dynamic_product(gpu: &Gpu) -> Result<(&'static Product, &'static [GiProfile]), String> {
     if !gpu.mig_mode.current {
         return Err(format!(
             "GPU {} ({}): flags.dra.dynamicMig names it but its MIG mode is off (gpu-slicer never changes MIG mode); published as a whole GPU",
@@ -126,7 +126,7 @@ pub fn dynamic_product(gpu: &Gpu) -> Result<(&'static Product, &'static [GiProfi
 }
 
 /// The counter set of a dynamic GPU.
-pub fn counter_set(gpu: &Gpu, product: &Product, profiles: &[GiProfile]) -> CounterSet {
+pub(crate) fn counter_set(gpu: &Gpu, product: &Product, profiles: &[GiProfile]) -> CounterSet {
     let mut counters = BTreeMap::new();
     for k in 0..product.memory_slices {
         counters.insert(memory_slice_counter(k), one(1));
@@ -144,7 +144,7 @@ pub fn counter_set(gpu: &Gpu, product: &Product, profiles: &[GiProfile]) -> Coun
 }
 
 /// What a placement of `p` at `start` takes from its GPU's set.
-pub fn consumption(gpu: &Gpu, p: &GiProfile, start: u32) -> CounterConsumption {
+pub(crate) fn consumption(gpu: &Gpu, p: &GiProfile, start: u32) -> CounterConsumption {
     let mut counters: BTreeMap<String, Counter> = p
         .span(start)
         .map(|k| (memory_slice_counter(k), one(1)))
@@ -160,7 +160,7 @@ pub fn consumption(gpu: &Gpu, p: &GiProfile, start: u32) -> CounterConsumption {
 }
 
 /// What the whole GPU takes: every counter of its set, in full.
-pub fn whole_consumption(set: &CounterSet) -> CounterConsumption {
+pub(crate) fn whole_consumption(set: &CounterSet) -> CounterConsumption {
     CounterConsumption {
         counter_set: set.name.clone(),
         counters: set.counters.clone(),
@@ -168,7 +168,7 @@ pub fn whole_consumption(set: &CounterSet) -> CounterConsumption {
 }
 
 /// The full-size profile (all memory slices): what the whole GPU is served as.
-pub fn full_profile(
+pub(crate) fn full_profile(
     product: &Product,
     profiles: &'static [GiProfile],
 ) -> Option<&'static GiProfile> {
@@ -179,13 +179,13 @@ pub fn full_profile(
 
 /// Memory of one instance of `p`: the GPU's memory in whole MiB, split by memory slices
 /// (what the driver and the fake report for the profile).
-pub fn profile_memory(gpu: &Gpu, product: &Product, p: &GiProfile) -> u64 {
+pub(crate) fn profile_memory(gpu: &Gpu, product: &Product, p: &GiProfile) -> u64 {
     let mib = gpu.memory_bytes >> 20;
     (mib * u64::from(p.memory_slices) / u64::from(product.memory_slices.max(1))) << 20
 }
 
 /// The placement of `p` at `start` on `gpu`.
-pub fn placement(gpu: &Gpu, product: &Product, p: &GiProfile, start: u32) -> Placement {
+pub(crate) fn placement(gpu: &Gpu, product: &Product, p: &GiProfile, start: u32) -> Placement {
     Placement {
         gpu_index: gpu.index,
         gpu_uuid: gpu.uuid.clone(),

@@ -25,33 +25,33 @@ use crate::domain::topology::{PlacementAttributes, placement_attributes};
 use crate::domain::view::Overlay;
 
 /// Most devices in one slice.
-pub const MAX_DEVICES: usize = 128;
+pub(crate) const MAX_DEVICES: usize = 128;
 /// Most devices in one slice when any device has taints or consumes counters (1.35+).
-pub const MAX_DEVICES_WITH_TAINTS: usize = 64;
+pub(crate) const MAX_DEVICES_WITH_TAINTS: usize = 64;
 /// Most counter sets in one slice.
-pub const MAX_COUNTER_SETS: usize = 8;
+pub(crate) const MAX_COUNTER_SETS: usize = 8;
 /// Most counters in one slice, all its sets together (the 1.34 rule; kept on 1.35+ too,
 /// where it is the limit of one set, so no server refuses what is published).
-pub const MAX_COUNTERS: usize = 32;
+pub(crate) const MAX_COUNTERS: usize = 32;
 /// Taint key of a device with a critical XID.
-pub const TAINT_XID: &str = "gpu-slicer.io/xid";
+pub(crate) const TAINT_XID: &str = "gpu-slicer.io/xid";
 /// Taint key of a device that fell off the bus.
-pub const TAINT_GPU_LOST: &str = "gpu-slicer.io/gpu-lost";
+pub(crate) const TAINT_GPU_LOST: &str = "gpu-slicer.io/gpu-lost";
 /// Taint key of a device unhealthy for another reason (discovery, a drain).
-pub const TAINT_UNHEALTHY: &str = "gpu-slicer.io/unhealthy";
+pub(crate) const TAINT_UNHEALTHY: &str = "gpu-slicer.io/unhealthy";
 /// Standard attribute of the PCI address.
-pub const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub(crate) const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 /// Standard attribute: the GPU's PCIe root complex (`pci<domain>:<bus>`), from the topology
 /// (`crate::domain::topology::placement_attributes`); MIG devices carry their parent's.
-pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+pub(crate) const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 /// The NVLink-connected group a GPU belongs to (equal for all GPUs of one NVSwitch board or
 /// one bridged pair), so a claim for several GPUs can `matchAttribute` on it. GPUs without
 /// NVLink peers have none (and so never match such a claim).
-pub const ATTR_NVLINK_DOMAIN: &str = "gpu-slicer.io/nvlinkDomain";
+pub(crate) const ATTR_NVLINK_DOMAIN: &str = "gpu-slicer.io/nvlinkDomain";
 
 /// Whole GPU or MIG device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceType {
+pub(crate) enum DeviceType {
     /// A whole GPU.
     Gpu,
     /// A MIG device.
@@ -60,7 +60,7 @@ pub enum DeviceType {
 
 impl DeviceType {
     /// The `type` attribute value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DeviceType::Gpu => "gpu",
             DeviceType::Mig => "mig",
@@ -70,7 +70,7 @@ impl DeviceType {
 
 /// One device the node publishes, with what the kubelet side needs to prepare it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeDevice {
+pub(crate) struct NodeDevice {
     /// Published name (`gpu-0`, `gpu-0-mig-1g10gb-19-3`).
     pub name: String,
     /// Whole GPU or MIG.
@@ -94,7 +94,7 @@ pub struct NodeDevice {
 
 /// How the config shares a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedDevice {
+pub(crate) struct SharedDevice {
     /// The isolation level its sharing rule sets.
     pub isolation: Isolation,
     /// The device's memory (the `memory` capacity).
@@ -105,7 +105,7 @@ pub struct SharedDevice {
 
 /// The node's devices by published name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeDevices {
+pub(crate) struct NodeDevices {
     /// By name, in name order.
     pub devices: BTreeMap<String, NodeDevice>,
     /// The counter sets of dynamic MIG GPUs, by GPU index.
@@ -116,14 +116,14 @@ pub struct NodeDevices {
 
 impl NodeDevices {
     /// Look a device up by published name.
-    pub fn get(&self, name: &str) -> Option<&NodeDevice> {
+    pub(crate) fn get(&self, name: &str) -> Option<&NodeDevice> {
         self.devices.get(name)
     }
 }
 
 /// Unhealthy physical devices (UUID → reason) from the plan and the health overlay: a
 /// device is unhealthy when any planned device it backs is.
-pub fn health_map(plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
+pub(crate) fn health_map(plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (_, d) in plan.devices() {
         let h = overlay.health_of(d);
@@ -137,7 +137,7 @@ pub fn health_map(plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
 
 /// The devices the node publishes: every physical device the plan serves, GPUs by index,
 /// each GPU's MIG devices after it; no dynamic MIG GPUs.
-pub fn node_devices(
+pub(crate) fn node_devices(
     inv: &Inventory,
     plan: &Plan,
     health: &BTreeMap<String, String>,
@@ -146,7 +146,7 @@ pub fn node_devices(
 }
 
 /// The devices of a snapshot, with its health and its config's `flags.dra.dynamicMig`.
-pub fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> NodeDevices {
+pub(crate) fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> NodeDevices {
     let health = health_map(&snapshot.plan, &snapshot.overlay);
     node_devices_with(
         &snapshot.inventory,
@@ -158,7 +158,7 @@ pub fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> NodeDev
 
 /// [`node_devices`], with the GPUs `dynamic` (`flags.dra.dynamicMig`) selects published as
 /// partitionable ([`super::partition`]) instead of as the plan has them.
-pub fn node_devices_with(
+pub(crate) fn node_devices_with(
     inv: &Inventory,
     plan: &Plan,
     health: &BTreeMap<String, String>,
@@ -505,7 +505,7 @@ fn placements(gpu: &Gpu) -> BTreeMap<u32, u32> {
 }
 
 /// A MIG profile as a DNS-label fragment: `1g.10gb` → `1g10gb`, `1g.10gb+me` → `1g10gb-me`.
-pub fn profile_label(profile: &str) -> String {
+pub(crate) fn profile_label(profile: &str) -> String {
     profile
         .to_ascii_lowercase()
         .chars()
@@ -520,7 +520,7 @@ pub fn profile_label(profile: &str) -> String {
 /// The taint for an unhealthy reason: `xid-79` → `gpu-slicer.io/xid=79`, `gpu-lost` →
 /// `gpu-slicer.io/gpu-lost`, anything else → `gpu-slicer.io/unhealthy=<reason as a label
 /// value>`. Always NoSchedule: running pods are not evicted by us.
-pub fn taint(reason: &str) -> Taint {
+pub(crate) fn taint(reason: &str) -> Taint {
     let (key, value) = if let Some(xid) = reason.strip_prefix("xid-") {
         (TAINT_XID, label_value(xid))
     } else if reason == "gpu-lost" || reason.ends_with(": gpu-lost") {
@@ -603,7 +603,7 @@ fn brand(product: &str) -> Option<&'static str> {
 
 /// What a slice set is built for.
 #[derive(Debug, Clone, Copy)]
-pub struct SliceTarget<'a> {
+pub(crate) struct SliceTarget<'a> {
     /// Driver name.
     pub driver: &'a str,
     /// Node name (also the pool name).
@@ -616,7 +616,7 @@ pub struct SliceTarget<'a> {
 
 /// How a pool with counter sets is laid out: the API changed between 1.34 and 1.35.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SliceFormat {
+pub(crate) enum SliceFormat {
     /// 1.34: a slice holds counter sets and the devices consuming them together.
     Combined,
     /// 1.35 and later: a slice holds devices or counter sets, never both.
@@ -627,7 +627,7 @@ pub enum SliceFormat {
 impl SliceFormat {
     /// The format of an API server of version `major.minor` (`minor` as `/version` says it,
     /// `35+` on some providers): combined up to 1.34.
-    pub fn for_server(major: &str, minor: &str) -> Self {
+    pub(crate) fn for_server(major: &str, minor: &str) -> Self {
         let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
         match (major.trim(), digits.parse::<u32>()) {
             ("1", Ok(m)) if m <= 34 => SliceFormat::Combined,
@@ -637,7 +637,7 @@ impl SliceFormat {
 }
 
 /// The slices of `devices` for `target` in the 1.35+ layout ([`build_for`]).
-pub fn build(target: &SliceTarget<'_>, devices: &NodeDevices) -> Vec<ResourceSlice> {
+pub(crate) fn build(target: &SliceTarget<'_>, devices: &NodeDevices) -> Vec<ResourceSlice> {
     build_for(target, devices, SliceFormat::Split)
 }
 
@@ -647,7 +647,7 @@ pub fn build(target: &SliceTarget<'_>, devices: &NodeDevices) -> Vec<ResourceSli
 /// slice) go in slices of their own ([`SliceFormat::Split`]), or together, whole GPUs per
 /// slice ([`SliceFormat::Combined`]). An empty pool still gets one (empty) slice, so
 /// consumers see that the node has nothing rather than nothing known.
-pub fn build_for(
+pub(crate) fn build_for(
     target: &SliceTarget<'_>,
     devices: &NodeDevices,
     format: SliceFormat,
@@ -774,7 +774,7 @@ fn slice(
 
 /// `<node>-<driver>-<i>`, cut to the 253 characters of a name (node names are
 /// subdomains, so the result is one).
-pub fn slice_name(target: &SliceTarget<'_>, i: usize) -> String {
+pub(crate) fn slice_name(target: &SliceTarget<'_>, i: usize) -> String {
     let suffix = format!("-{}-{i}", target.driver);
     let keep = 253usize.saturating_sub(suffix.len());
     let node: String = target.node_name.chars().take(keep).collect();

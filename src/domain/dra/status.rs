@@ -48,7 +48,7 @@ impl DeviceStatus {
 }
 
 /// The entry of `device` (as published on this node) prepared with `cdi_ids`.
-pub fn device_status(pool: &str, device: &NodeDevice, cdi_ids: &[String]) -> DeviceStatus {
+pub(crate) fn device_status(pool: &str, device: &NodeDevice, cdi_ids: &[String]) -> DeviceStatus {
     let mut data = Map::new();
     for key in DATA_ATTRIBUTES {
         let value = match device.device.attributes.get(key) {

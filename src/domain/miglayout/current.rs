@@ -14,7 +14,7 @@ use super::steps::{CiState, GiState};
 use crate::domain::inventory::Gpu;
 
 /// The planner's facts of an inventory GPU.
-pub fn facts(gpu: &Gpu) -> GpuFacts {
+pub(crate) fn facts(gpu: &Gpu) -> GpuFacts {
     GpuFacts {
         index: gpu.index,
         uuid: gpu.uuid.clone(),
@@ -24,7 +24,7 @@ pub fn facts(gpu: &Gpu) -> GpuFacts {
 }
 
 /// The GPU instances of an inventory GPU, with assumed placements.
-pub fn instances(gpu: &Gpu) -> Vec<GiState> {
+pub(crate) fn instances(gpu: &Gpu) -> Vec<GiState> {
     let mut by_gi: BTreeMap<u32, (String, Vec<CiState>)> = BTreeMap::new();
     for m in &gpu.mig_devices {
         let e = by_gi

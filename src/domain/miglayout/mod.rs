@@ -8,19 +8,19 @@
 //! prints them. Placement rules (profiles, starts, collisions) are the product facts in
 //! `node_spec::placements`, shared with the fake NVML library so both agree.
 
-pub mod current;
-pub mod parse;
-pub mod select;
-pub mod steps;
+pub(crate) mod current;
+pub(crate) mod parse;
+pub(crate) mod select;
+pub(crate) mod steps;
 
-pub use parse::{Devices, LayoutEntry, MigPartedFile};
-pub use select::{GpuFacts, Target, select};
-pub use steps::{Action, GiState, GpuPlan, Kind, PlanStatus, Step, plan_gpu};
+pub(crate) use parse::{Devices, LayoutEntry, MigPartedFile};
+pub(crate) use select::{GpuFacts, Target, select};
+pub(crate) use steps::{Action, GiState, GpuPlan, Kind, PlanStatus, Step, plan_gpu};
 
 /// UUIDs of the GPUs a device of `snapshot`'s held set lives on (the GPU itself, or the
 /// parent of a MIG device, replicas included). Devices no longer planned are looked up by
 /// the UUID their ID starts with.
-pub fn held_gpus(
+pub(crate) fn held_gpus(
     snapshot: &crate::domain::snapshot::Snapshot,
 ) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();
@@ -45,7 +45,7 @@ pub fn held_gpus(
 
 /// Errors reading a mig-parted file or fitting a layout to the node's GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MigLayoutError {
+pub(crate) enum MigLayoutError {
     /// The file could not be read.
     #[error("cannot read MIG layout file {file}: {message}")]
     Read { file: String, message: String },
@@ -76,4 +76,4 @@ pub enum MigLayoutError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = MigLayoutError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = MigLayoutError> = std::result::Result<T, E>;

@@ -25,13 +25,13 @@ use serde_yaml_ng::Value;
 use super::{MigLayoutError, Result};
 
 /// Largest file accepted: layout files are a few kilobytes; anything bigger is not one.
-pub const MAX_FILE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_FILE_BYTES: usize = 1 << 20;
 /// Largest count of one profile: no product holds more than 7 GPU instances.
 const MAX_COUNT: u64 = 64;
 
 /// A parsed mig-parted file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigPartedFile {
+pub(crate) struct MigPartedFile {
     /// Where it came from, for messages.
     pub origin: String,
     /// Layout name → its entries, in file order.
@@ -40,7 +40,7 @@ pub struct MigPartedFile {
 
 /// Which GPUs an entry selects by index.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Devices {
+pub(crate) enum Devices {
     /// `devices: all`.
     All,
     /// `devices: [0, 1]`.
@@ -49,7 +49,7 @@ pub enum Devices {
 
 /// One entry of a layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayoutEntry {
+pub(crate) struct LayoutEntry {
     /// `devices`.
     pub devices: Devices,
     /// `device-filter`: empty means every GPU.
@@ -62,7 +62,7 @@ pub struct LayoutEntry {
 
 impl MigPartedFile {
     /// Parse `text`; `origin` (a path) names it in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+    pub(crate) fn parse(text: &str, origin: &str) -> Result<Self> {
         let err = |field: &str, message: String| MigLayoutError::Parse {
             file: origin.to_string(),
             field: field.to_string(),
@@ -132,7 +132,7 @@ impl MigPartedFile {
     }
 
     /// The entries of `layout`, or an error listing the layouts there are.
-    pub fn layout(&self, layout: &str) -> Result<&[LayoutEntry]> {
+    pub(crate) fn layout(&self, layout: &str) -> Result<&[LayoutEntry]> {
         self.layouts
             .get(layout)
             .map(Vec::as_slice)

@@ -20,7 +20,7 @@ use super::{MigLayoutError, Result};
 
 /// What the planner needs to know about one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuFacts {
+pub(crate) struct GpuFacts {
     /// NVML index.
     pub index: u32,
     /// `GPU-…` UUID.
@@ -33,7 +33,7 @@ pub struct GpuFacts {
 
 /// What a GPU should hold under the selected layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// No entry selects it (or it cannot do MIG and the entry does not insist): left alone.
     Untouched(&'static str),
     /// MIG mode off.
@@ -81,7 +81,7 @@ fn entry_selects(entry: &LayoutEntry, gpu: &GpuFacts) -> bool {
 }
 
 /// The target of every GPU in `gpus` under `layout` of `file`, in the order of `gpus`.
-pub fn select(file: &MigPartedFile, layout: &str, gpus: &[GpuFacts]) -> Result<Vec<Target>> {
+pub(crate) fn select(file: &MigPartedFile, layout: &str, gpus: &[GpuFacts]) -> Result<Vec<Target>> {
     let entries = file.layout(layout)?;
     gpus.iter()
         .map(|gpu| {

@@ -17,7 +17,7 @@ use super::select::{GpuFacts, Target};
 /// What a step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Action {
+pub(crate) enum Action {
     /// Remove an instance.
     Destroy,
     /// Make an instance.
@@ -27,7 +27,7 @@ pub enum Action {
 /// What a step acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A GPU instance (memory slices at a placement).
     GpuInstance,
     /// A compute instance inside a GPU instance.
@@ -37,7 +37,7 @@ pub enum Kind {
 /// One step. The JSON form (`action`, `kind`, `profile`, `placement`) is a contract; the ids
 /// say which existing instance a destroy removes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Step {
+pub(crate) struct Step {
     /// Destroy or create.
     pub action: Action,
     /// GPU or compute instance.
@@ -57,7 +57,7 @@ pub struct Step {
 
 /// An existing compute instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CiState {
+pub(crate) struct CiState {
     /// Compute instance id.
     pub id: u32,
     /// Whether it spans its whole GPU instance (the only kind gpu-slicer creates).
@@ -66,7 +66,7 @@ pub struct CiState {
 
 /// An existing GPU instance, as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GiState {
+pub(crate) struct GiState {
     /// GPU instance id.
     pub id: u32,
     /// Profile name (`3g.40gb`).
@@ -80,7 +80,7 @@ pub struct GiState {
 /// Whether a GPU is in its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum PlanStatus {
+pub(crate) enum PlanStatus {
     /// Already there (or left alone): no steps.
     Unchanged,
     /// Steps take it there.
@@ -91,7 +91,7 @@ pub enum PlanStatus {
 
 /// The plan for one GPU. Serialises to the `mig apply --format json` contract.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GpuPlan {
+pub(crate) struct GpuPlan {
     /// NVML index.
     pub index: u32,
     /// `GPU-…` UUID.
@@ -107,7 +107,7 @@ pub struct GpuPlan {
 
 impl GpuPlan {
     /// The same GPU held back for `reason` (its steps are kept so the log can show them).
-    pub fn pending(mut self, reason: String) -> Self {
+    pub(crate) fn pending(mut self, reason: String) -> Self {
         self.status = PlanStatus::Pending;
         self.reason = Some(reason);
         self
@@ -116,7 +116,7 @@ impl GpuPlan {
 
 /// Plan one GPU: `product` is its product (None when it cannot do MIG), `current` its GPU
 /// instances now.
-pub fn plan_gpu(
+pub(crate) fn plan_gpu(
     gpu: &GpuFacts,
     product: Option<&Product>,
     target: &Target,

@@ -79,7 +79,7 @@ fn legacy_mig_uuid(gpu: &Gpu, m: &MigDevice) -> String {
 }
 
 /// NVIDIA's MIG resource name: `nvidia.com/mig-<profile>` with `+` turned into `.`.
-pub fn mig_resource_name(profile: &str) -> String {
+pub(crate) fn mig_resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 

@@ -30,7 +30,7 @@ impl PlanDiff {
 
 /// Compare two plans resource by resource (both are sorted by name, but this does not rely
 /// on it).
-pub fn diff(old: &Plan, new: &Plan) -> PlanDiff {
+pub(crate) fn diff(old: &Plan, new: &Plan) -> PlanDiff {
     let mut out = PlanDiff::default();
     for r in &new.resources {
         match old.resource(&r.name) {

@@ -24,13 +24,13 @@ mod model;
 #[cfg(test)]
 mod tests;
 
-pub use assign::{SkipReason, Skipped};
-pub use candidate::mig_resource_name;
-pub use diff::{PlanDiff, diff};
-pub use model::{Device, Physical, Plan, Replica, Resource, ResourceKind, Share, Sharing};
+pub(crate) use assign::{SkipReason, Skipped};
+pub(crate) use candidate::mig_resource_name;
+pub(crate) use diff::{PlanDiff, diff};
+pub(crate) use model::{Device, Physical, Plan, Replica, Resource, ResourceKind, Share, Sharing};
 
 /// Resource name of whole GPUs.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub(crate) const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Errors planning resources: the config asks for something this node cannot give.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -96,12 +96,12 @@ pub enum PlanError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = PlanError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = PlanError> = std::result::Result<T, E>;
 
 /// A plan and what of the config it left out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Planned {
+pub(crate) struct Planned {
     /// The plan to serve.
     pub plan: Plan,
     /// Entries and references skipped on this node, in config order, for the caller to
@@ -112,13 +112,13 @@ pub struct Planned {
 
 /// Build the plan. Pure: the same inputs always give the same plan. Entries this node
 /// has nothing for are skipped (see [`build_reporting`] for the list).
-pub fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
+pub(crate) fn build(inv: &Inventory, cfg: &Config) -> Result<Plan> {
     build_reporting(inv, cfg).map(|p| p.plan)
 }
 
 /// Build the plan and say which config entries were skipped on this node (the caller logs
 /// them: [`Skipped::node_has`] says what the node has instead).
-pub fn build_reporting(inv: &Inventory, cfg: &Config) -> Result<Planned> {
+pub(crate) fn build_reporting(inv: &Inventory, cfg: &Config) -> Result<Planned> {
     let candidates = candidate::candidates(inv, cfg)?;
     let (taken, skipped) = assign::assign(&candidates, cfg)?;
     let resources = assemble::assemble(inv, cfg, &candidates, &taken)?;

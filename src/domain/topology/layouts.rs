@@ -6,7 +6,7 @@ use super::{Cell, RawGpu, Topology, from_cells, parse_matrix};
 
 /// A reference layout: name, matrix rows (index order) and NUMA node per GPU.
 #[derive(Debug, Clone)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Short name, also the node file's `topo-<name>.yaml`.
     pub name: &'static str,
     /// Matrix rows.
@@ -37,7 +37,7 @@ fn build(
 }
 
 /// The five reference layouts of the notes plus a 16-GPU one.
-pub fn reference() -> Vec<Layout> {
+pub(crate) fn reference() -> Vec<Layout> {
     let half = |i: usize| i64::from(i >= 4);
     vec![
         // HGX H100: every pair NV18 through NVSwitch.
@@ -111,12 +111,12 @@ pub fn reference() -> Vec<Layout> {
 
 impl Layout {
     /// Bus ID of GPU i (`0000:<0x10 + 8·i>:00.0`), as in `hack/nodes/topo-*.yaml`.
-    pub fn bus_id(i: usize) -> String {
+    pub(crate) fn bus_id(i: usize) -> String {
         format!("0000:{:02x}:00.0", 0x10 + 8 * i)
     }
 
     /// The topology, as the sim backend would build it.
-    pub fn topology(&self) -> Topology {
+    pub(crate) fn topology(&self) -> Topology {
         let gpus: Vec<RawGpu> = (0..self.rows.len())
             .map(|i| RawGpu {
                 pci_bus_id: Self::bus_id(i),

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 /// Errors reading a topology matrix written as `nvidia-smi topo -m` rows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TopologyError {
+pub(crate) enum TopologyError {
     /// A matrix cell is not one of X, NV#, PIX, PXB, PHB, NODE, SYS.
     #[error("row {row}, column {col}: `{value}` is not X, NV<n>, PIX, PXB, PHB, NODE or SYS")]
     Cell {
@@ -331,7 +331,7 @@ pub struct ResourceLinks {
 
 /// One matrix cell as written in a node file or by `nvidia-smi topo -m`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cell {
+pub(crate) enum Cell {
     /// The diagonal.
     SelfCell,
     /// NVLink-connected with this many links.
@@ -341,7 +341,7 @@ pub enum Cell {
 }
 
 /// Parse one cell (`X`, `NV12`, `PIX`, …).
-pub fn parse_cell(s: &str) -> Option<Cell> {
+pub(crate) fn parse_cell(s: &str) -> Option<Cell> {
     Some(match s {
         "X" => Cell::SelfCell,
         "PIX" => Cell::Pcie(PcieLevel::Pix),
@@ -354,7 +354,7 @@ pub fn parse_cell(s: &str) -> Option<Cell> {
 }
 
 /// Parse matrix rows (whitespace-separated cells, rows and columns in GPU index order).
-pub fn parse_matrix(rows: &[String]) -> Result<Vec<Vec<Cell>>, TopologyError> {
+pub(crate) fn parse_matrix(rows: &[String]) -> Result<Vec<Vec<Cell>>, TopologyError> {
     let n = rows.len();
     rows.iter()
         .enumerate()
@@ -384,7 +384,7 @@ pub fn parse_matrix(rows: &[String]) -> Result<Vec<Vec<Cell>>, TopologyError> {
 
 /// Attributes a DRA driver publishes per GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlacementAttributes {
+pub(crate) struct PlacementAttributes {
     /// PCI bus ID of the GPU.
     pub pci_bus_id: String,
     /// Id of the group of GPUs that share a PCIe host bridge or better (PHB or nearer), in
@@ -397,7 +397,7 @@ pub struct PlacementAttributes {
 }
 
 /// Each GPU's PCIe-root group and NVLink domain, in bus-ID order.
-pub fn placement_attributes(t: &Topology) -> Vec<PlacementAttributes> {
+pub(crate) fn placement_attributes(t: &Topology) -> Vec<PlacementAttributes> {
     let n = t.len();
     let component = |joined: &dyn Fn(PairLink) -> bool| {
         // Union by smallest member: n is small, a fixpoint over pairs is enough.
@@ -437,7 +437,7 @@ pub fn placement_attributes(t: &Topology) -> Vec<PlacementAttributes> {
 /// Build a topology from parsed matrix cells (sim backend). `gpus` in index order, matching
 /// the matrix rows. A matrix entry is read from the row's side, so an asymmetric matrix
 /// gives the same warnings NVML's answers would.
-pub fn from_cells(gpus: &[RawGpu], cells: &[Vec<Cell>]) -> (Topology, Vec<TopologyWarning>) {
+pub(crate) fn from_cells(gpus: &[RawGpu], cells: &[Vec<Cell>]) -> (Topology, Vec<TopologyWarning>) {
     Topology::from_raw(gpus, |a, b| match cells.get(a).and_then(|r| r.get(b)) {
         Some(Cell::NvLink(k)) => RawPair {
             ancestor: Some(PcieLevel::Sys.to_nvml()),
@@ -455,7 +455,7 @@ pub fn from_cells(gpus: &[RawGpu], cells: &[Vec<Cell>]) -> (Topology, Vec<Topolo
 /// rule: registration completed (`state` 3) with status SUCCESS and a non-zero cluster UUID
 /// (NVLink systems that are not multi-node capable report a zero one). The value is GFD's
 /// `nvidia.com/gpu.clique`: `<cluster UUID>.<clique ID in decimal>`.
-pub fn fabric_clique(
+pub(crate) fn fabric_clique(
     cluster_uuid: [u8; 16],
     clique_id: u32,
     state: u8,
@@ -475,8 +475,8 @@ pub fn fabric_clique(
     ))
 }
 
-pub mod search;
+pub(crate) mod search;
 
-pub mod layouts;
+pub(crate) mod layouts;
 #[cfg(test)]
 mod tests;

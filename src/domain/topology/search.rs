@@ -12,14 +12,14 @@
 //! (by bus ID) to be deterministic whatever order the IDs arrived in.
 
 /// Largest candidate count searched exactly.
-pub const EXACT_LIMIT: usize = 16;
+pub(crate) const EXACT_LIMIT: usize = 16;
 
 /// Search nodes allowed beyond [`EXACT_LIMIT`].
 const NODE_BUDGET: u64 = 200_000;
 
 /// Result of [`best_subset`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Best {
+pub(crate) struct Best {
     /// Chosen candidate indices, ascending, forced ones included.
     pub set: Vec<usize>,
     /// Sum of pair scores of the set.
@@ -44,7 +44,7 @@ struct Search<'a> {
 
 /// Choose `k` of `m` candidates including all of `forced`; `s` is the symmetric m×m score
 /// matrix. `None` when `k > m` or `forced` has more than `k` entries.
-pub fn best_subset(s: &[u64], m: usize, forced: &[usize], k: usize) -> Option<Best> {
+pub(crate) fn best_subset(s: &[u64], m: usize, forced: &[usize], k: usize) -> Option<Best> {
     let mut is_forced = vec![false; m];
     for &f in forced {
         *is_forced.get_mut(f)? = true;
@@ -101,7 +101,7 @@ pub fn best_subset(s: &[u64], m: usize, forced: &[usize], k: usize) -> Option<Be
 }
 
 /// Sum of pair scores within `set`.
-pub fn pairs_score(s: &[u64], m: usize, set: &[usize]) -> u64 {
+pub(crate) fn pairs_score(s: &[u64], m: usize, set: &[usize]) -> u64 {
     let mut t = 0;
     for (i, &a) in set.iter().enumerate() {
         for &b in &set[i + 1..] {

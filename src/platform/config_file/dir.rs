@@ -13,7 +13,7 @@ const CONFIGMAP_DATA: &str = "..data";
 
 /// One consistent view of the directory: where the keys were read and which there are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigDir {
+pub(crate) struct ConfigDir {
     /// The directory the keys were listed in (the `..data` target, resolved once).
     pub root: PathBuf,
     /// The keys: regular files (or links to them) whose names do not start with `.`.
@@ -22,19 +22,19 @@ pub struct ConfigDir {
 
 impl ConfigDir {
     /// The file of `key`, in the same version of the directory as the listing.
-    pub fn path(&self, key: &str) -> PathBuf {
+    pub(crate) fn path(&self, key: &str) -> PathBuf {
         self.root.join(key)
     }
 }
 
 /// Whether the volume moved on since `listing` was read: `..data` now points at another
 /// version (the old one may already be gone, so a read that failed is worth repeating).
-pub fn swapped(dir: &Path, listing: &ConfigDir) -> bool {
+pub(crate) fn swapped(dir: &Path, listing: &ConfigDir) -> bool {
     std::fs::canonicalize(dir.join(CONFIGMAP_DATA)).is_ok_and(|now| now != listing.root)
 }
 
 /// List the keys of `dir` (through `..data` when it is a ConfigMap volume).
-pub fn read(dir: &Path) -> Result<ConfigDir, ConfigError> {
+pub(crate) fn read(dir: &Path) -> Result<ConfigDir, ConfigError> {
     let err = |path: &Path| {
         let path = path.display().to_string();
         move |source| ConfigError::Read { path, source }

@@ -8,11 +8,11 @@ use std::path::Path;
 
 use crate::domain::config::{self, Config, ConfigError, ConfigWarning, Overrides};
 
-pub mod dir;
+pub(crate) mod dir;
 pub(crate) mod perms;
 
 /// Load a config file (or defaults when `path` is `None`) and apply overrides.
-pub fn load(path: Option<&Path>, overrides: &Overrides) -> config::Result<Config> {
+pub(crate) fn load(path: Option<&Path>, overrides: &Overrides) -> config::Result<Config> {
     let Some(path) = path else {
         return config::defaults(overrides);
     };

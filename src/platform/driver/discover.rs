@@ -11,7 +11,7 @@ use super::{
 };
 
 /// Binaries of the driver a container may use, as `nvidia-ctk` mounts them.
-pub const BINARIES: &[&str] = &[
+pub(crate) const BINARIES: &[&str] = &[
     "nvidia-smi",
     "nvidia-debugdump",
     "nvidia-persistenced",
@@ -23,7 +23,7 @@ pub const BINARIES: &[&str] = &[
 const BINARY_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
 
 /// Library folders searched when the driver root has no `etc/ld.so.cache`.
-pub const STANDARD_LIBRARY_DIRS: &[&str] = &[
+pub(crate) const STANDARD_LIBRARY_DIRS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib/aarch64-linux-gnu",
     "/lib/x86_64-linux-gnu",
@@ -35,7 +35,7 @@ pub const STANDARD_LIBRARY_DIRS: &[&str] = &[
 ];
 
 /// IPC sockets of the driver's daemons, container path = path in the root.
-pub const IPC_SOCKETS: &[&str] = &[
+pub(crate) const IPC_SOCKETS: &[&str] = &[
     "/run/nvidia-persistenced/socket",
     "/var/run/nvidia-persistenced/socket",
     "/run/nvidia-fabricmanager/socket",
@@ -51,7 +51,7 @@ const LDCONFIG_CANDIDATES: &[&str] = &[
 ];
 
 /// The ldconfig the hook runs when the driver root has none.
-pub const DEFAULT_LDCONFIG: &str = "/sbin/ldconfig";
+pub(crate) const DEFAULT_LDCONFIG: &str = "/sbin/ldconfig";
 
 /// Largest `ld.so.cache` read (real ones are well under 1 MiB).
 const MAX_CACHE_BYTES: u64 = 64 << 20;
@@ -186,7 +186,7 @@ fn is_file(m: &std::fs::Metadata) -> bool {
 /// Find the driver's files under `opts.root`: its libraries (the root's ld cache, else the
 /// standard folders; `--library-search-path` always), GSP firmware, binaries, IPC sockets
 /// and the `ldconfig` the hook runs.
-pub fn discover(opts: &DiscoverOptions) -> Result<Driver> {
+pub(crate) fn discover(opts: &DiscoverOptions) -> Result<Driver> {
     let root = &opts.root;
     check_version(&root.host, &opts.version)?;
     check_root(&root.visible)?;

@@ -10,7 +10,7 @@ use crate::domain::cdi::{ContainerEdits, Hook, Mount};
 use super::Driver;
 
 /// Mount options of every driver file: read-only, no setuid, no device files.
-pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "bind"];
+pub(crate) const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "bind"];
 
 fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -27,7 +27,7 @@ fn dir_name(path: &str) -> &str {
 /// The `--link TARGET::LINK` pairs `create-symlinks` is given: each library's soname link
 /// (when the soname differs from the file name), and the unversioned development links
 /// `libcuda.so` and `libnvidia-ml.so` that some tools open.
-pub fn symlinks(driver: &Driver) -> Vec<String> {
+pub(crate) fn symlinks(driver: &Driver) -> Vec<String> {
     let mut links = BTreeSet::new();
     for lib in &driver.libraries {
         let path = &lib.file.container_path;
@@ -54,7 +54,7 @@ fn join(dir: &str, name: &str) -> String {
 }
 
 /// Seconds the runtime gives each driver hook.
-pub const HOOK_TIMEOUT_SECS: i64 = 30;
+pub(crate) const HOOK_TIMEOUT_SECS: i64 = 30;
 
 fn hook(hook_path: &Path, args: Vec<String>) -> Hook {
     let path = hook_path.display().to_string();
@@ -73,7 +73,7 @@ fn hook(hook_path: &Path, args: Vec<String>) -> Hook {
 /// container path, and the `createContainer` hooks `create-symlinks`, `update-ldcache` and
 /// `disable-device-node-modification` of the `gpu-slicer` binary at `hook_path` (a host
 /// path). Pure.
-pub fn container_edits(driver: &Driver, hook_path: &Path) -> ContainerEdits {
+pub(crate) fn container_edits(driver: &Driver, hook_path: &Path) -> ContainerEdits {
     let mut mounts: Vec<Mount> = Vec::new();
     let files = driver
         .libraries

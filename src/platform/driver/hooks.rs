@@ -25,10 +25,10 @@ use super::{DriverError, Result, inroot};
 const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// Name of the conf file `update-ldcache` writes into the container's `/etc/ld.so.conf.d`.
-pub const LDCONF_NAME: &str = "00-gpu-slicer-driver.conf";
+pub(crate) const LDCONF_NAME: &str = "00-gpu-slicer-driver.conf";
 
 /// The host's driver parameters file.
-pub const PARAMS_PATH: &str = "/proc/driver/nvidia/params";
+pub(crate) const PARAMS_PATH: &str = "/proc/driver/nvidia/params";
 
 #[derive(Debug, Deserialize)]
 struct State {
@@ -47,7 +47,7 @@ struct BundleRoot {
 
 /// The container's root filesystem on the host, from the OCI state JSON: the bundle's
 /// `config.json` `root.path`, relative to the bundle unless absolute.
-pub fn container_root(state_json: &str) -> Result<PathBuf> {
+pub(crate) fn container_root(state_json: &str) -> Result<PathBuf> {
     let bad = |m: String| DriverError::OciState(m);
     let state: State = serde_json::from_str(state_json).map_err(|e| bad(format!("stdin: {e}")))?;
     let bundle = PathBuf::from(&state.bundle);
@@ -90,7 +90,7 @@ pub fn container_root(state_json: &str) -> Result<PathBuf> {
 
 /// One `--link TARGET::LINK`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Link {
+pub(crate) struct Link {
     /// What the link points at (written verbatim; resolved later inside the container).
     pub target: String,
     /// Absolute path of the link in the container.
@@ -98,7 +98,7 @@ pub struct Link {
 }
 
 /// Parse `TARGET::LINK`.
-pub fn parse_link(arg: &str) -> Result<Link> {
+pub(crate) fn parse_link(arg: &str) -> Result<Link> {
     let bad = |m: &str| DriverError::HookArg {
         flag: "--link",
         value: arg.to_string(),
@@ -123,7 +123,7 @@ pub fn parse_link(arg: &str) -> Result<Link> {
 /// Create each link inside `root`. An existing link to the same target is kept, a link
 /// elsewhere is replaced (atomically), and any other file already at the link's path is
 /// left alone with a warning: the image's own files are not ours to delete.
-pub fn create_symlinks(root: &Path, links: &[Link]) -> Result<()> {
+pub(crate) fn create_symlinks(root: &Path, links: &[Link]) -> Result<()> {
     for l in links {
         let parent = l.link.parent().unwrap_or(Path::new("/"));
         let name = l.link.file_name().map(OsString::from).unwrap_or_default();
@@ -227,7 +227,7 @@ fn write_in_root(root: &Path, path: &Path, text: &str) -> Result<()> {
 /// `ldconfig -r <root>` with the folders also on its command line (so the cache has them
 /// even when the image's `ld.so.conf` has no include). `ldconfig -r` chroots into the root
 /// itself, so its own reads and writes stay inside it.
-pub fn update_ldcache(root: &Path, ldconfig: &Path, folders: &[PathBuf]) -> Result<()> {
+pub(crate) fn update_ldcache(root: &Path, ldconfig: &Path, folders: &[PathBuf]) -> Result<()> {
     if !ldconfig.is_absolute() {
         return Err(DriverError::HookArg {
             flag: "--ldconfig-path",
@@ -288,7 +288,7 @@ pub fn update_ldcache(root: &Path, ldconfig: &Path, folders: &[PathBuf]) -> Resu
 }
 
 /// `params` with every `ModifyDeviceFiles` value set to 0; `None` when nothing changes.
-pub fn params_without_device_file_modification(params: &str) -> Option<String> {
+pub(crate) fn params_without_device_file_modification(params: &str) -> Option<String> {
     let mut changed = false;
     let mut out = String::with_capacity(params.len());
     for line in params.lines() {
@@ -313,7 +313,7 @@ pub fn params_without_device_file_modification(params: &str) -> Option<String> {
 /// (A memfd cannot be the source: the kernel refuses bind mounts from its internal
 /// mount.) Refuses to run in the host's mount namespace, where the mount would land on
 /// the host.
-pub fn disable_device_node_modification(
+pub(crate) fn disable_device_node_modification(
     root: &Path,
     params_source: &Path,
     scratch: &Path,

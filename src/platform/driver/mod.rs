@@ -27,12 +27,12 @@ use crate::domain::cdi::ContainerEdits;
 
 mod discover;
 mod edits;
-pub mod hooks;
+pub(crate) mod hooks;
 pub(crate) mod inroot;
 pub(crate) mod ldcache;
 
-pub use discover::{BINARIES, DEFAULT_LDCONFIG, IPC_SOCKETS, STANDARD_LIBRARY_DIRS, discover};
-pub use edits::{HOOK_TIMEOUT_SECS, MOUNT_OPTIONS, container_edits, symlinks};
+pub(crate) use discover::{BINARIES, DEFAULT_LDCONFIG, IPC_SOCKETS, STANDARD_LIBRARY_DIRS, discover};
+pub(crate) use edits::{HOOK_TIMEOUT_SECS, MOUNT_OPTIONS, container_edits, symlinks};
 
 /// Errors of driver discovery and of the driver hooks. Each names the path or argument.
 #[derive(Debug, thiserror::Error)]
@@ -97,11 +97,11 @@ pub enum DriverError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = DriverError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = DriverError> = std::result::Result<T, E>;
 
 /// Where the driver is: as the runtime sees it and as this process sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverRoot {
+pub(crate) struct DriverRoot {
     /// Host path of the root (`hostPath` prefix): `/` or `/run/nvidia/driver`.
     pub host: PathBuf,
     /// Where this process reads the same tree (`containerDriverRoot`, else `host`).
@@ -110,7 +110,7 @@ pub struct DriverRoot {
 
 impl DriverRoot {
     /// The root from the config's `driver_root` and `container_driver_root`.
-    pub fn from_config(cfg: &crate::domain::config::Config) -> Self {
+    pub(crate) fn from_config(cfg: &crate::domain::config::Config) -> Self {
         Self {
             host: cfg.driver_root.clone(),
             visible: cfg
@@ -123,7 +123,7 @@ impl DriverRoot {
 
 /// What [`discover`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiscoverOptions {
+pub(crate) struct DiscoverOptions {
     /// The driver root.
     pub root: DriverRoot,
     /// Driver version (`550.54.14`): libraries are `*.so.<version>`.
@@ -136,7 +136,7 @@ pub struct DiscoverOptions {
 
 /// One file of the driver.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DriverFile {
+pub(crate) struct DriverFile {
     /// Path in the container (and inside the driver root).
     pub container_path: String,
     /// Path on the host (driver root + the resolved path inside it).
@@ -145,7 +145,7 @@ pub struct DriverFile {
 
 /// A driver library.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Library {
+pub(crate) struct Library {
     /// Where it is.
     pub file: DriverFile,
     /// Its soname (`libcuda.so.1`) when known.
@@ -154,7 +154,7 @@ pub struct Library {
 
 /// The driver's files, sorted by container path within each group.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Driver {
+pub(crate) struct Driver {
     /// Driver version.
     pub version: String,
     /// Host path of the driver root.
@@ -174,7 +174,7 @@ pub struct Driver {
 }
 
 /// The host's kernel release (`uname -r`), for the firmware search.
-pub fn kernel_release() -> Option<String> {
+pub(crate) fn kernel_release() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .ok()
         .map(|s| s.trim().to_string())
@@ -186,7 +186,7 @@ pub fn kernel_release() -> Option<String> {
 /// `driver_version`) and return its spec-level edits, with hooks pointing at the host path
 /// `hook_path`. When nothing usable is found: the error when `cfg.fail_on_init_error`,
 /// else a warning and `None` (a devices-only spec). Blocking.
-pub fn spec_edits(
+pub(crate) fn spec_edits(
     cfg: &crate::domain::config::Config,
     version: Option<&str>,
     library_search_paths: &[PathBuf],

@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub mod nvml;
+pub(crate) mod nvml;
 
 /// Errors of the memory-limit hook.
 #[derive(Debug, thiserror::Error)]
-pub enum EnforceError {
+pub(crate) enum EnforceError {
     /// The OCI state on stdin is not valid.
     #[error("invalid OCI state on stdin: {0}")]
     OciState(String),
@@ -91,11 +91,11 @@ pub enum EnforceError {
 }
 
 /// Result alias for this module.
-pub type Result<T, E = EnforceError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = EnforceError> = std::result::Result<T, E>;
 
 /// Errors setting a limit through the driver.
 #[derive(Debug, thiserror::Error)]
-pub enum LimitError {
+pub(crate) enum LimitError {
     /// The NVML library cannot be loaded or lacks a required symbol.
     #[error("cannot load NVML from {lib}: {message}")]
     Load { lib: String, message: String },
@@ -113,7 +113,7 @@ pub enum LimitError {
 }
 
 /// Sets a hard GPU-memory limit for a cgroup on one device.
-pub trait MemoryLimiter {
+pub(crate) trait MemoryLimiter {
     /// Limit the processes of the cgroup directory `cgroup` to `bytes` of `device_uuid`.
     fn set_hard_limit(
         &mut self,
@@ -126,7 +126,7 @@ pub trait MemoryLimiter {
 /// The fields of the OCI runtime state this hook uses.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OciState {
+pub(crate) struct OciState {
     /// OCI runtime spec version.
     pub oci_version: String,
     /// Container ID.
@@ -144,7 +144,7 @@ pub struct OciState {
 }
 
 /// Parse the OCI state JSON and check it names a process.
-pub fn parse_oci_state(text: &str) -> Result<OciState> {
+pub(crate) fn parse_oci_state(text: &str) -> Result<OciState> {
     let state: OciState =
         serde_json::from_str(text).map_err(|e| EnforceError::OciState(e.to_string()))?;
     match state.pid {
@@ -158,7 +158,7 @@ pub fn parse_oci_state(text: &str) -> Result<OciState> {
 
 /// The cgroup memberships of a process.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ProcCgroup {
+pub(crate) struct ProcCgroup {
     /// Path in the v2 (unified) hierarchy: the `0::<path>` line.
     pub unified: Option<String>,
     /// v1 controller (or `name=…`) → path.
@@ -166,7 +166,7 @@ pub struct ProcCgroup {
 }
 
 /// Parse `/proc/<pid>/cgroup` (`hierarchy-ID:controller-list:path` per line).
-pub fn parse_proc_cgroup(text: &str, origin: &str) -> Result<ProcCgroup> {
+pub(crate) fn parse_proc_cgroup(text: &str, origin: &str) -> Result<ProcCgroup> {
     let mut out = ProcCgroup::default();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -198,7 +198,7 @@ pub fn parse_proc_cgroup(text: &str, origin: &str) -> Result<ProcCgroup> {
 }
 
 /// The cgroup directory to limit, under `root` (see the module header for the order).
-pub fn resolve_cgroup_dir(
+pub(crate) fn resolve_cgroup_dir(
     cg: &ProcCgroup,
     root: &Path,
     pid: i64,
@@ -255,7 +255,7 @@ pub fn resolve_cgroup_dir(
 }
 
 /// The whole hook: state → cgroup → limit. Returns the cgroup directory limited.
-pub fn set_memory_limit(
+pub(crate) fn set_memory_limit(
     state_json: &str,
     proc_root: &Path,
     cgroup_root: &Path,

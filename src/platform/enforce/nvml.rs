@@ -32,7 +32,7 @@ const _: () = assert!(std::mem::offset_of!(SetMemoryLimitsV1, soft_limit) == 8);
 const _: () = assert!(std::mem::offset_of!(SetMemoryLimitsV1, hard_limit) == 16);
 
 /// "No limit" for the hard limit (`NVML_DEVICE_MEMORY_LIMIT_MAX`).
-pub const NVML_DEVICE_MEMORY_LIMIT_MAX: u64 = u64::MAX;
+pub(crate) const NVML_DEVICE_MEMORY_LIMIT_MAX: u64 = u64::MAX;
 
 /// `nvmlDevice_t`: an opaque pointer.
 type Device = *mut c_void;
@@ -43,13 +43,13 @@ type ErrorStringFn = unsafe extern "C" fn(c_uint) -> *const c_char;
 
 /// NVML-backed limiter.
 #[derive(Debug)]
-pub struct NvmlLimiter {
+pub(crate) struct NvmlLimiter {
     lib: PathBuf,
 }
 
 impl NvmlLimiter {
     /// Use `lib` (default: `libnvidia-ml.so.1` through the loader's search path).
-    pub fn new(lib: Option<PathBuf>) -> Self {
+    pub(crate) fn new(lib: Option<PathBuf>) -> Self {
         Self {
             lib: lib.unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1")),
         }

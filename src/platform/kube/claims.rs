@@ -19,7 +19,7 @@ const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Claims read from the API server.
 #[derive(Clone)]
-pub struct KubeClaims {
+pub(crate) struct KubeClaims {
     client: kube::Client,
 }
 
@@ -31,7 +31,7 @@ impl std::fmt::Debug for KubeClaims {
 
 impl KubeClaims {
     /// Claims through `client`.
-    pub fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(client: kube::Client) -> Self {
         Self { client }
     }
 

@@ -27,12 +27,12 @@ use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-pub use claims::KubeClaims;
-pub use node::{COMPONENT, EventKind, NodeApi};
-pub use slices::{SliceApi, from_api, to_api};
+pub(crate) use claims::KubeClaims;
+pub(crate) use node::{COMPONENT, EventKind, NodeApi};
+pub(crate) use slices::{SliceApi, from_api, to_api};
 
 /// Where the service-account files are mounted in a pod.
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// How long connecting to the API server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,7 +94,7 @@ impl KubeError {
 
 /// The in-cluster environment, read once (so tests can give their own).
 #[derive(Debug, Clone, Default)]
-pub struct InClusterEnv {
+pub(crate) struct InClusterEnv {
     pub service_host: Option<String>,
     pub service_port: Option<String>,
     pub service_account_dir: PathBuf,
@@ -102,7 +102,7 @@ pub struct InClusterEnv {
 
 impl InClusterEnv {
     /// `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT` and the standard mount point.
-    pub fn from_process() -> InClusterEnv {
+    pub(crate) fn from_process() -> InClusterEnv {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         InClusterEnv {
             service_host: var("KUBERNETES_SERVICE_HOST"),
@@ -114,7 +114,7 @@ impl InClusterEnv {
 
 /// Where the client's cluster and credentials come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientSource {
+pub(crate) enum ClientSource {
     /// One or more kubeconfig files (merged in order, as kubectl does).
     Kubeconfig(Vec<PathBuf>),
     /// The pod's service account against `https://<host>:<port>`.
@@ -127,7 +127,7 @@ pub enum ClientSource {
 impl ClientSource {
     /// `kubeconfig` (the `--kubeconfig` / `KUBECONFIG` value, a `:`-separated list) if set,
     /// else the in-cluster environment.
-    pub fn resolve(
+    pub(crate) fn resolve(
         kubeconfig: Option<&str>,
         env: &InClusterEnv,
     ) -> Result<ClientSource, KubeError> {
@@ -160,7 +160,7 @@ impl ClientSource {
 }
 
 /// The node name from `--node-name` / `NODE_NAME`.
-pub fn node_name(value: Option<&str>) -> Result<String, KubeError> {
+pub(crate) fn node_name(value: Option<&str>) -> Result<String, KubeError> {
     value
         .map(str::trim)
         .filter(|v| !v.is_empty())
@@ -170,7 +170,7 @@ pub fn node_name(value: Option<&str>) -> Result<String, KubeError> {
 
 /// Builds a client for `source`. Nothing is sent yet: an API server that is down shows on
 /// the first call, not here.
-pub async fn connect(source: &ClientSource) -> Result<kube::Client, KubeError> {
+pub(crate) async fn connect(source: &ClientSource) -> Result<kube::Client, KubeError> {
     install_crypto_provider();
     let (kubeconfig, what) = match source {
         ClientSource::Kubeconfig(paths) => (read_kubeconfigs(paths)?, paths_display(paths)),
@@ -192,7 +192,7 @@ pub async fn connect(source: &ClientSource) -> Result<kube::Client, KubeError> {
 }
 
 /// Makes ring the process's rustls provider (a no-op when one is installed already).
-pub fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     // Err only means a provider is already installed, which is what we want.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -18,7 +18,7 @@ const WATCH_TIMEOUT_S: u32 = 290;
 /// The namespace Node events go to.
 const EVENT_NAMESPACE: &str = "default";
 /// `source.component` / `reportingComponent` of our Events.
-pub const COMPONENT: &str = "gpu-slicer";
+pub(crate) const COMPONENT: &str = "gpu-slicer";
 
 /// Normal or Warning, as Events carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,14 +34,14 @@ impl std::fmt::Debug for SliceApi {
 }
 
 /// Our slice as the API types it (for a create or replace body).
-pub fn to_api(slice: &ResourceSlice) -> Result<ApiSlice, KubeError> {
+pub(crate) fn to_api(slice: &ResourceSlice) -> Result<ApiSlice, KubeError> {
     let json = serde_json::to_value(slice).map_err(|e| convert(&slice.metadata.name, &e))?;
     serde_json::from_value(json).map_err(|e| convert(&slice.metadata.name, &e))
 }
 
 /// A stored slice in our model (fields we do not set are dropped); `None` when it does not
 /// have the shape of one we write (someone else's object under our selector).
-pub fn from_api(slice: &ApiSlice) -> Option<ResourceSlice> {
+pub(crate) fn from_api(slice: &ApiSlice) -> Option<ResourceSlice> {
     serde_json::to_value(slice)
         .ok()
         .and_then(|v| serde_json::from_value(v).ok())

@@ -42,7 +42,7 @@ pub struct DriverExtras {
 }
 
 /// The outcome of one claim.
-pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+pub(crate) type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
 
 /// The driver core.
 #[derive(Debug, Clone)]

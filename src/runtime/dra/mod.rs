@@ -12,10 +12,10 @@
 //! (`status`: written after the answer, never holding it). [`publish`] keeps the node's ResourceSlices
 //! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
 
-pub mod driver;
+pub(crate) mod driver;
 mod instances;
-pub mod publish;
-pub mod service;
+pub(crate) mod publish;
+pub(crate) mod service;
 mod status;
 
 use std::path::PathBuf;
@@ -27,8 +27,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use crate::platform::claims::{ClaimSource, ClaimSourceError};
-pub use driver::{Driver, DriverExtras};
+pub(crate) use crate::platform::claims::{ClaimSource, ClaimSourceError};
+pub(crate) use driver::{Driver, DriverExtras};
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
 use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};
@@ -116,11 +116,11 @@ pub struct DraExposed {
 }
 
 /// A started driver.
-pub type DraHandle = crate::runtime::Handle<DraExposed>;
+pub(crate) type DraHandle = crate::runtime::Handle<DraExposed>;
 
 /// Start the driver on `ctx` (its store, tracker and a child token): load the checkpoint,
 /// bind and serve both sockets until the daemon or the handle stops it.
-pub async fn spawn(
+pub(crate) async fn spawn(
     settings: DraSettings,
     claims: Arc<dyn ClaimSource>,
     ctx: &crate::runtime::Context,

@@ -76,7 +76,7 @@ pub struct PublishStatus {
 }
 
 /// Starts the publisher; the handle exposes its status.
-pub fn spawn(settings: PublishSettings, ctx: &Context) -> Handle<watch::Receiver<PublishStatus>> {
+pub(crate) fn spawn(settings: PublishSettings, ctx: &Context) -> Handle<watch::Receiver<PublishStatus>> {
     let token = ctx.child_token();
     let (tx, rx) = watch::channel(PublishStatus::default());
     let publisher = Publisher {

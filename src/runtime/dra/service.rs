@@ -25,11 +25,11 @@ use crate::state::Snapshot;
 
 /// The health stream resends the full list at least this often (the kubelet marks devices
 /// Unknown after 30 s without a report).
-pub const HEALTH_RESEND: Duration = Duration::from_secs(20);
+pub(crate) const HEALTH_RESEND: Duration = Duration::from_secs(20);
 
 /// What the registration socket advertises, preferred first (the kubelet takes the first
 /// DRA entry it supports).
-pub const SUPPORTED_VERSIONS: [&str; 4] = [
+pub(crate) const SUPPORTED_VERSIONS: [&str; 4] = [
     "v1.DRAPlugin",
     "v1beta1.DRAPlugin",
     "v1alpha1.DRAResourceHealth",
@@ -40,7 +40,7 @@ macro_rules! dra_service {
     ($svc:ident, $pb:ident, $device:path) => {
         /// `DRAPlugin` of one API version.
         #[derive(Debug, Clone)]
-        pub struct $svc(pub Driver);
+        pub(crate) struct $svc(pub(crate) Driver);
 
         #[tonic::async_trait]
         impl $pb::dra_plugin_server::DraPlugin for $svc {
@@ -140,7 +140,7 @@ fn refs(claims: impl Iterator<Item = (String, String, String)>) -> Vec<ClaimRef>
 
 /// The plugin watcher's `Registration` service on `<driver>-reg.sock`.
 #[derive(Debug, Clone)]
-pub struct Registrar {
+pub(crate) struct Registrar {
     /// Driver name.
     pub driver: String,
     /// Absolute path of `dra.sock`.
@@ -184,7 +184,7 @@ impl reg::registration_server::Registration for Registrar {
 
 /// One device's health as the stream reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceHealthItem {
+pub(crate) struct DeviceHealthItem {
     /// Device name.
     pub device: String,
     /// Healthy.
@@ -194,7 +194,7 @@ pub struct DeviceHealthItem {
 }
 
 /// The complete health list of a snapshot.
-pub fn health_list(snapshot: &Snapshot) -> Vec<DeviceHealthItem> {
+pub(crate) fn health_list(snapshot: &Snapshot) -> Vec<DeviceHealthItem> {
     slices::snapshot_devices(snapshot)
         .devices
         .into_values()
@@ -207,7 +207,7 @@ pub fn health_list(snapshot: &Snapshot) -> Vec<DeviceHealthItem> {
 }
 
 /// Complete lists: on every change of the list and every [`HEALTH_RESEND`]; ends at stop.
-pub struct HealthStream {
+pub(crate) struct HealthStream {
     snapshots: WatchStream<Arc<Snapshot>>,
     tick: tokio::time::Interval,
     last: Vec<DeviceHealthItem>,
@@ -222,7 +222,7 @@ impl std::fmt::Debug for HealthStream {
 
 impl HealthStream {
     /// A stream over `driver`'s store, stopped by `stop`.
-    pub fn new(driver: &Driver, resend: Duration, stop: CancellationToken) -> Self {
+    pub(crate) fn new(driver: &Driver, resend: Duration, stop: CancellationToken) -> Self {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resend, resend);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self {
@@ -277,13 +277,13 @@ macro_rules! health_service {
     ($svc:ident, $pb:ident) => {
         /// `DRAResourceHealth` of one package.
         #[derive(Debug, Clone)]
-        pub struct $svc {
+        pub(crate) struct $svc {
             /// The driver whose devices are reported.
-            pub driver: Driver,
+            pub(crate) driver: Driver,
             /// Resend interval.
-            pub resend: Duration,
+            pub(crate) resend: Duration,
             /// Ends the streams at shutdown.
-            pub stop: CancellationToken,
+            pub(crate) stop: CancellationToken,
         }
 
         #[tonic::async_trait]

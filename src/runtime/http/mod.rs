@@ -31,7 +31,7 @@ use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
 /// Path of the JSON state document.
-pub const STATE_PATH: &str = "/v1/state";
+pub(crate) const STATE_PATH: &str = "/v1/state";
 
 mod guard;
 
@@ -159,7 +159,7 @@ impl Readiness {
 }
 
 /// Bind the listen address (`:9400`, `0.0.0.0:9400`, `127.0.0.1:0`).
-pub async fn bind(addr: &str) -> Result<TcpListener, HttpError> {
+pub(crate) async fn bind(addr: &str) -> Result<TcpListener, HttpError> {
     let normalised = if addr.starts_with(':') {
         format!("0.0.0.0{addr}")
     } else {
@@ -175,7 +175,7 @@ pub async fn bind(addr: &str) -> Result<TcpListener, HttpError> {
 
 /// What the endpoint is handed by the supervisor.
 #[derive(Debug)]
-pub struct HttpPeers {
+pub(crate) struct HttpPeers {
     /// What `/readyz` reports.
     pub readiness: Arc<Readiness>,
     /// The usage sampler's rounds for `/v1/state` (`None`: 503).
@@ -184,7 +184,7 @@ pub struct HttpPeers {
 
 /// Serve on `listener` (bound by [`bind`], so a bad address fails the start) until the
 /// daemon or the handle stops. The handle exposes the address it listens on.
-pub fn spawn(listener: TcpListener, peers: HttpPeers, ctx: &Context) -> Handle<Option<SocketAddr>> {
+pub(crate) fn spawn(listener: TcpListener, peers: HttpPeers, ctx: &Context) -> Handle<Option<SocketAddr>> {
     let token = ctx.child_token();
     let addr = local_addr(&listener);
     ctx.tracker.spawn(serve_with_state(
@@ -199,7 +199,7 @@ pub fn spawn(listener: TcpListener, peers: HttpPeers, ctx: &Context) -> Handle<O
 
 /// Serve until `shutdown` is cancelled; in-flight requests finish first. `/v1/state`
 /// answers 503 (no usage sampler): see [`serve_with_state`].
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
@@ -209,7 +209,7 @@ pub async fn serve(
 }
 
 /// As [`serve`], with `/v1/state` answered from the usage sampler's `state`.
-pub async fn serve_with_state(
+pub(crate) async fn serve_with_state(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
@@ -386,7 +386,7 @@ fn route(
 }
 
 /// The address a listener is bound to, for logs and tests.
-pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
+pub(crate) fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
 }
 

@@ -51,7 +51,7 @@ use crate::platform::mps_shm;
 
 /// State of one daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DaemonState {
+pub(crate) enum DaemonState {
     /// Not yet started or being configured for the first time.
     Starting,
     /// Running and configured: its devices may be advertised Healthy.
@@ -65,7 +65,7 @@ pub enum DaemonState {
 
 impl DaemonState {
     /// Whether the daemon's devices may be used.
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         matches!(self, DaemonState::Up)
     }
 }
@@ -81,7 +81,7 @@ impl std::fmt::Display for DaemonState {
 }
 
 /// States of all supervised daemons, keyed by device UUID.
-pub type DaemonStates = BTreeMap<String, DaemonState>;
+pub(crate) type DaemonStates = BTreeMap<String, DaemonState>;
 
 /// Longest each step of stopping a daemon (quit, wait for exit, compute mode back to
 /// DEFAULT) may take before it is given up on (the daemon is killed).
@@ -144,7 +144,7 @@ impl Default for SupervisorConfig {
 
 /// Handle on the running supervisor: the state channel.
 #[derive(Debug, Clone)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     states: watch::Receiver<DaemonStates>,
 }
 
@@ -153,7 +153,7 @@ impl Supervisor {
     ///
     /// Returns at once; every daemon starts as [`DaemonState::Starting`]. Advertise a
     /// resource only once its daemons are Up ([`Supervisor::wait_up`]).
-    pub fn start(
+    pub(crate) fn start(
         daemons: Vec<DaemonSpec>,
         config: SupervisorConfig,
         tracker: &TaskTracker,
@@ -177,12 +177,12 @@ impl Supervisor {
     }
 
     /// A receiver of state changes.
-    pub fn states(&self) -> watch::Receiver<DaemonStates> {
+    pub(crate) fn states(&self) -> watch::Receiver<DaemonStates> {
         self.states.clone()
     }
 
     /// Wait until every daemon is Up, at most `timeout`.
-    pub async fn wait_up(&self, timeout: Duration) -> Result<()> {
+    pub(crate) async fn wait_up(&self, timeout: Duration) -> Result<()> {
         let mut rx = self.states.clone();
         let waited = tokio::time::timeout(timeout, rx.wait_for(|s| s.values().all(|d| d.is_up())))
             .await

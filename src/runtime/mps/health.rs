@@ -119,7 +119,7 @@ impl Reconciler {
 /// replicas marked starting) before this returns, so a resource served after it is never
 /// advertised healthy before its daemon is up; then it follows the store, reconciling on
 /// every change of the MPS daemon set, until the daemon or the handle stops.
-pub fn spawn(settings: SupervisorConfig, ctx: &Context) -> Handle {
+pub(crate) fn spawn(settings: SupervisorConfig, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     let mut reconciler = Reconciler::new(
         ctx.store.clone(),

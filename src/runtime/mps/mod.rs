@@ -2,8 +2,8 @@
 //! device ([`daemon`]) and their health fed into the device state ([`health`]). What the
 //! daemons are is derived in [`crate::domain::mps`].
 
-pub mod daemon;
-pub mod health;
+pub(crate) mod daemon;
+pub(crate) mod health;
 
 #[cfg(test)]
 mod mps_tests;

@@ -13,9 +13,9 @@
 //! of different vendors never collide, and the prefix keeps them apart from NVIDIA's
 //! `nvidia-*.sock` on a node that runs both during a migration.
 
-pub mod registration;
+pub(crate) mod registration;
 pub(crate) mod service;
-pub mod watch;
+pub(crate) mod watch;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -32,12 +32,12 @@ use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
-pub use registration::{Backoff, RegistrationError};
-pub use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE, plugin_options};
-pub use watch::{KubeletWatch, WatchError};
+pub(crate) use registration::{Backoff, RegistrationError};
+pub(crate) use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE, plugin_options};
+pub(crate) use watch::{KubeletWatch, WatchError};
 
 /// Longest unix socket path (`sun_path` is 108 bytes including the terminator).
-pub const MAX_SOCKET_PATH: usize = 107;
+pub(crate) const MAX_SOCKET_PATH: usize = 107;
 
 /// How long a stopping server may take to close its connections.
 const SERVER_STOP_DEADLINE: Duration = Duration::from_secs(2);
@@ -70,7 +70,7 @@ pub fn socket_name(resource: &str) -> String {
 
 /// Where the plugin lives and how it reaches the kubelet.
 #[derive(Debug, Clone)]
-pub struct PluginSettings {
+pub(crate) struct PluginSettings {
     /// Directory of plugin sockets (the kubelet resolves endpoints relative to it).
     pub device_plugin_dir: PathBuf,
     /// The kubelet's registration socket.
@@ -81,7 +81,7 @@ pub struct PluginSettings {
 
 /// Bind a resource's socket: create the directory, remove a stale socket, bind, restrict
 /// the mode to 0600 (only the kubelet, running as root, needs to connect).
-pub fn bind(path: &Path) -> Result<UnixListener, PluginError> {
+pub(crate) fn bind(path: &Path) -> Result<UnixListener, PluginError> {
     let shown = || path.display().to_string();
     let len = path.as_os_str().len();
     if len > MAX_SOCKET_PATH {
@@ -118,7 +118,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, PluginError> {
 /// left by an earlier run (SIGKILL) whose plan had more resources. The kubelet would keep
 /// dialling them. Only sockets are removed, never followed; other files are left alone.
 /// Returns the names removed.
-pub fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<String> {
+pub(crate) fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<String> {
     use std::os::unix::fs::FileTypeExt;
     let wanted: std::collections::BTreeSet<String> =
         resources.iter().map(|r| socket_name(r)).collect();
@@ -145,7 +145,7 @@ pub fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<String> {
 }
 
 /// Remove a socket file; it being gone already (the kubelet deletes sockets) is fine.
-pub fn remove_socket(path: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_socket(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -155,7 +155,7 @@ pub fn remove_socket(path: &Path) -> std::io::Result<()> {
 /// What the plugin manager is handed by the supervisor: the kubelet watch, the
 /// held-device checkpoint Allocate writes and the readiness it reports registrations to.
 #[derive(Debug)]
-pub struct PluginPeers {
+pub(crate) struct PluginPeers {
     /// Each (re)creation of `kubelet.sock`.
     pub watch: KubeletWatch,
     /// Where Allocate persists what it hands out.
@@ -166,7 +166,7 @@ pub struct PluginPeers {
 
 /// Everything a resource task needs, shared by all resources.
 #[derive(Debug, Clone)]
-pub struct PluginContext {
+pub(crate) struct PluginContext {
     /// Paths and timing.
     pub settings: Arc<PluginSettings>,
     /// The state every RPC reads one snapshot of.
@@ -183,13 +183,13 @@ pub struct PluginContext {
 
 /// Failures of resources, as the plugin manager reports them (the supervisor stops the
 /// daemon on the first).
-pub type Failures = tokio::sync::mpsc::Receiver<PluginError>;
+pub(crate) type Failures = tokio::sync::mpsc::Receiver<PluginError>;
 
 /// Keep one server per planned resource until the daemon stops: every new snapshot whose
 /// resource set differs starts servers for added resources and stops (and unlinks)
 /// removed ones. Changed resources keep their server: their streams send the new view.
 /// A resource that fails is reported on the handle's [`Failures`].
-pub fn spawn(settings: PluginSettings, peers: PluginPeers, ctx: &Context) -> Handle<Failures> {
+pub(crate) fn spawn(settings: PluginSettings, peers: PluginPeers, ctx: &Context) -> Handle<Failures> {
     let PluginPeers {
         watch,
         held,
@@ -259,7 +259,7 @@ async fn manage(
 /// Serve one resource until `token` is cancelled: wait for `kubelet.sock`, bind and serve,
 /// register; on every kubelet restart (a change on `kubelet`) do it again. The socket is
 /// removed when the task stops.
-pub async fn run_resource(
+pub(crate) async fn run_resource(
     resource: String,
     ctx: PluginContext,
     mut kubelet: tokio::sync::watch::Receiver<u64>,

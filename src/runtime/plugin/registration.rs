@@ -10,7 +10,7 @@ use crate::proto::deviceplugin as pb;
 
 /// Errors of one registration attempt.
 #[derive(Debug, thiserror::Error)]
-pub enum RegistrationError {
+pub(crate) enum RegistrationError {
     /// `kubelet.sock` could not be dialled.
     #[error("cannot connect to kubelet socket {path}: {source}")]
     Connect {
@@ -54,7 +54,7 @@ impl Backoff {
 }
 
 /// The request gpu-slicer sends for `resource` served on socket file `endpoint`.
-pub fn register_request(resource: &str, endpoint: &str) -> pb::RegisterRequest {
+pub(crate) fn register_request(resource: &str, endpoint: &str) -> pb::RegisterRequest {
     pb::RegisterRequest {
         version: crate::proto::VERSION.to_string(),
         endpoint: endpoint.to_string(),
@@ -64,7 +64,7 @@ pub fn register_request(resource: &str, endpoint: &str) -> pb::RegisterRequest {
 }
 
 /// One attempt: dial `kubelet_socket` and send `request`.
-pub async fn register_once(
+pub(crate) async fn register_once(
     kubelet_socket: &Path,
     request: pb::RegisterRequest,
 ) -> Result<(), RegistrationError> {
@@ -90,7 +90,7 @@ pub async fn register_once(
 }
 
 /// Register, retrying with backoff until it succeeds. Cancel by dropping the future.
-pub async fn register_with_backoff(
+pub(crate) async fn register_with_backoff(
     kubelet_socket: &Path,
     request: pb::RegisterRequest,
     backoff: Backoff,

@@ -28,13 +28,13 @@ use crate::state::{Snapshot, Store};
 /// Open ListAndWatch streams one resource accepts at once. The kubelet opens one per
 /// registration; the bound keeps a misbehaving local client from making us hold memory
 /// for streams without end.
-pub const MAX_STREAMS_PER_RESOURCE: usize = 16;
+pub(crate) const MAX_STREAMS_PER_RESOURCE: usize = 16;
 
 /// Annotation naming the state generation an Allocate answer was built from.
-pub use crate::domain::allocate::GENERATION_ANNOTATION;
+pub(crate) use crate::domain::allocate::GENERATION_ANNOTATION;
 
 /// Options this plugin registers with and reports: GetPreferredAllocation only.
-pub fn plugin_options() -> pb::DevicePluginOptions {
+pub(crate) fn plugin_options() -> pb::DevicePluginOptions {
     pb::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,

@@ -32,7 +32,7 @@ pub enum WatchError {
 
 /// A live watch on the kubelet socket's directory. Dropping it stops the watch.
 #[derive(Debug)]
-pub struct KubeletWatch {
+pub(crate) struct KubeletWatch {
     /// Kept alive for as long as events are wanted: the last holder of the shared watcher
     /// ends the inotify watch and its thread.
     _watcher: Arc<DirWatch>,
@@ -42,7 +42,7 @@ pub struct KubeletWatch {
 impl KubeletWatch {
     /// Start watching the directory of `kubelet_socket` (created if missing, so a plugin
     /// that starts before the kubelet waits instead of failing).
-    pub fn start(kubelet_socket: &Path, fs: &Arc<DirWatch>) -> Result<Self, WatchError> {
+    pub(crate) fn start(kubelet_socket: &Path, fs: &Arc<DirWatch>) -> Result<Self, WatchError> {
         let dir = kubelet_socket
             .parent()
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
@@ -77,7 +77,7 @@ impl KubeletWatch {
     }
 
     /// A receiver that changes every time `kubelet.sock` is created.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.generation.clone()
     }
 }

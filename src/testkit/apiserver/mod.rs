@@ -43,7 +43,8 @@ mod store;
 mod watch;
 mod write;
 
-pub use schedule::{ShareAllocated, ShareRequest};
+pub use schedule::ShareRequest;
+pub(crate) use schedule::ShareAllocated;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

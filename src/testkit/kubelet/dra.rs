@@ -76,7 +76,7 @@ fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> DraKubeletError {
 }
 
 /// The registration sockets in `registry_dir` (what the plugin watcher would find).
-pub fn registration_sockets(registry_dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn registration_sockets(registry_dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(registry_dir)
         .into_iter()
         .flatten()
@@ -89,7 +89,7 @@ pub fn registration_sockets(registry_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Register the plugin behind `socket` as the kubelet's plugin watcher does.
-pub async fn register(socket: &Path) -> Result<DraPluginConn, DraKubeletError> {
+pub(crate) async fn register(socket: &Path) -> Result<DraPluginConn, DraKubeletError> {
     let mut client = reg::registration_client::RegistrationClient::new(dial(socket).await?);
     let info = client
         .get_info(reg::InfoRequest {})
@@ -143,7 +143,7 @@ pub struct KubeletClaim {
 }
 
 /// One claim's prepare answer: its devices' CDI IDs, or its error.
-pub type PrepareAnswer = BTreeMap<String, Result<Vec<(String, Vec<String>)>, String>>;
+pub(crate) type PrepareAnswer = BTreeMap<String, Result<Vec<(String, Vec<String>)>, String>>;
 
 impl DraPluginConn {
     /// Register the plugin behind `socket` as the kubelet's plugin watcher does ([`register`]).
@@ -247,14 +247,14 @@ impl DraPluginConn {
 
 /// Claims as an API server holds them, by namespace and name; an entry may be a failure.
 #[derive(Debug, Default)]
-pub struct Claims {
+pub(crate) struct Claims {
     map: Mutex<BTreeMap<(String, String), Result<ResourceClaim, ClaimSourceError>>>,
     gets: Mutex<u64>,
 }
 
 impl Claims {
     /// An empty store.
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
@@ -262,7 +262,7 @@ impl Claims {
     ///
     /// # Panics
     /// When `json` is not a claim: fixtures are for tests.
-    pub fn put(&self, json: serde_json::Value) {
+    pub(crate) fn put(&self, json: serde_json::Value) {
         let c: ResourceClaim = serde_json::from_value(json).expect("a ResourceClaim");
         let key = (c.metadata.namespace.clone(), c.metadata.name.clone());
         self.map
@@ -272,7 +272,7 @@ impl Claims {
     }
 
     /// Make GETs of `namespace/name` fail with `error`.
-    pub fn fail(&self, namespace: &str, name: &str, error: ClaimSourceError) {
+    pub(crate) fn fail(&self, namespace: &str, name: &str, error: ClaimSourceError) {
         self.map
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -280,7 +280,7 @@ impl Claims {
     }
 
     /// How many GETs were answered.
-    pub fn gets(&self) -> u64 {
+    pub(crate) fn gets(&self) -> u64 {
         *self.gets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -12,11 +12,11 @@
 //! Used by `gpu-slicer demo`, the integration tests and the benchmarks; talks to
 //! `crate::runtime::plugin` only over real unix sockets.
 
-pub mod dra;
+pub(crate) mod dra;
 mod pod_claims;
 mod pod_resources;
 
-pub use pod_claims::{ClaimDevice, HeldClaim};
+pub(crate) use pod_claims::{ClaimDevice, HeldClaim};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::FileTypeExt;
@@ -495,11 +495,11 @@ impl KubeletEmulator {
 }
 
 /// File name of the device manager's checkpoint.
-pub const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
+pub(crate) const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
 
 /// The UID the emulator gives a pod: UUID-shaped and stable for a namespace/name, so tests
 /// can lay out `<proc-root>/<pid>/cgroup` files for it before the pod exists.
-pub fn pod_uid(pod: &PodRef) -> String {
+pub(crate) fn pod_uid(pod: &PodRef) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut next = || {
         for b in pod.namespace.bytes().chain([b'/']).chain(pod.name.bytes()) {
@@ -525,7 +525,7 @@ pub fn pod_uid(pod: &PodRef) -> String {
 /// "RegisteredDevices":{resource:[ids]}},"Checksum":n}`. Device IDs are keyed by the NUMA
 /// node ListAndWatch reported (`-1` without one). Unlike the kubelet's, `AllocResp` is empty
 /// and `Checksum` is 0: the agent reads neither.
-pub fn checkpoint_json(
+pub(crate) fn checkpoint_json(
     allocations: &[Allocation],
     devices: &BTreeMap<String, Vec<DeviceInfo>>,
 ) -> String {
