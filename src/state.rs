@@ -139,7 +139,8 @@ impl Store {
                 return false;
             }
             let generation = current.generation + 1;
-            let views = view::views(&current.plan, &overlay, &current.views, generation);
+            // The views are those of `current.plan`: only their health can change here.
+            let views = view::under_overlay(&current.views, &overlay, generation);
             let changed = view::changed(&current.views, &views);
             if changed.is_empty() {
                 // Same health as before (a repeated event): keep the overlay in step but

@@ -316,6 +316,39 @@ pub fn views(
         .collect()
 }
 
+/// The views `current` (the views of the plan being served) become under a new `overlay`:
+/// what [`views`] computes for that plan, without comparing every planned device again. A
+/// health event or a drain changes health only, never the planned devices, so each view
+/// keeps its resource and grouping, and one whose health is unchanged keeps its `Arc`.
+pub fn under_overlay(
+    current: &BTreeMap<String, Arc<ResourceView>>,
+    overlay: &Overlay,
+    generation: u64,
+) -> BTreeMap<String, Arc<ResourceView>> {
+    current
+        .iter()
+        .map(|(name, old)| {
+            let health: Vec<DeviceHealth> = old
+                .resource
+                .devices
+                .iter()
+                .map(|d| overlay.health_of(d))
+                .collect();
+            let view = if old.health == health {
+                old.clone()
+            } else {
+                Arc::new(ResourceView {
+                    resource: old.resource.clone(),
+                    health,
+                    generation,
+                    grouping: old.grouping.clone(),
+                })
+            };
+            (name.clone(), view)
+        })
+        .collect()
+}
+
 /// Names of the resources whose view differs (by identity) between two view maps, plus
 /// the added and removed ones: what a health event or a commit changed.
 pub fn changed(
@@ -329,4 +362,68 @@ pub fn changed(
         .collect();
     out.extend(old.keys().filter(|n| !new.contains_key(*n)).cloned());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After health events and drains, the views derived from the current ones equal the
+    /// views computed from the plan (same health, same identities where nothing changed).
+    #[test]
+    fn views_under_a_new_overlay_equal_views_of_the_plan() {
+        let (_, _, plan) = crate::testkit::fixtures::planned(
+            "mixed-a100",
+            "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
+        );
+        let gpu = plan.resources[0].devices[0].physical.gpu_uuid.clone();
+        let mig = plan
+            .resources
+            .iter()
+            .flat_map(|r| &r.devices)
+            .find(|d| d.physical.uuid != d.physical.gpu_uuid)
+            .map(|d| d.id.clone())
+            .expect("a MIG device");
+        let mut overlay = Overlay::default();
+        let mut current = views(&plan, &overlay, &BTreeMap::new(), 1);
+        let steps: [&dyn Fn(&mut Overlay); 4] = [
+            &|o| {
+                o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-79"))
+                    .unwrap()
+            },
+            &|o| {
+                o.apply(&plan, &update(&mig, Health::Unhealthy, "xid-48"))
+                    .unwrap()
+            },
+            &|o| o.drain(&plan, &gpu, Some("mig-layout-applying")).unwrap(),
+            &|o| o.apply(&plan, &update(&gpu, Health::Healthy, "")).unwrap(),
+        ];
+        for (generation, step) in (2..).zip(steps) {
+            step(&mut overlay);
+            let expected = views(&plan, &overlay, &current, generation);
+            let derived = under_overlay(&current, &overlay, generation);
+            assert!(derived.keys().eq(expected.keys()));
+            for (name, view) in &derived {
+                let want = &expected[name];
+                assert_eq!(*view.resource, *want.resource, "{name}");
+                assert_eq!(
+                    view.health, want.health,
+                    "{name} at generation {generation}"
+                );
+                assert_eq!(view.generation, want.generation, "{name}");
+                assert_eq!(view.grouping, want.grouping, "{name}");
+                let kept = Arc::ptr_eq(view, &current[name]);
+                assert_eq!(kept, Arc::ptr_eq(want, &current[name]), "{name}");
+            }
+            current = derived;
+        }
+    }
+
+    fn update(key: &str, health: Health, reason: &str) -> HealthUpdate {
+        HealthUpdate {
+            key: key.to_string(),
+            health,
+            reason: reason.to_string(),
+        }
+    }
 }
