@@ -316,33 +316,40 @@ pub fn views(
         .collect()
 }
 
-/// The views `current` (the views of the plan being served) become under a new `overlay`:
-/// what [`views`] computes for that plan, without comparing every planned device again. A
+/// The views `current` (the views of the plan being served, under the previous overlay)
+/// become once `overlay` changed what it says about `key` (a device ID, a MIG or GPU UUID:
+/// the key of a health event or a drain): what [`views`] computes for that plan, but only
+/// the devices `key` names or backs are looked at again, the others keep their health. A
 /// health event or a drain changes health only, never the planned devices, so each view
-/// keeps its resource and grouping, and one whose health is unchanged keeps its `Arc`.
+/// keeps its resource and grouping, and one whose health is unchanged keeps its `Arc`. On
+/// an XID this is 64 devices of 512, not every device of every resource compared again.
 pub fn under_overlay(
     current: &BTreeMap<String, Arc<ResourceView>>,
     overlay: &Overlay,
+    key: &str,
     generation: u64,
 ) -> BTreeMap<String, Arc<ResourceView>> {
     current
         .iter()
         .map(|(name, old)| {
-            let health: Vec<DeviceHealth> = old
-                .resource
-                .devices
-                .iter()
-                .map(|d| overlay.health_of(d))
-                .collect();
-            let view = if old.health == health {
-                old.clone()
-            } else {
-                Arc::new(ResourceView {
+            let mut health: Option<Vec<DeviceHealth>> = None;
+            for (i, d) in old.resource.devices.iter().enumerate() {
+                if !Overlay::touches(key, d) {
+                    continue;
+                }
+                let now = overlay.health_of(d);
+                if old.health.get(i) != Some(&now) {
+                    health.get_or_insert_with(|| old.health.clone())[i] = now;
+                }
+            }
+            let view = match health {
+                None => old.clone(),
+                Some(health) => Arc::new(ResourceView {
                     resource: old.resource.clone(),
                     health,
                     generation,
                     grouping: old.grouping.clone(),
-                })
+                }),
             };
             (name.clone(), view)
         })
@@ -386,22 +393,27 @@ mod tests {
             .expect("a MIG device");
         let mut overlay = Overlay::default();
         let mut current = views(&plan, &overlay, &BTreeMap::new(), 1);
-        let steps: [&dyn Fn(&mut Overlay); 4] = [
-            &|o| {
+        let steps: [(&str, &dyn Fn(&mut Overlay)); 5] = [
+            (&gpu, &|o| {
                 o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-79"))
                     .unwrap()
-            },
-            &|o| {
+            }),
+            (&mig, &|o| {
                 o.apply(&plan, &update(&mig, Health::Unhealthy, "xid-48"))
                     .unwrap()
-            },
-            &|o| o.drain(&plan, &gpu, Some("mig-layout-applying")).unwrap(),
-            &|o| o.apply(&plan, &update(&gpu, Health::Healthy, "")).unwrap(),
+            }),
+            (&gpu, &|o| {
+                o.drain(&plan, &gpu, Some("mig-layout-applying")).unwrap()
+            }),
+            (&gpu, &|o| {
+                o.apply(&plan, &update(&gpu, Health::Healthy, "")).unwrap()
+            }),
+            (&gpu, &|o| o.drain(&plan, &gpu, None).unwrap()),
         ];
-        for (generation, step) in (2..).zip(steps) {
+        for (generation, (key, step)) in (2..).zip(steps) {
             step(&mut overlay);
             let expected = views(&plan, &overlay, &current, generation);
-            let derived = under_overlay(&current, &overlay, generation);
+            let derived = under_overlay(&current, &overlay, key, generation);
             assert!(derived.keys().eq(expected.keys()));
             for (name, view) in &derived {
                 let want = &expected[name];
