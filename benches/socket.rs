@@ -20,7 +20,8 @@
 //!
 //! `BENCH_CALLGRIND=<dir>` instead runs the daemon under `valgrind --tool=callgrind`: counted
 //! from exec to the first `Register` (dump `start`), then with instrumentation off except
-//! around a batch of Allocates of 1 and of 4 replicas and a batch of no-ops (one dump each),
+//! around a batch of Allocates of 1 and of 4 replicas, a batch of no-ops and 8 XID rounds
+//! (event, Unhealthy frame, recovery frame; one dump each),
 //! and leaves the profiles in `<dir>` (`callgrind_annotate` shows where the instructions go).
 //!
 //! `BENCH_BASELINE=<another gpu-slicer build>` measures that build too, alternating with this
@@ -558,6 +559,11 @@ fn in_process(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>
     let store = gpu_slicer::state::Store::new(gpu_slicer::domain::snapshot::Snapshot::serving(
         cfg, inv, plan,
     ));
+    // The steady state: every device held already (the handler's first hand-out of a
+    // device also grows and copies the held set, which `grow` measures over the socket).
+    for id in devices {
+        in_process_answer(&store, &[vec![id.clone()]]);
+    }
     let run = |ids: &dyn Fn(usize) -> Vec<String>| -> Vec<Duration> {
         (0..calls)
             .map(|i| {
@@ -663,6 +669,12 @@ async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
         control(&["-i", "off"]);
         control(&["--dump", name]);
     }
+    // XID rounds: the agent's path from the event wait's return to the frame (and back).
+    control(&["-z"]);
+    control(&["-i", "on"]);
+    xid_latency(&daemon, &devices, GPUS).await;
+    control(&["-i", "off"]);
+    control(&["--dump", "xid"]);
     daemon.stop().await;
     println!(
         "callgrind profiles in {} (one file per dump; `callgrind_annotate --inclusive=yes <file>`)",

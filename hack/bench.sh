@@ -15,7 +15,11 @@
 # file -> first Unhealthy ListAndWatch frame, and the in-process figures beside them.
 # Topology (benches/topology.rs): in-process GetPreferredAllocation on 8 and 16 GPUs for sizes
 # 1, 2, 3, 4, 8, and topology discovery on the fake NVML with and without a per-call delay.
-# BENCH_CALLGRIND=<dir> cargo bench --bench socket: instructions per Allocate under callgrind.
+# BENCH_BASELINE=<another gpu-slicer build> (e.g. main's, built in release) makes the socket bench
+# measure that build too, alternating with this one start by start and run by run, and print
+# the issue-24 table with both columns and their ratio; BENCH_RUNS=<n> sets the runs per build.
+# BENCH_CALLGRIND=<dir> cargo bench --bench socket: instruction profiles of the start path to the
+# first Register, of Allocate (1 and 4 replicas), a no-op RPC and XID rounds, under callgrind.
 # BENCH_QUICK=1 runs fewer calls, only the socket bench's end-to-end figures and the idle RSS
 # (3 starts), and skips the usage-sampling runs (about a minute instead of several). Each bench's
 # method lines (METHOD|) are printed under the table.
@@ -39,6 +43,7 @@ cargo build --release --bin gpu-slicer -q
 
 mkdir -p "$wd/dp" "$wd/cdi"
 samples=()
+anons=()
 stops=()
 threads=0
 for _ in $(seq "$starts"); do
@@ -46,6 +51,8 @@ for _ in $(seq "$starts"); do
   idle_run target/release/gpu-slicer "$wd"
   sleep 1
   samples+=("$(awk '/VmRSS/ {print $2}' /proc/$pid/status)")
+  # Anonymous (heap, stacks, relocated data) apart from the binary's file-backed pages.
+  anons+=("$(awk '/RssAnon/ {print $2}' /proc/$pid/status)")
   threads=$(awk '/Threads/ {print $2}' /proc/$pid/status)
   t0=$(date +%s%N)
   kill -TERM "$pid"
@@ -56,6 +63,7 @@ mid=$(( (starts + 1) / 2 ))
 median=$(printf '%s\n' "${samples[@]}" | sort -n | sed -n "${mid}p")
 {
   echo "FIGURE|idle run RSS (sim:mixed-a100, median of $starts starts)|${median} KiB"
+  echo "FIGURE|  of which anonymous (RssAnon: heap, stacks, relocated data)|$(printf '%s\n' "${anons[@]}" | sort -n | sed -n "${mid}p") KiB"
   echo "FIGURE|idle run threads|${threads}"
   echo "FIGURE|SIGTERM -> exit of idle run (median of $starts)|$(printf '%s\n' "${stops[@]}" | sort -n | sed -n "${mid}p") ms"
   echo "FIGURE|release binary size|$(stat -c %s target/release/gpu-slicer) bytes"
