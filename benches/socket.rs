@@ -3,7 +3,8 @@
 //! time-sliced into 64 replicas per GPU (512 devices of `nvidia.com/gpu`), usage sampling off:
 //!
 //! - process start → first `Register` on this bench's own `kubelet.sock` (a fresh daemon and
-//!   fresh directories each time);
+//!   fresh directories each time), with the CDI spec on a tmpfs as `/var/run/cdi` is on a
+//!   node, and again with it on disk, where the spec and its directory are fsync'ed first;
 //! - over the real plugin socket, one client connection (tonic, as the kubelet's gRPC-Go
 //!   client does), calls interleaved so each sees the same noise: a no-op RPC
 //!   (`GetDevicePluginOptions`), Allocate of 1 and of 4 replicas of one GPU (devices already
@@ -92,6 +93,9 @@ fn figure(name: &str, value: String) {
 struct Fixture {
     _dir: tempfile::TempDir,
     root: PathBuf,
+    /// Where the daemons' CDI specs go: a tmpfs (`/dev/shm`), as `/var/run/cdi` is on a
+    /// node; `None` where there is none (then the temp dir, on disk).
+    tmpfs: Option<tempfile::TempDir>,
     lib: PathBuf,
     node: PathBuf,
     config: PathBuf,
@@ -120,9 +124,14 @@ impl Fixture {
         for lib in ["libcuda.so", "libnvidia-ml.so"] {
             std::fs::write(libs.join(format!("{lib}.{DRIVER}")), "").expect("driver library");
         }
+        let tmpfs = tempfile::Builder::new()
+            .prefix("gss")
+            .tempdir_in("/dev/shm")
+            .ok();
         Self {
             _dir: dir,
             root,
+            tmpfs,
             lib,
             node,
             config,
@@ -134,7 +143,21 @@ impl Fixture {
 
     /// `gpu-slicer run` with everything it writes under `dir`, as deployed apart from the
     /// paths: HTTP on (ephemeral port), labels on, checkpoint on, no ledger, no usage.
-    fn command(&self, program: &[&str], exe: &str, dir: &Path) -> tokio::process::Command {
+    /// The CDI directory of daemon `name`: on the tmpfs unless `on_disk`.
+    fn cdi_dir(&self, name: &str, on_disk: bool) -> PathBuf {
+        match &self.tmpfs {
+            Some(t) if !on_disk => t.path().join(name),
+            _ => self.root.join(name).join("cdi"),
+        }
+    }
+
+    fn command(
+        &self,
+        program: &[&str],
+        exe: &str,
+        dir: &Path,
+        cdi: &Path,
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(program.first().copied().unwrap_or(exe));
         if !program.is_empty() {
             cmd.args(&program[1..]).arg(exe);
@@ -146,7 +169,7 @@ impl Fixture {
             .arg("--device-plugin-dir")
             .arg(dir.join("dp"))
             .arg("--cdi-dir")
-            .arg(dir.join("cdi"))
+            .arg(cdi)
             .arg("--state-dir")
             .arg(dir.join("state"))
             .arg("--labels-file")
@@ -245,11 +268,22 @@ impl Daemon {
     }
 
     async fn start_exe(fx: &Fixture, name: &str, program: &[&str], exe: &str) -> Self {
+        Self::start_with(fx, name, program, exe, false).await
+    }
+
+    /// `on_disk`: the CDI spec goes to the temp dir's filesystem instead of the tmpfs.
+    async fn start_with(
+        fx: &Fixture,
+        name: &str,
+        program: &[&str],
+        exe: &str,
+        on_disk: bool,
+    ) -> Self {
         let dir = fx.root.join(name);
         let kubelet = Kubelet::default();
         let token = CancellationToken::new();
         kubelet.serve(&dir.join("dp"), &token);
-        let mut cmd = fx.command(program, exe, &dir);
+        let mut cmd = fx.command(program, exe, &dir, &fx.cdi_dir(name, on_disk));
         let started = Instant::now();
         let child = cmd.spawn().expect("spawn gpu-slicer");
         Self {
@@ -726,6 +760,9 @@ async fn measure_run(
 struct Starts {
     wall: Vec<Duration>,
     cpu: Vec<Duration>,
+    /// Wall time with the CDI spec written to the temp dir's filesystem (a disk here): the
+    /// spec's and its directory's fsync before registration.
+    wall_disk: Vec<Duration>,
 }
 
 /// `starts` fresh daemons of each build, alternating, so both see the same machine noise.
@@ -733,12 +770,19 @@ async fn measure_starts(fx: &Fixture, exes: &[&str], starts: usize) -> Vec<Start
     let mut out: Vec<Starts> = exes.iter().map(|_| Starts::default()).collect();
     for k in 0..starts {
         for (which, exe) in exes.iter().enumerate() {
-            let daemon = Daemon::start_exe(fx, &format!("start{k}-{which}"), &[], exe).await;
-            let (at, _) = daemon.kubelet.first().await;
-            let cpu = cpu_since(daemon.pid(), &Default::default());
-            out[which].wall.push(at - daemon.started);
-            out[which].cpu.push(Duration::from_nanos(cpu));
-            daemon.stop().await;
+            for on_disk in [false, true] {
+                let name = format!("start{k}-{which}-{on_disk}");
+                let daemon = Daemon::start_with(fx, &name, &[], exe, on_disk).await;
+                let (at, _) = daemon.kubelet.first().await;
+                let cpu = cpu_since(daemon.pid(), &Default::default());
+                if on_disk {
+                    out[which].wall_disk.push(at - daemon.started);
+                } else {
+                    out[which].wall.push(at - daemon.started);
+                    out[which].cpu.push(Duration::from_nanos(cpu));
+                }
+                daemon.stop().await;
+            }
         }
     }
     out
@@ -845,12 +889,21 @@ fn table(runs: &[Vec<RunFigures>], starts: &[Starts]) -> Vec<Row> {
             &per(&|r| us(pct(&r.rpcs.pref, 0.5))),
         ),
         row(
-            "process start -> first Register p50",
+            "process start -> first Register p50 (CDI dir on tmpfs)",
             "ms",
             "<= 10",
             &starts
                 .iter()
                 .map(|s| us(pct(&s.wall, 0.5)) / 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        row(
+            "  same, CDI dir on disk (spec and dir fsync'ed first)",
+            "ms",
+            "-",
+            &starts
+                .iter()
+                .map(|s| us(pct(&s.wall_disk, 0.5)) / 1e3)
                 .collect::<Vec<_>>(),
         ),
         row(
@@ -957,7 +1010,7 @@ fn main() {
         println!();
         for line in [
             format!("socket: `run --backend nvml` on the fake libnvidia-ml (dgx-h100, {GPUS} x {REPLICAS} replicas), usage off, labels/HTTP/checkpoint on; a Rust client on one current-thread runtime"),
-            format!("start: spawn -> first Register on the bench's kubelet.sock, {starts} fresh daemons and directories per build, builds alternating (p50 = median); CPU = the daemon's threads' schedstat run time when Register arrives"),
+            format!("start: spawn -> first Register on the bench's kubelet.sock, {starts} fresh daemons and directories per build, builds alternating (p50 = median); CPU = the daemon's threads' schedstat run time when Register arrives; the CDI dir on a tmpfs (/dev/shm), as /var/run/cdi is on a node, and once more each on the temp dir's filesystem ({})", if fx.tmpfs.is_some() { "disk" } else { "no /dev/shm here: both on disk" }),
             format!("RPCs: {runs} run(s) per build (a fresh daemon each, builds alternating run by run), one connection, no-op / Allocate 1 / Allocate 4 / GetPreferredAllocation interleaved, {calls} rounds; own cost = p50(Allocate) - p50(no-op); CPU = daemon threads' schedstat over a batch of max({calls}, 1000) calls; table values are medians over the runs"),
             format!("XID: event line renamed into the fake's event file -> first frame with the GPU's replicas Unhealthy, {rounds} rounds per run; agent's part from the fake's wait return (FAKE_NVML_WAIT_LOG, wall clock)"),
         ] {
