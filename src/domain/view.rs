@@ -393,7 +393,9 @@ mod tests {
             .expect("a MIG device");
         let mut overlay = Overlay::default();
         let mut current = views(&plan, &overlay, &BTreeMap::new(), 1);
-        let steps: [(&str, &dyn Fn(&mut Overlay)); 5] = [
+        // (the key the step changes, the step)
+        type Step<'a> = (&'a str, &'a dyn Fn(&mut Overlay));
+        let steps: [Step; 5] = [
             (&gpu, &|o| {
                 o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-79"))
                     .unwrap()
