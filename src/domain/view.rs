@@ -395,9 +395,14 @@ mod tests {
         let mut current = views(&plan, &overlay, &BTreeMap::new(), 1);
         // (the key the step changes, the step)
         type Step<'a> = (&'a str, &'a dyn Fn(&mut Overlay));
-        let steps: [Step; 5] = [
+        let steps: [Step; 6] = [
             (&gpu, &|o| {
                 o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-79"))
+                    .unwrap()
+            }),
+            // Still unhealthy, for another reason: the reason is part of the health.
+            (&gpu, &|o| {
+                o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-94"))
                     .unwrap()
             }),
             (&mig, &|o| {
