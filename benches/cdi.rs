@@ -111,7 +111,7 @@ pub fn measure_shares(gpus: u32, replicas: u32, format: Format, runs: usize) -> 
     };
     let opts = GenerateOptions {
         shares: Some(cdi::shares::ShareOptions {
-            plan,
+            plan: plan.into(),
             mps_root: cfg.mps_root.clone(),
             hook: cdi::shares::HookSettings {
                 path: "/usr/local/bin/gpu-slicer".into(),
