@@ -39,6 +39,10 @@ fn compile(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
+    // Allocate answers are built as ordered maps (the domain's `BTreeMap`s): the same type
+    // on the wire side moves them into the message instead of re-hashing every entry into
+    // a `HashMap` on each call, and encodes them in a stable order.
+    config.btree_map([".v1beta1.ContainerAllocateResponse"]);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -3,7 +3,8 @@
 //! time-sliced into 64 replicas per GPU (512 devices of `nvidia.com/gpu`), usage sampling off:
 //!
 //! - process start → first `Register` on this bench's own `kubelet.sock` (a fresh daemon and
-//!   fresh directories each time);
+//!   fresh directories each time), with the CDI spec on a tmpfs as `/var/run/cdi` is on a
+//!   node, and again with it on disk, where the spec and its directory are fsync'ed first;
 //! - over the real plugin socket, one client connection (tonic, as the kubelet's gRPC-Go
 //!   client does), calls interleaved so each sees the same noise: a no-op RPC
 //!   (`GetDevicePluginOptions`), Allocate of 1 and of 4 replicas of one GPU (devices already
@@ -18,10 +19,15 @@
 //! The client runs on one current-thread runtime: no second multi-threaded runtime competes
 //! with the daemon for the cores. `BENCH_QUICK=1` runs fewer iterations.
 //!
-//! `BENCH_CALLGRIND=<dir>` instead runs the daemon under `valgrind --tool=callgrind` with
-//! instrumentation off, switches it on (`callgrind_control -i on`) around a batch of
-//! Allocates of 1 and of 4 replicas and then a batch of no-ops, and leaves the two profiles in `<dir>` (instructions per call are
-//! printed; `callgrind_annotate` shows where they go).
+//! `BENCH_CALLGRIND=<dir>` instead runs the daemon under `valgrind --tool=callgrind`: counted
+//! from exec to the first `Register` (dump `start`), then with instrumentation off except
+//! around a batch of Allocates of 1 and of 4 replicas, a batch of no-ops and 8 XID rounds
+//! (event, Unhealthy frame, recovery frame; one dump each),
+//! and leaves the profiles in `<dir>` (`callgrind_annotate` shows where the instructions go).
+//!
+//! `BENCH_BASELINE=<another gpu-slicer build>` measures that build too, alternating with this
+//! one (start by start, run by run), and prints both with their ratio in one table;
+//! `BENCH_RUNS=<n>` sets the runs per build (default 3, 1 with `BENCH_QUICK`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -87,6 +93,9 @@ fn figure(name: &str, value: String) {
 struct Fixture {
     _dir: tempfile::TempDir,
     root: PathBuf,
+    /// Where the daemons' CDI specs go: a tmpfs (`/dev/shm`), as `/var/run/cdi` is on a
+    /// node; `None` where there is none (then the temp dir, on disk).
+    tmpfs: Option<tempfile::TempDir>,
     lib: PathBuf,
     node: PathBuf,
     config: PathBuf,
@@ -115,9 +124,14 @@ impl Fixture {
         for lib in ["libcuda.so", "libnvidia-ml.so"] {
             std::fs::write(libs.join(format!("{lib}.{DRIVER}")), "").expect("driver library");
         }
+        let tmpfs = tempfile::Builder::new()
+            .prefix("gss")
+            .tempdir_in("/dev/shm")
+            .ok();
         Self {
             _dir: dir,
             root,
+            tmpfs,
             lib,
             node,
             config,
@@ -129,7 +143,21 @@ impl Fixture {
 
     /// `gpu-slicer run` with everything it writes under `dir`, as deployed apart from the
     /// paths: HTTP on (ephemeral port), labels on, checkpoint on, no ledger, no usage.
-    fn command(&self, program: &[&str], exe: &str, dir: &Path) -> tokio::process::Command {
+    /// The CDI directory of daemon `name`: on the tmpfs unless `on_disk`.
+    fn cdi_dir(&self, name: &str, on_disk: bool) -> PathBuf {
+        match &self.tmpfs {
+            Some(t) if !on_disk => t.path().join(name),
+            _ => self.root.join(name).join("cdi"),
+        }
+    }
+
+    fn command(
+        &self,
+        program: &[&str],
+        exe: &str,
+        dir: &Path,
+        cdi: &Path,
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(program.first().copied().unwrap_or(exe));
         if !program.is_empty() {
             cmd.args(&program[1..]).arg(exe);
@@ -141,7 +169,7 @@ impl Fixture {
             .arg("--device-plugin-dir")
             .arg(dir.join("dp"))
             .arg("--cdi-dir")
-            .arg(dir.join("cdi"))
+            .arg(cdi)
             .arg("--state-dir")
             .arg(dir.join("state"))
             .arg("--labels-file")
@@ -240,11 +268,22 @@ impl Daemon {
     }
 
     async fn start_exe(fx: &Fixture, name: &str, program: &[&str], exe: &str) -> Self {
+        Self::start_with(fx, name, program, exe, false).await
+    }
+
+    /// `on_disk`: the CDI spec goes to the temp dir's filesystem instead of the tmpfs.
+    async fn start_with(
+        fx: &Fixture,
+        name: &str,
+        program: &[&str],
+        exe: &str,
+        on_disk: bool,
+    ) -> Self {
         let dir = fx.root.join(name);
         let kubelet = Kubelet::default();
         let token = CancellationToken::new();
         kubelet.serve(&dir.join("dp"), &token);
-        let mut cmd = fx.command(program, exe, &dir);
+        let mut cmd = fx.command(program, exe, &dir, &fx.cdi_dir(name, on_disk));
         let started = Instant::now();
         let child = cmd.spawn().expect("spawn gpu-slicer");
         Self {
@@ -536,6 +575,11 @@ fn host_driver_discovery(runs: usize) -> Vec<Duration> {
 /// (one snapshot, the domain answer with every check, record what it holds).
 fn in_process(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>) {
     let served = gpu_slicer::bench::Served::new("dgx-h100", CONFIG, RESOURCE);
+    // The steady state: every device held already (the handler's first hand-out of a
+    // device also grows and copies the held set, which `grow` measures over the socket).
+    for id in devices {
+        served.allocate(&[vec![id.clone()]]);
+    }
     let run = |ids: &dyn Fn(usize) -> Vec<String>| -> Vec<Duration> {
         (0..calls)
             .map(|i| {
@@ -577,16 +621,12 @@ async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
         &[
             "valgrind",
             "--tool=callgrind",
-            "--instr-atstart=no",
+            // Counted from exec: the first dump is the start path up to the first Register.
+            "--instr-atstart=yes",
             &file_arg,
         ],
     )
     .await;
-    let mut client = daemon.client().await;
-    let devices = device_ids(&mut client).await;
-    for id in &devices {
-        allocate(&mut client, std::slice::from_ref(id)).await;
-    }
     let pid = daemon.pid().to_string();
     let control = |args: &[&str]| {
         let ok = std::process::Command::new("callgrind_control")
@@ -598,6 +638,14 @@ async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
             .success();
         assert!(ok, "callgrind_control {args:?}");
     };
+    daemon.kubelet.first().await;
+    control(&["--dump", "start"]);
+    control(&["-i", "off"]);
+    let mut client = daemon.client().await;
+    let devices = device_ids(&mut client).await;
+    for id in &devices {
+        allocate(&mut client, std::slice::from_ref(id)).await;
+    }
     for (name, four_replicas) in [("allocate1", false), ("allocate4", true), ("noop", false)] {
         control(&["-z"]);
         control(&["-i", "on"]);
@@ -621,6 +669,12 @@ async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
         control(&["-i", "off"]);
         control(&["--dump", name]);
     }
+    // XID rounds: the agent's path from the event wait's return to the frame (and back).
+    control(&["-z"]);
+    control(&["-i", "on"]);
+    xid_latency(&daemon, &devices, GPUS).await;
+    control(&["-i", "off"]);
+    control(&["--dump", "xid"]);
     daemon.stop().await;
     println!(
         "callgrind profiles in {} (one file per dump; `callgrind_annotate --inclusive=yes <file>`)",
@@ -628,9 +682,267 @@ async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
     );
 }
 
+/// Everything one daemon measured over its socket, from start-up to its last XID.
+struct RunFigures {
+    rpcs: Rpcs,
+    xid: Vec<Duration>,
+    xid_own: Vec<Duration>,
+    rss: u64,
+    threads: u64,
+    /// The device IDs it listed, sorted.
+    devices: Vec<String>,
+}
+
+/// One daemon of `exe`: idle RSS once registered, the RPC rounds, then the XID rounds.
+async fn measure_run(
+    fx: &Fixture,
+    exe: &str,
+    name: &str,
+    calls: usize,
+    rounds: usize,
+) -> RunFigures {
+    let daemon = Daemon::start_exe(fx, name, &[], exe).await;
+    let mut client = daemon.client().await;
+    let devices = device_ids(&mut client).await;
+    // Idle: registered, one ListAndWatch open, blocking threads past their 1 s keep-alive.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (rss, threads) = rss_threads(daemon.pid());
+    let rpcs = rpcs(&mut client, &devices, daemon.pid(), calls).await;
+    let (xid, xid_own) = xid_latency(&daemon, &devices, rounds).await;
+    daemon.stop().await;
+    RunFigures {
+        rpcs,
+        xid,
+        xid_own,
+        rss,
+        threads,
+        devices,
+    }
+}
+
+/// Start-up of one build: wall time and the daemon's CPU time (all its threads) from spawn
+/// to the first Register.
+#[derive(Default)]
+struct Starts {
+    wall: Vec<Duration>,
+    cpu: Vec<Duration>,
+    /// Wall time with the CDI spec written to the temp dir's filesystem (a disk here): the
+    /// spec's and its directory's fsync before registration.
+    wall_disk: Vec<Duration>,
+}
+
+/// `starts` fresh daemons of each build, alternating, so both see the same machine noise.
+async fn measure_starts(fx: &Fixture, exes: &[&str], starts: usize) -> Vec<Starts> {
+    let mut out: Vec<Starts> = exes.iter().map(|_| Starts::default()).collect();
+    for k in 0..starts {
+        for (which, exe) in exes.iter().enumerate() {
+            for on_disk in [false, true] {
+                let name = format!("start{k}-{which}-{on_disk}");
+                let daemon = Daemon::start_with(fx, &name, &[], exe, on_disk).await;
+                let (at, _) = daemon.kubelet.first().await;
+                let cpu = cpu_since(daemon.pid(), &Default::default());
+                if on_disk {
+                    out[which].wall_disk.push(at - daemon.started);
+                } else {
+                    out[which].wall.push(at - daemon.started);
+                    out[which].cpu.push(Duration::from_nanos(cpu));
+                }
+                daemon.stop().await;
+            }
+        }
+    }
+    out
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The median of per-run values.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// One row of the table for every build: (name, unit, value per build, target).
+struct Row {
+    name: &'static str,
+    unit: &'static str,
+    values: Vec<String>,
+    ratio: Option<f64>,
+    target: &'static str,
+}
+
+fn row(name: &'static str, unit: &'static str, target: &'static str, v: &[f64]) -> Row {
+    Row {
+        name,
+        unit,
+        values: v.iter().map(|x| format!("{x:.1}")).collect(),
+        ratio: (v.len() == 2).then(|| v[0] / v[1]),
+        target,
+    }
+}
+
+fn pair_row(name: &'static str, unit: &'static str, target: &'static str, v: &[(f64, f64)]) -> Row {
+    Row {
+        name,
+        unit,
+        values: v.iter().map(|(a, b)| format!("{a:.0} / {b:.0}")).collect(),
+        ratio: (v.len() == 2).then(|| v[0].0 / v[1].0),
+        target,
+    }
+}
+
+/// The table: medians over the runs of each build (and the ratio this / baseline).
+fn table(runs: &[Vec<RunFigures>], starts: &[Starts]) -> Vec<Row> {
+    let per = |f: &dyn Fn(&RunFigures) -> f64| -> Vec<f64> {
+        runs.iter()
+            .map(|r| median(r.iter().map(f).collect()))
+            .collect()
+    };
+    let own = |r: &RunFigures, v: &[Duration]| us(pct(v, 0.5)) - us(pct(&r.rpcs.noop, 0.5));
+    let p50_p99: Vec<(f64, f64)> = per(&|r| us(pct(&r.rpcs.alloc1, 0.5)))
+        .into_iter()
+        .zip(per(&|r| us(pct(&r.rpcs.alloc1, 0.99))))
+        .collect();
+    vec![
+        pair_row(
+            "Allocate, 1 replica of 512: p50 / p99 over the socket",
+            "µs",
+            "p99 <= 1836 (NVIDIA)",
+            &p50_p99,
+        ),
+        row(
+            "Allocate own cost (p50 - no-op p50), 1 replica",
+            "µs",
+            "<= 20",
+            &per(&|r| own(r, &r.rpcs.alloc1)),
+        ),
+        row(
+            "Allocate own cost (p50 - no-op p50), 4 replicas",
+            "µs",
+            "<= 20",
+            &per(&|r| own(r, &r.rpcs.alloc4)),
+        ),
+        row(
+            "daemon CPU per Allocate minus per no-op, 1 replica",
+            "µs",
+            "-",
+            &per(&|r| r.rpcs.cpu_alloc1 - r.rpcs.cpu_noop),
+        ),
+        row(
+            "daemon CPU per Allocate minus per no-op, 4 replicas",
+            "µs",
+            "-",
+            &per(&|r| r.rpcs.cpu_alloc4 - r.rpcs.cpu_noop),
+        ),
+        row(
+            "daemon CPU per no-op RPC",
+            "µs",
+            "-",
+            &per(&|r| r.rpcs.cpu_noop),
+        ),
+        row(
+            "no-op RPC p50 over the socket",
+            "µs",
+            "-",
+            &per(&|r| us(pct(&r.rpcs.noop, 0.5))),
+        ),
+        row(
+            "GetPreferredAllocation (4 of 512) p50",
+            "µs",
+            "-",
+            &per(&|r| us(pct(&r.rpcs.pref, 0.5))),
+        ),
+        row(
+            "process start -> first Register p50 (CDI dir on tmpfs)",
+            "ms",
+            "<= 10",
+            &starts
+                .iter()
+                .map(|s| us(pct(&s.wall, 0.5)) / 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        row(
+            "  same, CDI dir on disk (spec and dir fsync'ed first)",
+            "ms",
+            "-",
+            &starts
+                .iter()
+                .map(|s| us(pct(&s.wall_disk, 0.5)) / 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        row(
+            "daemon CPU from spawn to first Register p50",
+            "ms",
+            "-",
+            &starts
+                .iter()
+                .map(|s| us(pct(&s.cpu, 0.5)) / 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        row(
+            "XID 79 -> first Unhealthy frame p50",
+            "ms",
+            "-",
+            &per(&|r| us(pct(&r.xid, 0.5)) / 1e3),
+        ),
+        row(
+            "  agent's own part (NVML wait returns -> frame) p50",
+            "ms",
+            "<= 1",
+            &per(&|r| us(pct(&r.xid_own, 0.5)) / 1e3),
+        ),
+        row(
+            "idle RSS (registered, one stream open)",
+            "MiB",
+            "-",
+            &per(&|r| r.rss as f64 / 1024.0),
+        ),
+    ]
+}
+
+fn print_table(rows: &[Row], builds: &[&str]) {
+    println!();
+    println!(
+        "{:<56} {:>5} {}  ratio  target",
+        "figure (medians of the runs)",
+        "unit",
+        builds
+            .iter()
+            .map(|b| format!("{b:>16}"))
+            .collect::<String>()
+    );
+    for r in rows {
+        let ratio = r
+            .ratio
+            .map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
+        println!(
+            "{:<56} {:>5} {}  {ratio:>5}  {}",
+            r.name,
+            r.unit,
+            r.values
+                .iter()
+                .map(|v| format!("{v:>16}"))
+                .collect::<String>(),
+            r.target
+        );
+        // Collected by hack/bench.sh into its figure table.
+        let mut value = format!("{} {}", r.values[0], r.unit);
+        if let Some(base) = r.values.get(1) {
+            value = format!("{value} (baseline {base}, ratio {ratio})");
+        }
+        println!("FIGURE|{}|{value}", r.name);
+    }
+}
+
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let (starts, calls, rounds) = if quick { (5, 500, 16) } else { (20, 3000, 64) };
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 1 } else { 3 });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -645,76 +957,50 @@ fn main() {
             "gpu-slicer socket bench: run --backend nvml (fake, dgx-h100), {GPUS} GPUs x {REPLICAS} replicas = {} devices of {RESOURCE}; client: one current-thread runtime, one connection",
             GPUS * REPLICAS
         );
-        // With BENCH_BASELINE=<another build>, its starts alternate with this build's, so
-        // both see the same machine noise.
+        // With BENCH_BASELINE=<another build>, every measurement alternates the two builds
+        // (starts one by one, RPC and XID rounds run by run), so both see the same noise.
         let baseline = std::env::var("BENCH_BASELINE").ok();
-        let (mut start, mut base_start) = (Vec::with_capacity(starts), Vec::new());
-        for k in 0..starts {
-            let runs = std::iter::once((fx.exe.as_str(), &mut start))
-                .chain(baseline.as_deref().map(|b| (b, &mut base_start)));
-            for (which, (exe, out)) in runs.enumerate() {
-                let name = format!("start{k}-{which}");
-                let daemon = Daemon::start_exe(&fx, &name, &[], exe).await;
-                let (at, _) = daemon.kubelet.first().await;
-                out.push(at - daemon.started);
-                daemon.stop().await;
+        let exes: Vec<&str> = std::iter::once(fx.exe.as_str()).chain(baseline.as_deref()).collect();
+        let start = measure_starts(&fx, &exes, starts).await;
+        let mut runs_of: Vec<Vec<RunFigures>> = exes.iter().map(|_| Vec::new()).collect();
+        for k in 0..runs {
+            // Alternate which build goes first, so neither always runs on a warmer machine.
+            let order: Vec<usize> = if k % 2 == 0 { (0..exes.len()).collect() } else { (0..exes.len()).rev().collect() };
+            for which in order {
+                let figures = measure_run(&fx, exes[which], &format!("rpc{k}-{which}"), calls, rounds).await;
+                runs_of[which].push(figures);
             }
         }
-        let daemon = Daemon::start(&fx, "rpc", &[]).await;
-        let mut client = daemon.client().await;
-        let devices = device_ids(&mut client).await;
-        // Idle: registered, one ListAndWatch open, blocking threads past their 1 s keep-alive.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let (rss, threads) = rss_threads(daemon.pid());
-        let r = rpcs(&mut client, &devices, daemon.pid(), calls).await;
-        let (xid, xid_own) = xid_latency(&daemon, &devices, rounds).await;
-        daemon.stop().await;
-        let (in1, in4) = in_process(&devices, calls);
+        let (in1, in4) = in_process(&runs_of[0][0].devices, calls);
         let host = host_driver_discovery(if quick { 5 } else { 20 });
         println!();
         for line in [
             format!("socket: `run --backend nvml` on the fake libnvidia-ml (dgx-h100, {GPUS} x {REPLICAS} replicas), usage off, labels/HTTP/checkpoint on; a Rust client on one current-thread runtime"),
-            format!("start: spawn -> first Register on the bench's kubelet.sock, {starts} fresh daemons and directories (p50 = median)"),
-            format!("RPCs: one connection, no-op / Allocate 1 / Allocate 4 / GetPreferredAllocation interleaved, {calls} rounds; own cost = p50(Allocate) - p50(no-op); CPU = daemon threads' schedstat over a batch"),
-            format!("XID: event line renamed into the fake's event file -> first frame with the GPU's replicas Unhealthy, {rounds} rounds; agent's part from the fake's wait return (FAKE_NVML_WAIT_LOG, wall clock)"),
+            format!("start: spawn -> first Register on the bench's kubelet.sock, {starts} fresh daemons and directories per build, builds alternating (p50 = median); CPU = the daemon's threads' schedstat run time when Register arrives; the CDI dir on a tmpfs (/dev/shm), as /var/run/cdi is on a node, and once more each on the temp dir's filesystem ({})", if fx.tmpfs.is_some() { "disk" } else { "no /dev/shm here: both on disk" }),
+            format!("RPCs: {runs} run(s) per build (a fresh daemon each, builds alternating run by run), one connection, no-op / Allocate 1 / Allocate 4 / GetPreferredAllocation interleaved, {calls} rounds; own cost = p50(Allocate) - p50(no-op); CPU = daemon threads' schedstat over a batch of max({calls}, 1000) calls; table values are medians over the runs"),
+            format!("XID: event line renamed into the fake's event file -> first frame with the GPU's replicas Unhealthy, {rounds} rounds per run; agent's part from the fake's wait return (FAKE_NVML_WAIT_LOG, wall clock)"),
         ] {
             println!("METHOD|{line}");
         }
-        report("start -> first Register (process spawn)", &start, "<= 10 ms");
-        if !base_start.is_empty() {
-            report("start -> first Register, BENCH_BASELINE (interleaved)", &base_start, "-");
-        }
-        report("no-op RPC (GetDevicePluginOptions)", &r.noop, "-");
-        report("Allocate, 1 replica", &r.alloc1, "own cost <= 20 µs");
-        report("Allocate, 4 replicas of one GPU", &r.alloc4, "own cost <= 20 µs");
-        report("Allocate, held set grows (checkpoint)", &r.grow, "-");
-        report("GetPreferredAllocation (4 of 512)", &r.pref, "-");
-        let own = |v: &[Duration]| pct(v, 0.5).as_secs_f64() * 1e6 - pct(&r.noop, 0.5).as_secs_f64() * 1e6;
-        figure("Allocate own cost, 1 replica (p50 - no-op p50)", format!("{:.1} µs", own(&r.alloc1)));
-        figure("Allocate own cost, 4 replicas (p50 - no-op p50)", format!("{:.1} µs", own(&r.alloc4)));
-        figure(
-            "daemon CPU per call: no-op / Allocate 1 / Allocate 4",
-            format!(
-                "{:.1} / {:.1} / {:.1} µs (own: {:.1} / {:.1} µs)",
-                r.cpu_noop,
-                r.cpu_alloc1,
-                r.cpu_alloc4,
-                r.cpu_alloc1 - r.cpu_noop,
-                r.cpu_alloc4 - r.cpu_noop
-            ),
-        );
-        report("XID 79 -> first Unhealthy ListAndWatch frame", &xid, "-");
-        report(
-            "  agent's part: NVML wait returns -> frame",
-            &xid_own,
-            "<= 1 ms",
-        );
+        let this = &runs_of[0];
+        let pooled = |f: &dyn Fn(&RunFigures) -> &Vec<Duration>| -> Vec<Duration> { this.iter().flat_map(|r| f(r).iter().copied()).collect() };
+        report("start -> first Register (process spawn)", &start[0].wall, "<= 10 ms");
+        report("no-op RPC (GetDevicePluginOptions)", &pooled(&|r| &r.rpcs.noop), "-");
+        report("Allocate, 1 replica", &pooled(&|r| &r.rpcs.alloc1), "own cost <= 20 µs");
+        report("Allocate, 4 replicas of one GPU", &pooled(&|r| &r.rpcs.alloc4), "own cost <= 20 µs");
+        report("Allocate, held set grows (checkpoint)", &pooled(&|r| &r.rpcs.grow), "-");
+        report("GetPreferredAllocation (4 of 512)", &pooled(&|r| &r.rpcs.pref), "-");
+        report("XID 79 -> first Unhealthy ListAndWatch frame", &pooled(&|r| &r.xid), "-");
+        report("  agent's part: NVML wait returns -> frame", &pooled(&|r| &r.xid_own), "<= 1 ms");
+        let last = this.last().expect("one run");
         figure(
             "idle run RSS / threads (nvml fake, 512 devices, 1 stream)",
-            format!("{rss} KiB / {threads}"),
+            format!("{} KiB / {}", last.rss, last.threads),
         );
         report("  driver discovery on / (whole ld.so.cache, in-process)", &host, "-");
         report("  in-process Allocate answer, 1 replica", &in1, "-");
         report("  in-process Allocate answer, 4 replicas", &in4, "-");
+        let builds: Vec<&str> = if exes.len() == 2 { vec!["this build", "baseline"] } else { vec!["this build"] };
+        print_table(&table(&runs_of, &start), &builds);
     });
 }

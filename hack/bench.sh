@@ -19,7 +19,11 @@
 # file -> first Unhealthy ListAndWatch frame, and the in-process figures beside them.
 # Topology (benches/topology.rs): in-process GetPreferredAllocation on 8 and 16 GPUs for sizes
 # 1, 2, 3, 4, 8, and topology discovery on the fake NVML with and without a per-call delay.
-# BENCH_CALLGRIND=<dir> cargo bench --bench socket: instructions per Allocate under callgrind.
+# BENCH_BASELINE=<another gpu-slicer build> (e.g. main's, built in release) makes the socket bench
+# measure that build too, alternating with this one start by start and run by run, and print
+# the issue-24 table with both columns and their ratio; BENCH_RUNS=<n> sets the runs per build.
+# BENCH_CALLGRIND=<dir> cargo bench --bench socket: instruction profiles of the start path to the
+# first Register, of Allocate (1 and 4 replicas), a no-op RPC and XID rounds, under callgrind.
 # BENCH_QUICK=1 runs fewer calls, only the socket bench's end-to-end figures and the idle RSS
 # (3 starts), and skips the usage-sampling runs (about a minute instead of several). Each bench's
 # method lines (METHOD|) are printed under the table.

@@ -112,7 +112,7 @@ impl Store {
             health,
             reason: reason.to_string(),
         };
-        self.change_overlay(|overlay, plan| overlay.apply(plan, &update))
+        self.change_overlay(key, |overlay, plan| overlay.apply(plan, &update))
     }
 
     /// Take a GPU out of service (`Some(code)`: its devices are Unhealthy with that reason
@@ -123,12 +123,16 @@ impl Store {
         gpu_uuid: &str,
         code: Option<&str>,
     ) -> Result<BTreeSet<String>, StateError> {
-        self.change_overlay(|overlay, plan| overlay.drain(plan, gpu_uuid, code))
+        self.change_overlay(gpu_uuid, |overlay, plan| {
+            overlay.drain(plan, gpu_uuid, code)
+        })
     }
 
-    /// Change the overlay and publish the views it changed (none changed: nobody wakes).
+    /// Change what the overlay says about `key` and publish the views it changed (none
+    /// changed: nobody wakes).
     fn change_overlay(
         &self,
+        key: &str,
         change: impl FnOnce(&mut Overlay, &crate::domain::plan::Plan) -> Result<(), StateError>,
     ) -> Result<BTreeSet<String>, StateError> {
         let mut result = Ok(BTreeSet::new());
@@ -139,7 +143,8 @@ impl Store {
                 return false;
             }
             let generation = current.generation + 1;
-            let views = view::views(&current.plan, &overlay, &current.views, generation);
+            // The views are those of `current.plan`: only their health can change here.
+            let views = view::under_overlay(&current.views, &overlay, key, generation);
             let changed = view::changed(&current.views, &views);
             if changed.is_empty() {
                 // Same health as before (a repeated event): keep the overlay in step but

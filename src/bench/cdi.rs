@@ -87,7 +87,7 @@ fn share_options(inv: &Inventory, replicas: u32) -> GenerateOptions {
     let plan = crate::domain::plan::build(inv, &cfg).unwrap_or_else(|e| panic!("plan: {e}"));
     GenerateOptions {
         shares: Some(cdi::shares::ShareOptions {
-            plan,
+            plan: plan.into(),
             mps_root: cfg.mps_root.clone(),
             hook: cdi::shares::HookSettings {
                 path: "/usr/local/bin/gpu-slicer".into(),

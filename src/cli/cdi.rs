@@ -238,7 +238,7 @@ pub(crate) fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::cl
         kind: cfg.cdi_kind.clone(),
         dev_root,
         shares: Some(cdi::shares::ShareOptions {
-            plan,
+            plan: plan.into(),
             mps_root: cfg.mps_root.clone(),
             hook,
         }),

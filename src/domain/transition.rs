@@ -106,6 +106,7 @@ pub(crate) fn next(
         (planned.plan, planned.skipped)
     };
     let daemons = crate::domain::mps::daemons_for(&plan, &config)?;
+    let plan = Arc::new(plan);
     let (spec, kept) = if host.no_driver || inventory.gpus.is_empty() {
         (None, Vec::new())
     } else {
@@ -118,7 +119,7 @@ pub(crate) fn next(
     let state = Computed {
         config,
         inventory,
-        plan: Arc::new(plan),
+        plan,
         nodes,
         spec: spec.map(Arc::new),
         kept: Arc::new(kept),
@@ -131,7 +132,7 @@ pub(crate) fn next(
 /// The spec of the inventory and the plan's shares (before held devices are carried over).
 fn build_spec(
     inventory: &Inventory,
-    plan: &Plan,
+    plan: &Arc<Plan>,
     config: &Config,
     host: &Host,
 ) -> Result<Spec, CdiError> {
@@ -140,7 +141,7 @@ fn build_spec(
         kind: config.cdi_kind.clone(),
         dev_root,
         shares: host.hook.clone().map(|hook| ShareOptions {
-            plan: plan.clone(),
+            plan: Arc::clone(plan),
             mps_root: config.mps_root.clone(),
             hook,
         }),

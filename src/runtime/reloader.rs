@@ -290,28 +290,32 @@ impl Reloader {
             let current = self.store.current();
             let devices = Arc::new(transition::device_nodes(&inventory, no_driver)?);
             let host = {
-                let (devs, cfg) = (devices.clone(), config.clone());
-                let nodes = blocking("device node probe", move || probe_nodes(&devs, &cfg)).await?;
-                let driver = if no_driver || !equips_driver(&inventory, &config) {
-                    None
-                } else {
-                    let (inv, cfg) = (inventory.clone(), config.clone());
-                    let hook = self
-                        .hook
-                        .as_ref()
-                        .map(|h| h.path.clone())
-                        .unwrap_or_default();
-                    blocking("driver discovery", move || {
-                        crate::platform::driver::spec_edits(
-                            &cfg,
-                            inv.driver_version.as_deref(),
-                            &[],
-                            &hook,
-                        )
+                let (devs, cfg, inv) = (devices.clone(), config.clone(), inventory.clone());
+                let equip = !no_driver && equips_driver(&inventory, &config);
+                let hook = self
+                    .hook
+                    .as_ref()
+                    .map(|h| h.path.clone())
+                    .unwrap_or_default();
+                // One trip to a blocking thread for both: each trip is a thread hand-off,
+                // which a busy node pays for in scheduling delay on the start path.
+                let (nodes, driver) =
+                    blocking("device node probe and driver discovery", move || {
+                        let nodes = probe_nodes(&devs, &cfg);
+                        let driver = if equip {
+                            crate::platform::driver::spec_edits(
+                                &cfg,
+                                inv.driver_version.as_deref(),
+                                &[],
+                                &hook,
+                            )?
+                            .map(|(_, edits)| edits)
+                        } else {
+                            None
+                        };
+                        Ok::<_, crate::platform::driver::DriverError>((nodes, driver))
                     })
-                    .await??
-                    .map(|(_, edits)| edits)
-                };
+                    .await??;
                 Host {
                     nodes,
                     hook: self.hook.clone(),

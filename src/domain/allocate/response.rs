@@ -176,27 +176,30 @@ pub(crate) fn cdi_device_name(resource: &Resource, devices: &[&Device], d: &Devi
 /// qualified-name part (≤ 63 characters, alphanumeric at both ends, `[A-Za-z0-9_.-]`); long
 /// resource names are shortened and made unique with a hash.
 pub(crate) fn annotation_key(prefix: &str, resource: &str) -> String {
-    let clean: String = resource
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let mut name = format!("{ANNOTATION_PLUGIN}_{clean}");
-    if name.len() > ANNOTATION_NAME_MAX {
+    // Built in one buffer: every Allocate answer carries this key.
+    let mut key =
+        String::with_capacity(prefix.len() + ANNOTATION_PLUGIN.len() + 1 + resource.len());
+    key.push_str(prefix);
+    key.push_str(ANNOTATION_PLUGIN);
+    key.push('_');
+    key.extend(resource.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+            c
+        } else {
+            '_'
+        }
+    }));
+    // Every character of the name part is ASCII now, so byte lengths are character counts.
+    if key.len() - prefix.len() > ANNOTATION_NAME_MAX {
         let hash = format!("{:08x}", fnv1a(resource.as_bytes()));
-        name.truncate(ANNOTATION_NAME_MAX - hash.len() - 1);
-        name.push('-');
-        name.push_str(&hash);
+        key.truncate(prefix.len() + ANNOTATION_NAME_MAX - hash.len() - 1);
+        key.push('-');
+        key.push_str(&hash);
     }
-    while name.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
-        name.pop();
+    while key.len() > prefix.len() && key.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        key.pop();
     }
-    format!("{prefix}{name}")
+    key
 }
 
 /// 32-bit FNV-1a: a stable hash (unlike std's), so keys do not change across restarts.

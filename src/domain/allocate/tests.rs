@@ -746,7 +746,7 @@ proptest! {
             kind: "gpu-slicer.io/gpu".into(),
             dev_root: None,
             shares: Some(crate::domain::cdi::shares::ShareOptions {
-                plan: plan.clone(),
+                plan: plan.clone().into(),
                 mps_root: None,
                 hook: crate::domain::cdi::shares::HookSettings {
                     path: "/bin/gpu-slicer".into(),

@@ -257,7 +257,7 @@ fn shares_spec() -> Spec {
         kind: KIND.into(),
         dev_root: None,
         shares: Some(cdi::shares::ShareOptions {
-            plan,
+            plan: plan.into(),
             mps_root: cfg.mps_root.clone(),
             hook: cdi::shares::HookSettings {
                 path: "/usr/local/bin/gpu-slicer".into(),

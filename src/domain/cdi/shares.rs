@@ -49,8 +49,9 @@ pub struct HookSettings {
 /// What the generator needs to add share devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ShareOptions {
-    /// The plan: which devices are split N ways with which isolation.
-    pub plan: Plan,
+    /// The plan: which devices are split N ways with which isolation (shared, not copied:
+    /// the daemon's plan has hundreds of devices).
+    pub plan: std::sync::Arc<Plan>,
     /// `flags.mpsRoot` (required when any resource uses MPS).
     pub mps_root: Option<PathBuf>,
     /// The memory-limit hook.

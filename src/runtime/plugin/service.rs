@@ -169,7 +169,7 @@ fn to_status(err: &AllocateError) -> Status {
 
 fn to_pb(a: ContainerAllocation) -> pb::ContainerAllocateResponse {
     pb::ContainerAllocateResponse {
-        envs: a.envs.into_iter().collect(),
+        envs: a.envs,
         mounts: a
             .mounts
             .into_iter()
@@ -188,7 +188,7 @@ fn to_pb(a: ContainerAllocation) -> pb::ContainerAllocateResponse {
                 permissions: d.permissions,
             })
             .collect(),
-        annotations: a.annotations.into_iter().collect(),
+        annotations: a.annotations,
         cdi_devices: a
             .cdi_devices
             .into_iter()
