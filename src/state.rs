@@ -25,7 +25,7 @@ use crate::domain::view::{self, HealthUpdate, Overlay, ResourceView, StateError}
 
 /// The shared handle on the state. Cheap to clone; every clone sees the same state.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub(crate) struct Store {
     tx: Arc<watch::Sender<Arc<Snapshot>>>,
     /// When Allocate last handed out each held device (resource → ID), kept beside the
     /// snapshot: refreshing it on every Allocate must not copy the whole held set. Written
@@ -36,7 +36,7 @@ pub struct Store {
 
 impl Store {
     /// A store starting from `initial`.
-    pub fn new(initial: Snapshot) -> Self {
+    pub(crate) fn new(initial: Snapshot) -> Self {
         Self {
             tx: Arc::new(watch::Sender::new(Arc::new(initial))),
             stamps: Arc::default(),
@@ -49,22 +49,22 @@ impl Store {
     }
 
     /// The current snapshot: read everything a request needs from this one value.
-    pub fn current(&self) -> Arc<Snapshot> {
+    pub(crate) fn current(&self) -> Arc<Snapshot> {
         self.tx.borrow().clone()
     }
 
     /// Follow the state; the receiver sees the current snapshot at once.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.tx.subscribe()
     }
 
     /// The current view of one resource.
-    pub fn view(&self, resource: &str) -> Option<Arc<ResourceView>> {
+    pub(crate) fn view(&self, resource: &str) -> Option<Arc<ResourceView>> {
         self.tx.borrow().views.get(resource).cloned()
     }
 
     /// Names of the served resources.
-    pub fn resource_names(&self) -> Vec<String> {
+    pub(crate) fn resource_names(&self) -> Vec<String> {
         self.tx.borrow().resource_names()
     }
 
@@ -73,7 +73,7 @@ impl Store {
     /// overlay; unchanged resources keep their view (same `Arc`), so their streams stay
     /// quiet. The spec it computed is the one written (`spec_written`). Returns the
     /// committed snapshot.
-    pub fn commit(&self, next: Computed) -> Arc<Snapshot> {
+    pub(crate) fn commit(&self, next: Computed) -> Arc<Snapshot> {
         let mut out = None;
         self.tx.send_modify(|current| {
             let generation = current.generation + 1;
@@ -101,7 +101,7 @@ impl Store {
 
     /// Apply a health event (`key` = GPU UUID, MIG UUID or device ID) and publish the views
     /// it changed. Returns the names of the resources whose view changed.
-    pub fn set_health(
+    pub(crate) fn set_health(
         &self,
         key: &str,
         health: Health,
@@ -118,7 +118,7 @@ impl Store {
     /// Take a GPU out of service (`Some(code)`: its devices are Unhealthy with that reason
     /// code) or back (`None`), apart from its health events: a drain never clears an XID.
     /// Returns the names of the resources whose view changed.
-    pub fn drain(
+    pub(crate) fn drain(
         &self,
         gpu_uuid: &str,
         code: Option<&str>,
@@ -167,7 +167,7 @@ impl Store {
 
     /// Record devices handed out by Allocate with the CDI devices answered. Returns the held
     /// set when it grew (the caller persists it before answering), `None` otherwise.
-    pub fn hold<'a>(
+    pub(crate) fn hold<'a>(
         &self,
         resource: &str,
         ids: impl IntoIterator<Item = &'a str>,
@@ -213,7 +213,7 @@ impl Store {
 
     /// Forget held devices an authoritative list taken at `taken_at` no longer has (see
     /// [`Held::prune`]). Returns the held set when something was forgotten.
-    pub fn release(
+    pub(crate) fn release(
         &self,
         in_use: &BTreeMap<String, BTreeSet<String>>,
         taken_at: Instant,

@@ -22,13 +22,13 @@ use crate::runtime::health::{HealthSettings, NVML_WAIT_TIMEOUT, SIM_POLL_INTERVA
 pub(crate) struct BackendArgs {
     /// `nvml`, `sim:<built-in profile>` (dgx-h100, mixed-a100) or `sim:<node file>`.
     #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml")]
-    pub backend: String,
+    pub(crate) backend: String,
     /// NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, env = "NVML_LIB")]
-    pub nvml_lib: Option<PathBuf>,
+    pub(crate) nvml_lib: Option<PathBuf>,
     /// Root of /proc (for /proc/driver/nvidia-caps/mig-minors).
     #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
 }
 
 /// The config file and the flags that override it (flag > env > file > default).
@@ -36,13 +36,13 @@ pub(crate) struct BackendArgs {
 pub(crate) struct ConfigArgs {
     /// Config file (NVIDIA k8s-device-plugin `version: v1` format, YAML or JSON).
     #[arg(long = "config", visible_alias = "config-file", env = "CONFIG_FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// The file's settings a flag or an environment variable overrides.
     #[command(flatten)]
-    pub settings: SettingArgs,
+    pub(crate) settings: SettingArgs,
     /// NVIDIA plugin flags without a gpu-slicer counterpart (accepted for drop-in use).
     #[command(flatten)]
-    pub nvidia: nvidia::NvidiaArgs,
+    pub(crate) nvidia: nvidia::NvidiaArgs,
 }
 
 /// Declares [`SettingArgs`] from one list of clap fields, each named as the setting's slot
@@ -159,16 +159,16 @@ impl ConfigArgs {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct InventoryArgs {
     #[command(flatten)]
-    pub backend: BackendArgs,
+    pub(crate) backend: BackendArgs,
     #[command(flatten)]
-    pub config: ConfigArgs,
+    pub(crate) config: ConfigArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub format: OutputFormat,
+    pub(crate) format: OutputFormat,
     /// Print only the GPU-pair topology: the matrix as `nvidia-smi topo -m` writes it (NV#,
     /// PIX, PXB, PHB, NODE, SYS) with the NUMA node of each GPU, or its JSON with `--format json`.
     #[arg(long)]
-    pub topology: bool,
+    pub(crate) topology: bool,
 }
 
 /// `inventory` output formats.
@@ -187,14 +187,14 @@ pub(crate) struct HookArgs {
     /// Absolute HOST path of the gpu-slicer binary the runtime runs as the CDI hook
     /// (default: this executable). In a DaemonSet, the host path the binary is copied to.
     #[arg(long, env = "CDI_HOOK_PATH")]
-    pub cdi_hook_path: Option<PathBuf>,
+    pub(crate) cdi_hook_path: Option<PathBuf>,
     /// NVML library the hook loads (default: `--nvml-lib` when given, else the system's
     /// libnvidia-ml.so.1).
     #[arg(long, env = "CDI_HOOK_NVML_LIB")]
-    pub cdi_hook_nvml_lib: Option<PathBuf>,
+    pub(crate) cdi_hook_nvml_lib: Option<PathBuf>,
     /// `KEY=VALUE` environment of the hook process (repeat the flag; comma list in the env).
     #[arg(long, env = "CDI_HOOK_ENV", value_delimiter = ',')]
-    pub cdi_hook_env: Vec<String>,
+    pub(crate) cdi_hook_env: Vec<String>,
 }
 
 impl HookArgs {
@@ -329,21 +329,21 @@ pub(crate) struct MpsArgs {
     /// MPS control binary (`nvidia-cuda-mps-control`): run as the daemon (`-f`) and as the
     /// client that sends control commands.
     #[arg(long, env = "MPS_CONTROL_BIN", default_value = crate::domain::mps::DEFAULT_CONTROL_BIN)]
-    pub mps_control_bin: PathBuf,
+    pub(crate) mps_control_bin: PathBuf,
     /// `nvidia-smi` used to set the compute mode to EXCLUSIVE_PROCESS while a daemon runs;
     /// the step is skipped (and logged) when unset or absent.
     #[arg(long, env = "MPS_NVIDIA_SMI")]
-    pub mps_nvidia_smi: Option<PathBuf>,
+    pub(crate) mps_nvidia_smi: Option<PathBuf>,
     /// First restart delay of a crashed daemon, in milliseconds (doubles up to the max).
     #[arg(long, env = "MPS_RESTART_BACKOFF_MS", default_value_t = 1000)]
-    pub mps_restart_backoff_ms: u64,
+    pub(crate) mps_restart_backoff_ms: u64,
     /// Longest restart delay, in milliseconds.
     #[arg(long, env = "MPS_RESTART_BACKOFF_MAX_MS", default_value_t = 60_000)]
-    pub mps_restart_backoff_max_ms: u64,
+    pub(crate) mps_restart_backoff_max_ms: u64,
     /// Size bound of each daemon's `/dev/shm`: a tmpfs at `<mpsRoot>/<uuid>/shm`, shared by
     /// the daemon and the tenants of its device only (`512Mi`, `2Gi`, bytes).
     #[arg(long, env = "MPS_SHM_SIZE", value_parser = parse_size, default_value = crate::domain::mps::DEFAULT_SHM_SIZE)]
-    pub mps_shm_size: u64,
+    pub(crate) mps_shm_size: u64,
 }
 
 /// Parse a size flag as the config file writes memory (`512Mi`, `2Gi`, bytes), never zero.
@@ -384,18 +384,18 @@ pub(crate) struct HealthArgs {
     /// How long a device must see no new event before a successful re-probe of its GPU makes
     /// it healthy again (`90s`, `500ms`, `2m`; a bare number is seconds).
     #[arg(long, env = "HEALTH_QUIET_PERIOD", value_parser = crate::cli::args::parse_duration, default_value = "60s")]
-    pub health_quiet_period: Duration,
+    pub(crate) health_quiet_period: Duration,
     /// Sim backend only: JSON-lines file of health events to inject, one event per line
     /// (`{"gpu":0,"kind":"xid","xid":79}`), read and removed on every poll.
     #[arg(long, env = "HEALTH_EVENTS_FILE")]
-    pub health_events_file: Option<PathBuf>,
+    pub(crate) health_events_file: Option<PathBuf>,
     /// NVIDIA plugin semantics: `all`/`xids` turns health checks off; a comma list of XIDs
     /// adds to the ignored ones (13, 31, 43, 45, 68, 109).
     #[arg(long, env = "DP_DISABLE_HEALTHCHECKS")]
-    pub disable_healthchecks: Option<String>,
+    pub(crate) disable_healthchecks: Option<String>,
     /// NVIDIA plugin semantics: XIDs that count whatever is disabled; `all` counts every XID.
     #[arg(long, env = "DP_ENABLE_HEALTHCHECKS")]
-    pub enable_healthchecks: Option<String>,
+    pub(crate) enable_healthchecks: Option<String>,
 }
 
 impl HealthArgs {

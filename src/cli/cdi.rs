@@ -33,48 +33,48 @@ pub(crate) enum CdiCommand {
 pub(crate) struct CdiGenerateArgs {
     /// Where the inventory comes from (`--backend`, `--nvml-lib`, `--proc-root`).
     #[command(flatten)]
-    pub backend: crate::cli::args::BackendArgs,
+    pub(crate) backend: crate::cli::args::BackendArgs,
     /// Config file (NVIDIA `version: v1` format); its `flags.plugin.cdiKind`,
     /// `flags.nvidiaDevRoot`, `flags.mpsRoot` and `sharing` (per-share devices) are used.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// CDI kind `vendor/class` (overrides the config).
     #[arg(long, value_parser = crate::cli::given::text())]
-    pub kind: Option<Given<String>>,
+    pub(crate) kind: Option<Given<String>>,
     /// A spec file (`PATH.yaml` / `PATH.json`, the extension sets the encoding), a
     /// directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
-    pub output: String,
+    pub(crate) output: String,
     /// Encoding: yaml or json (default: from the `--output` file's extension, else yaml).
     #[arg(long)]
-    pub format: Option<Format>,
+    pub(crate) format: Option<Format>,
     /// HOST path of the driver root: `/` for a host-installed driver, `/run/nvidia/driver`
     /// for a containerised one (overrides `flags.nvidiaDriverRoot`). Its libraries,
     /// firmware, binaries and sockets go into the spec's container edits.
     #[arg(long = "driver-root", visible_alias = "nvidia-driver-root", value_parser = crate::cli::given::text())]
-    pub driver_root: Option<Given<String>>,
+    pub(crate) driver_root: Option<Given<String>>,
     /// Where this process sees the driver root when it runs in a container, e.g. `/host`
     /// (overrides `flags.plugin.containerDriverRoot`).
     #[arg(long, value_parser = crate::cli::given::text())]
-    pub container_driver_root: Option<Given<String>>,
+    pub(crate) container_driver_root: Option<Given<String>>,
     /// Extra folder (inside the driver root) to look for driver libraries in; repeatable.
     #[arg(long = "library-search-path")]
-    pub library_search_path: Vec<PathBuf>,
+    pub(crate) library_search_path: Vec<PathBuf>,
     /// Device names: index (`0`, `1:3`), uuid (`GPU-…`), type-index (`gpu0`, `mig1:3`);
     /// repeatable. Default: index and uuid.
     #[arg(long = "device-name-strategy")]
-    pub device_name_strategy: Vec<cdi::naming::DeviceNameStrategy>,
+    pub(crate) device_name_strategy: Vec<cdi::naming::DeviceNameStrategy>,
     /// Leave the driver out: device nodes only. Without it the driver is added when the
     /// backend is `nvml` or a driver root other than `/` is set.
     #[arg(long, conflicts_with = "driver_root")]
-    pub no_driver: bool,
+    pub(crate) no_driver: bool,
     /// Host root under which `/dev` is found (hostPath = DIR + /dev/…); nodes found there
     /// get their type and numbers, missing control nodes are left out.
     #[arg(long)]
-    pub dev_root: Option<PathBuf>,
+    pub(crate) dev_root: Option<PathBuf>,
     /// The memory-limit hook written into per-share devices.
     #[command(flatten)]
-    pub hook: crate::cli::args::HookArgs,
+    pub(crate) hook: crate::cli::args::HookArgs,
 }
 
 /// Arguments of `cdi validate`.
@@ -83,7 +83,7 @@ pub(crate) struct CdiValidateArgs {
     /// Spec files, or directories whose `.yaml`/`.json` files are all checked together
     /// (a device name offered by two files of one directory is a conflict runtimes drop).
     #[arg(required = true)]
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// Arguments of `cdi list`.
@@ -91,7 +91,7 @@ pub(crate) struct CdiValidateArgs {
 pub(crate) struct CdiListArgs {
     /// Spec files or directories to read (default: `/etc/cdi` and `/var/run/cdi`, as
     /// runtimes scan them).
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// The directories runtimes scan by default, lowest priority first.
@@ -102,16 +102,16 @@ pub(crate) const DEFAULT_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
 pub(crate) struct CdiRemoveArgs {
     /// Config file whose CDI kind names the spec.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// CDI kind `vendor/class` (overrides the config).
     #[arg(long, value_parser = crate::cli::given::text())]
-    pub kind: Option<Given<String>>,
+    pub(crate) kind: Option<Given<String>>,
     /// Directory holding the spec.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Encoding the spec was written in (the file in the other encoding is removed too).
     #[arg(long, default_value = "yaml")]
-    pub format: Format,
+    pub(crate) format: Format,
 }
 
 /// Run one `cdi` subcommand.

@@ -38,7 +38,7 @@ pub(crate) enum CdiHookCommand {
 pub(crate) struct CreateSymlinksArgs {
     /// `TARGET::LINK`: LINK (absolute, in the container) points at TARGET; repeatable.
     #[arg(long = "link")]
-    pub links: Vec<String>,
+    pub(crate) links: Vec<String>,
 }
 
 /// `cdi-hook update-ldcache` arguments.
@@ -46,10 +46,10 @@ pub(crate) struct CreateSymlinksArgs {
 pub(crate) struct UpdateLdcacheArgs {
     /// Folder in the container holding driver libraries; repeatable.
     #[arg(long = "folder")]
-    pub folders: Vec<PathBuf>,
+    pub(crate) folders: Vec<PathBuf>,
     /// The HOST's ldconfig, run with `-r <container root>` (images need none of their own).
     #[arg(long, default_value = crate::platform::driver::DEFAULT_LDCONFIG)]
-    pub ldconfig_path: PathBuf,
+    pub(crate) ldconfig_path: PathBuf,
 }
 
 /// `cdi-hook disable-device-node-modification` arguments.
@@ -57,11 +57,11 @@ pub(crate) struct UpdateLdcacheArgs {
 pub(crate) struct DisableDeviceNodeModificationArgs {
     /// The host's driver params file to copy.
     #[arg(long, default_value = crate::platform::driver::hooks::PARAMS_PATH)]
-    pub params: PathBuf,
+    pub(crate) params: PathBuf,
     /// Host directory for the moment between writing the copy and binding it (the file
     /// is unlinked right after the mount).
     #[arg(long, default_value = "/run")]
-    pub scratch_dir: PathBuf,
+    pub(crate) scratch_dir: PathBuf,
 }
 
 fn read_state() -> Result<String, EnforceError> {
@@ -80,7 +80,7 @@ fn read_state() -> Result<String, EnforceError> {
 pub(crate) struct InstallArgs {
     /// Directory to install `gpu-slicer` into (created if missing).
     #[arg(long)]
-    pub to: PathBuf,
+    pub(crate) to: PathBuf,
 }
 
 /// Copy `exe` to `<dir>/gpu-slicer` atomically (temp file, fsync, mode 0755, rename), so a
@@ -123,20 +123,20 @@ pub(crate) fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<Pa
 pub(crate) struct SetMemoryLimitArgs {
     /// GPU UUID (`GPU-…`; MIG devices are not supported by the driver).
     #[arg(long)]
-    pub device: String,
+    pub(crate) device: String,
     /// Hard limit in bytes (k × device memory / N for k of N shares); at least 1 (0 would
     /// mean "no memory", which no share plan produces).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// NVML library (default: libnvidia-ml.so.1).
     #[arg(long)]
-    pub nvml_lib: Option<PathBuf>,
+    pub(crate) nvml_lib: Option<PathBuf>,
     /// Root of /proc.
     #[arg(long, default_value = "/proc")]
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
     /// Root of the cgroup filesystem.
     #[arg(long, default_value = "/sys/fs/cgroup")]
-    pub cgroup_root: PathBuf,
+    pub(crate) cgroup_root: PathBuf,
 }
 
 /// Run a `cdi-hook` subcommand with the real NVML limiter, reading the state from stdin.

@@ -35,26 +35,26 @@ pub(crate) enum SliceFormat {
 pub(crate) struct SlicesArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
-    pub backend: BackendArgs,
+    pub(crate) backend: BackendArgs,
     /// `--config` and the flags that override it.
     #[command(flatten)]
-    pub config: ConfigArgs,
+    pub(crate) config: ConfigArgs,
     /// The node (and pool) name (default: the host name).
     #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     /// The DRA driver name.
     #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME", default_value = dra::DEFAULT_DRIVER_NAME)]
-    pub driver_name: String,
+    pub(crate) driver_name: String,
     /// Output format.
     #[arg(long, value_enum, default_value_t = SliceFormat::Yaml)]
-    pub format: SliceFormat,
+    pub(crate) format: SliceFormat,
     /// Also print the driver's DeviceClasses.
     #[arg(long)]
-    pub classes: bool,
+    pub(crate) classes: bool,
     /// The Kubernetes version the slices are for (`1.34`, `v1.35.2`): dynamic MIG counter
     /// sets share slices with their devices up to 1.34 and have slices of their own from 1.35.
     #[arg(long, value_name = "MAJOR.MINOR", default_value = "1.36")]
-    pub server_version: String,
+    pub(crate) server_version: String,
 }
 
 /// The slice layout of `--server-version` (`1.34`, `v1.35.2`).

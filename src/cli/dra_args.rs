@@ -20,17 +20,17 @@ pub(crate) struct DraArgs {
     /// (`flags.dra.enabled`).
     #[arg(long = "dra", env = "DRA_ENABLED", num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
-    pub enabled: Option<bool>,
+    pub(crate) enabled: Option<bool>,
     /// The DRA driver name (`flags.dra.driverName`; default `gpu-slicer.io`).
     #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME", value_parser = crate::cli::given::text())]
-    pub driver_name: Option<Given<String>>,
+    pub(crate) driver_name: Option<Given<String>>,
     /// The kubelet's plugin watcher directory; the registration socket is
     /// `<dir>/<driver>-reg.sock`.
     #[arg(long, env = "KUBELET_REGISTRY_DIR", default_value = DEFAULT_KUBELET_REGISTRY_DIR)]
-    pub kubelet_registry_dir: PathBuf,
+    pub(crate) kubelet_registry_dir: PathBuf,
     /// The kubelet's plugins directory; the DRA service is `<dir>/<driver>/dra.sock`.
     #[arg(long, env = "KUBELET_PLUGINS_DIR", default_value = DEFAULT_KUBELET_PLUGINS_DIR)]
-    pub kubelet_plugins_dir: PathBuf,
+    pub(crate) kubelet_plugins_dir: PathBuf,
 }
 
 impl DraArgs {

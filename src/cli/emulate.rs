@@ -40,13 +40,13 @@ const STEP: Duration = Duration::from_secs(30);
 pub(crate) struct EmulateArgs {
     /// Folder for the kubeconfig and the plugin-watcher directory (`registry/`).
     #[arg(long)]
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// The Node to store (the driver's pool).
     #[arg(long, default_value = "node-a")]
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// The DRA driver the kubelet side talks to.
     #[arg(long = "dra-driver-name", default_value = DEFAULT_DRIVER_NAME)]
-    pub driver_name: String,
+    pub(crate) driver_name: String,
 }
 
 /// Errors that end `emulate` (a failed command is only its answer).

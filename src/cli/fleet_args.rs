@@ -18,14 +18,14 @@ pub(crate) struct FleetArgs {
     /// key). The Node's `--config-label` picks the key; needs `--node-name` / `NODE_NAME`.
     /// Replaces `--config`.
     #[arg(long, env = "CONFIG_DIR", conflicts_with = "config")]
-    pub config_dir: Option<PathBuf>,
+    pub(crate) config_dir: Option<PathBuf>,
     /// The Node label whose value names the key of `--config-dir`.
     #[arg(long, env = "CONFIG_LABEL", default_value = CONFIG_LABEL)]
-    pub config_label: String,
+    pub(crate) config_label: String,
     /// The key used while the label is absent (unset: a key named `default`, else the only
     /// key).
     #[arg(long, env = "CONFIG_DEFAULT")]
-    pub config_default: Option<String>,
+    pub(crate) config_default: Option<String>,
 }
 
 impl FleetArgs {

@@ -10,10 +10,10 @@ use crate::platform::kube::{ClientSource, InClusterEnv, KubeError};
 pub(crate) struct KubeArgs {
     /// Kubeconfig file(s), `:`-separated (default: the pod's service account, in-cluster).
     #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<String>,
+    pub(crate) kubeconfig: Option<String>,
     /// The Node this agent runs on (from the downward API: `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
 }
 
 impl KubeArgs {

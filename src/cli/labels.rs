@@ -17,14 +17,14 @@ use crate::platform::labels_file;
 pub(crate) struct LabelsArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
-    pub backend: BackendArgs,
+    pub(crate) backend: BackendArgs,
     /// `--config` and the flags that override it.
     #[command(flatten)]
-    pub config: ConfigArgs,
+    pub(crate) config: ConfigArgs,
     /// Write the NFD feature file here (atomically) instead of printing; GFD's
     /// `--output-file`.
     #[arg(long, short = 'o', visible_alias = "output")]
-    pub output_file: Option<PathBuf>,
+    pub(crate) output_file: Option<PathBuf>,
 }
 
 /// Run `labels`.

@@ -30,19 +30,19 @@ pub(crate) enum MigCommand {
 #[derive(Debug, Args)]
 pub(crate) struct MigApplyArgs {
     #[command(flatten)]
-    pub backend: BackendArgs,
+    pub(crate) backend: BackendArgs,
     /// mig-parted config file (`version: v1`, `mig-configs`).
     #[arg(long, env = "MIG_PARTED_CONFIG_FILE")]
-    pub config_file: PathBuf,
+    pub(crate) config_file: PathBuf,
     /// The layout (a key of `mig-configs`) to apply.
     #[arg(long, env = "MIG_PARTED_SELECTED_CONFIG")]
-    pub layout: String,
+    pub(crate) layout: String,
     /// Print the steps without running them.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub format: OutputFormat,
+    pub(crate) format: OutputFormat,
 }
 
 /// Errors of `mig`.

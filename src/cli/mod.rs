@@ -33,10 +33,10 @@ use self::error::Error;
 pub(crate) struct Cli {
     /// Log output format.
     #[arg(long, global = true, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 impl Cli {

@@ -19,19 +19,19 @@ pub(crate) struct NvidiaArgs {
     /// NVIDIA's device discovery: `auto` and `nvml` both mean NVML here; `tegra` is not
     /// supported.
     #[arg(long, env = "DEVICE_DISCOVERY_STRATEGY", hide = true, value_parser = given::text())]
-    pub device_discovery_strategy: Option<Given<String>>,
+    pub(crate) device_discovery_strategy: Option<Given<String>>,
     /// NVIDIA's GDRCopy switch (not supported: must be false).
     #[arg(long, env = "GDRCOPY_ENABLED", num_args = 0..=1,
           default_missing_value = "true", value_parser = given::boolish(), hide = true)]
-    pub gdrcopy_enabled: Option<Given<bool>>,
+    pub(crate) gdrcopy_enabled: Option<Given<bool>>,
     /// NVIDIA's GPUDirect Storage switch (not supported: must be false).
     #[arg(long, env = "GDS_ENABLED", num_args = 0..=1,
           default_missing_value = "true", value_parser = given::boolish(), hide = true)]
-    pub gds_enabled: Option<Given<bool>>,
+    pub(crate) gds_enabled: Option<Given<bool>>,
     /// NVIDIA's MOFED switch (not supported: must be false).
     #[arg(long, env = "MOFED_ENABLED", num_args = 0..=1,
           default_missing_value = "true", value_parser = given::boolish(), hide = true)]
-    pub mofed_enabled: Option<Given<bool>>,
+    pub(crate) mofed_enabled: Option<Given<bool>>,
     /// Path of nvidia-ctk written into NVIDIA's CDI hooks; gpu-slicer writes its own hooks,
     /// so this is accepted and ignored.
     #[arg(
@@ -40,21 +40,21 @@ pub(crate) struct NvidiaArgs {
         env = "NVIDIA_CDI_HOOK_PATH",
         hide = true
     )]
-    pub nvidia_cdi_hook_path: Option<String>,
+    pub(crate) nvidia_cdi_hook_path: Option<String>,
     /// IMEX channels: only none or channel 0, as NVIDIA allows; gpu-slicer serves none.
     #[arg(long, env = "IMEX_CHANNEL_IDS", value_delimiter = ',', hide = true,
           value_parser = given::text())]
-    pub imex_channel_ids: Option<Vec<Given<String>>>,
+    pub(crate) imex_channel_ids: Option<Vec<Given<String>>>,
     /// Fail when IMEX channels are missing (not supported: must be false).
     #[arg(long, env = "IMEX_REQUIRED", num_args = 0..=1,
           default_missing_value = "true", value_parser = given::boolish(), hide = true)]
-    pub imex_required: Option<Given<bool>>,
+    pub(crate) imex_required: Option<Given<bool>>,
     /// nvidia-ctk CDI feature flags; accepted and ignored (gpu-slicer writes its own spec).
     #[arg(long, env = "CDI_FEATURE_FLAGS", value_delimiter = ',', hide = true)]
-    pub cdi_feature_flags: Option<Vec<String>>,
+    pub(crate) cdi_feature_flags: Option<Vec<String>>,
     /// nvidia-ctk hooks to leave out; accepted and ignored (gpu-slicer writes its own hooks).
     #[arg(long, env = "CDI_DISABLE_HOOKS", value_delimiter = ',', hide = true)]
-    pub cdi_disable_hooks: Option<Vec<String>>,
+    pub(crate) cdi_disable_hooks: Option<Vec<String>>,
 }
 
 impl NvidiaArgs {

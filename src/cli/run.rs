@@ -53,77 +53,77 @@ pub(crate) enum RunError {
 pub(crate) struct RunArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
-    pub backend: BackendArgs,
+    pub(crate) backend: BackendArgs,
     /// `--config` and the flags that override it.
     #[command(flatten)]
-    pub config: ConfigArgs,
+    pub(crate) config: ConfigArgs,
     /// `--config-dir`: the Node's labels choose the config (README "Pools by label").
     #[command(flatten)]
-    pub fleet: crate::cli::fleet_args::FleetArgs,
+    pub(crate) fleet: crate::cli::fleet_args::FleetArgs,
     /// How to reach the Kubernetes API and which Node this is (`--kubeconfig`, `--node-name`).
     #[command(flatten)]
-    pub kube: crate::cli::kube_args::KubeArgs,
+    pub(crate) kube: crate::cli::kube_args::KubeArgs,
     /// Directory of device-plugin sockets.
     #[arg(long, env = "DEVICE_PLUGIN_DIR", default_value = crate::proto::DEFAULT_DEVICE_PLUGIN_DIR)]
-    pub device_plugin_dir: PathBuf,
+    pub(crate) device_plugin_dir: PathBuf,
     /// The kubelet's registration socket (default: `<device-plugin-dir>/kubelet.sock`).
     #[arg(long, env = "KUBELET_SOCKET")]
-    pub kubelet_socket: Option<PathBuf>,
+    pub(crate) kubelet_socket: Option<PathBuf>,
     /// Directory the CDI spec is written to.
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
-    pub cdi_dir: PathBuf,
+    pub(crate) cdi_dir: PathBuf,
     /// Re-discover the inventory this often (MIG layout changes); `0` turns the timer off.
     /// SIGHUP always reloads the config and re-scans.
     #[arg(long, env = "RESCAN_INTERVAL", default_value = "5m", value_parser = crate::cli::args::parse_duration)]
-    pub rescan_interval: std::time::Duration,
+    pub(crate) rescan_interval: std::time::Duration,
     /// Do not watch the config file for changes (SIGHUP still reloads).
     #[arg(long, env = "NO_CONFIG_WATCH")]
-    pub no_config_watch: bool,
+    pub(crate) no_config_watch: bool,
     /// MPS control daemon binary and restart timing.
     #[command(flatten)]
-    pub mps: crate::cli::args::MpsArgs,
+    pub(crate) mps: crate::cli::args::MpsArgs,
     /// The memory-limit hook written into per-share CDI devices.
     #[command(flatten)]
-    pub hook: crate::cli::args::HookArgs,
+    pub(crate) hook: crate::cli::args::HookArgs,
     /// Health monitoring flags.
     #[command(flatten)]
-    pub health: crate::cli::args::HealthArgs,
+    pub(crate) health: crate::cli::args::HealthArgs,
     /// HTTP endpoint (`/metrics`, `/healthz`, `/readyz`): `:9400`, `127.0.0.1:9400`; empty
     /// disables it.
     #[arg(long, env = "HTTP_LISTEN", default_value = ":9400")]
-    pub http_listen: String,
+    pub(crate) http_listen: String,
     /// The kubelet's PodResources socket, for the allocation ledger; empty disables it.
     // A string, not a path: clap's path parser refuses the empty value that disables it.
     #[arg(long, env = "POD_RESOURCES_SOCKET", default_value = crate::runtime::ledger::DEFAULT_POD_RESOURCES_SOCKET)]
-    pub pod_resources_socket: String,
+    pub(crate) pod_resources_socket: String,
     /// How often the ledger reconciles with the kubelet (`10s`, `500ms`, `1m`).
     #[arg(long, env = "LEDGER_INTERVAL", default_value = "10s", value_parser = crate::cli::args::parse_interval)]
-    pub ledger_interval: std::time::Duration,
+    pub(crate) ledger_interval: std::time::Duration,
     /// Directory of gpu-slicer's own state: the checkpoint of held devices (`held.json`),
     /// read before the first spec is written so a restart keeps them. Not the device-plugin
     /// directory (the kubelet deletes files there). Empty: held devices are not persisted.
     #[arg(long, env = "STATE_DIR", default_value = DEFAULT_STATE_DIR)]
-    pub state_dir: String,
+    pub(crate) state_dir: String,
     /// Node Feature Discovery feature file the node labels (GPU Feature Discovery's names)
     /// are written to, rewritten whenever they change; empty writes no labels.
     #[arg(long, env = "LABELS_FILE", default_value = crate::runtime::labels::DEFAULT_LABELS_FILE)]
-    pub labels_file: String,
+    pub(crate) labels_file: String,
     /// Also put those labels straight onto the agent's own Node (for clusters without NFD):
     /// keys it no longer owns are removed, keys it never wrote are never touched. Needs
     /// `--node-name` / `NODE_NAME` and API access (README "Pools by label").
     #[arg(long, env = "LABELS_TO_NODE")]
-    pub labels_to_node: bool,
+    pub(crate) labels_to_node: bool,
     /// How often usage is sampled (utilisation, memory, processes → shares); `0` turns
     /// sampling, the usage metrics and `/v1/state` off.
     #[arg(long, env = "USAGE_INTERVAL", default_value = "10s", value_parser = crate::cli::args::parse_duration)]
-    pub usage_interval: std::time::Duration,
+    pub(crate) usage_interval: std::time::Duration,
     /// A held share whose container used no GPU memory and no compute for this long counts
     /// in `gpu_slicer_idle_shares`.
     #[arg(long, env = "IDLE_WINDOW", default_value = "15m", value_parser = crate::cli::args::parse_duration)]
-    pub idle_window: std::time::Duration,
+    pub(crate) idle_window: std::time::Duration,
     /// DRA mode (`--dra`, `--dra-driver-name`, the kubelet's plugin directories).
     #[command(flatten)]
-    pub dra: crate::cli::dra_args::DraArgs,
+    pub(crate) dra: crate::cli::dra_args::DraArgs,
 }
 
 /// Default of `--state-dir`.

@@ -46,10 +46,10 @@ pub(crate) struct TopArgs {
         env = "GPU_SLICER_ENDPOINT",
         default_value = "http://127.0.0.1:9400"
     )]
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// Print one frame and exit.
     #[arg(long)]
-    pub once: bool,
+    pub(crate) once: bool,
 }
 
 fn authority(endpoint: &str) -> Result<(String, String), TopError> {

@@ -18,11 +18,11 @@ pub(crate) const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm",
 #[error(
     "MIG device `{device}` has no {which} capability minor: without its /dev/nvidia-caps node the slice cannot be isolated"
 )]
-pub struct MissingCapMinor {
+pub(crate) struct MissingCapMinor {
     /// MIG UUID.
-    pub device: String,
+    pub(crate) device: String,
     /// `GPU instance` or `compute instance`.
-    pub which: &'static str,
+    pub(crate) which: &'static str,
 }
 
 /// Container path of a GPU's device node.
@@ -50,14 +50,14 @@ pub(crate) fn cap_minors(mig: &MigDevice) -> Result<[u32; 2], MissingCapMinor> {
 
 /// Device nodes of each physical device (GPU or MIG UUID) of an inventory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceNodes {
+pub(crate) struct DeviceNodes {
     by_uuid: BTreeMap<String, Vec<String>>,
 }
 
 impl DeviceNodes {
     /// Collect the nodes of every GPU and MIG device; a MIG device without its capability
     /// minors is an error, as it is for the CDI spec.
-    pub fn new(inventory: &Inventory) -> Result<Self, MissingCapMinor> {
+    pub(crate) fn new(inventory: &Inventory) -> Result<Self, MissingCapMinor> {
         let mut by_uuid = BTreeMap::new();
         for gpu in &inventory.gpus {
             let gpu_node = gpu_node_path(gpu);
@@ -72,13 +72,13 @@ impl DeviceNodes {
     }
 
     /// The nodes of one physical device.
-    pub fn of(&self, uuid: &str) -> Option<&[String]> {
+    pub(crate) fn of(&self, uuid: &str) -> Option<&[String]> {
         self.by_uuid.get(uuid).map(Vec::as_slice)
     }
 
     /// Every node path of the inventory plus the control nodes, sorted and deduplicated:
     /// what the platform stats for the spec.
-    pub fn all_paths(&self) -> Vec<String> {
+    pub(crate) fn all_paths(&self) -> Vec<String> {
         let mut paths: Vec<String> = self
             .by_uuid
             .values()

@@ -21,7 +21,7 @@ pub(crate) const CONFIG_APPLIED_LABEL: &str = "gpu-slicer.io/config.applied";
 
 /// Why no config could be chosen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FleetError {
+pub(crate) enum FleetError {
     /// The label names a key the config directory does not have.
     #[error("label {label}={value}: no key {value:?} in the config directory (keys: {keys})")]
     MissingKey {
@@ -55,8 +55,8 @@ pub(crate) enum Reason {
 /// The chosen key and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Choice {
-    pub key: String,
-    pub reason: Reason,
+    pub(crate) key: String,
+    pub(crate) reason: Reason,
 }
 
 fn join(keys: &BTreeSet<String>) -> String {
@@ -248,11 +248,11 @@ pub(crate) fn owned_label_patch(
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct OwnedPatch {
     /// Labels to set (`Some`) and remove (`None`).
-    pub labels: BTreeMap<String, Option<String>>,
+    pub(crate) labels: BTreeMap<String, Option<String>>,
     /// The new value of [`OWNED_LABELS_ANNOTATION`], when it changes.
-    pub annotation: Option<String>,
+    pub(crate) annotation: Option<String>,
     /// Desired keys left alone because someone else's label holds them.
-    pub foreign: BTreeSet<String>,
+    pub(crate) foreign: BTreeSet<String>,
 }
 
 impl OwnedPatch {

@@ -27,15 +27,15 @@ pub(crate) const DEFAULT_QUIET_PERIOD: Duration = Duration::from_secs(60);
 
 /// Which XIDs count as critical.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct XidFilter {
+pub(crate) struct XidFilter {
     /// Health checks off (`DP_DISABLE_HEALTHCHECKS=all|xids`).
-    pub disabled: bool,
+    pub(crate) disabled: bool,
     /// Ignored XIDs (defaults plus `DP_DISABLE_HEALTHCHECKS` entries).
-    pub ignored: BTreeSet<u64>,
+    pub(crate) ignored: BTreeSet<u64>,
     /// XIDs forced on (`DP_ENABLE_HEALTHCHECKS`).
-    pub enabled: BTreeSet<u64>,
+    pub(crate) enabled: BTreeSet<u64>,
     /// `DP_ENABLE_HEALTHCHECKS=all`: every XID counts.
-    pub enable_all: bool,
+    pub(crate) enable_all: bool,
 }
 
 impl Default for XidFilter {
@@ -52,7 +52,7 @@ impl Default for XidFilter {
 impl XidFilter {
     /// Build from the values of `DP_DISABLE_HEALTHCHECKS` and `DP_ENABLE_HEALTHCHECKS`.
     /// Entries that are not numbers are ignored, as the incumbent does.
-    pub fn from_env(disable: Option<&str>, enable: Option<&str>) -> Self {
+    pub(crate) fn from_env(disable: Option<&str>, enable: Option<&str>) -> Self {
         let mut f = Self::default();
         let list = |s: &str| -> Vec<String> {
             s.split(',')
@@ -88,7 +88,7 @@ impl XidFilter {
     }
 
     /// Whether this XID makes a device unhealthy.
-    pub fn is_critical(&self, xid: u64) -> bool {
+    pub(crate) fn is_critical(&self, xid: u64) -> bool {
         if self.enable_all || self.enabled.contains(&xid) {
             return true;
         }
@@ -96,7 +96,7 @@ impl XidFilter {
     }
 
     /// Whether any health checking is on at all.
-    pub fn any_enabled(&self) -> bool {
+    pub(crate) fn any_enabled(&self) -> bool {
         !self.disabled || self.enable_all || !self.enabled.is_empty()
     }
 }
@@ -120,20 +120,20 @@ pub(crate) enum EventKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Event {
     /// GPU the event was reported on; `None` for events about every GPU (wait errors).
-    pub gpu_uuid: Option<String>,
+    pub(crate) gpu_uuid: Option<String>,
     /// The MIG device the event is attributed to, already resolved from GI/CI ids.
-    pub mig_uuid: Option<String>,
+    pub(crate) mig_uuid: Option<String>,
     /// What happened.
-    pub kind: EventKind,
+    pub(crate) kind: EventKind,
 }
 
 /// A change of health of one physical device (GPU or MIG UUID).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Transition {
     /// GPU or MIG UUID. Devices backed by a GPU follow its state.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// Healthy again (`None`) or unhealthy with a reason (`xid-79`, `gpu-lost`, …).
-    pub unhealthy: Option<String>,
+    pub(crate) unhealthy: Option<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ pub(crate) use node_spec::NodeSpec;
 
 /// Errors discovering the inventory.
 #[derive(Debug, thiserror::Error)]
-pub enum InventoryError {
+pub(crate) enum InventoryError {
     /// A node file or built-in profile could not be read or is invalid.
     #[error(transparent)]
     NodeFile(#[from] node_spec::NodeSpecError),
@@ -46,7 +46,7 @@ pub(crate) type Result<T, E = InventoryError> = std::result::Result<T, E>;
 
 /// Health of a physical device or of an allocatable device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Default)]
-pub enum Health {
+pub(crate) enum Health {
     /// Usable.
     #[default]
     Healthy,
@@ -56,7 +56,7 @@ pub enum Health {
 
 impl Health {
     /// The kubelet's spelling (`Healthy` / `Unhealthy`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Health::Healthy => "Healthy",
             Health::Unhealthy => "Unhealthy",
@@ -73,44 +73,44 @@ impl fmt::Display for Health {
 /// MIG mode of a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct MigMode {
+pub(crate) struct MigMode {
     /// MIG is on now.
-    pub current: bool,
+    pub(crate) current: bool,
     /// MIG will be on after the next reset.
-    pub pending: bool,
+    pub(crate) pending: bool,
 }
 
 /// One physical GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Gpu {
+pub(crate) struct Gpu {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// `GPU-…` UUID: the kubelet ID of the whole GPU.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// Product name, e.g. `NVIDIA A100-SXM4-80GB`.
-    pub product: String,
+    pub(crate) product: String,
     /// Framebuffer memory in bytes.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Minor number of `/dev/nvidia<minor>`.
-    pub minor: u32,
+    pub(crate) minor: u32,
     /// PCI bus id in sysfs form (`0000:07:00.0`).
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
     /// NUMA node, if the platform reports one.
-    pub numa_node: Option<i64>,
+    pub(crate) numa_node: Option<i64>,
     /// CUDA compute capability `major.minor`.
-    pub compute_capability: String,
+    pub(crate) compute_capability: String,
     /// MIG mode.
-    pub mig_mode: MigMode,
+    pub(crate) mig_mode: MigMode,
     /// Compute slices the GPU has for MIG (7 on A100/H100), 0 when MIG is unsupported.
     #[serde(skip_serializing_if = "is_zero")]
-    pub mig_compute_slices: u32,
+    pub(crate) mig_compute_slices: u32,
     /// MIG devices on this GPU, sorted by GPU instance then compute instance.
-    pub mig_devices: Vec<MigDevice>,
+    pub(crate) mig_devices: Vec<MigDevice>,
     /// `<cluster UUID>.<clique ID>` when the GPU is attached to a multi-node NVLink fabric
     /// ([`crate::domain::topology::fabric_clique`]); the `nvidia.com/gpu.clique` label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fabric_clique: Option<String>,
+    pub(crate) fabric_clique: Option<String>,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -120,58 +120,58 @@ fn is_zero(v: &u32) -> bool {
 /// One MIG device (a GPU instance with one full compute instance).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MigDevice {
+pub(crate) struct MigDevice {
     /// `MIG-…` UUID: the kubelet ID of the slice.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// UUID of the parent GPU.
-    pub parent_uuid: String,
+    pub(crate) parent_uuid: String,
     /// Index of the parent GPU.
-    pub parent_index: u32,
+    pub(crate) parent_index: u32,
     /// Position among the parent's MIG devices (the `j` of NVIDIA's `i:j` index).
-    pub index: u32,
+    pub(crate) index: u32,
     /// Profile, e.g. `1g.10gb` or `1g.10gb+me`.
-    pub profile: String,
+    pub(crate) profile: String,
     /// GPU instance id.
-    pub gpu_instance_id: u32,
+    pub(crate) gpu_instance_id: u32,
     /// Compute instance id.
-    pub compute_instance_id: u32,
+    pub(crate) compute_instance_id: u32,
     /// Memory in bytes.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Compute slices (the `G` of the profile).
-    pub compute_slices: u32,
+    pub(crate) compute_slices: u32,
     /// Minor of `/dev/nvidia-caps/nvidia-cap<m>` for the GPU instance.
-    pub gi_cap_minor: Option<u32>,
+    pub(crate) gi_cap_minor: Option<u32>,
     /// Minor of `/dev/nvidia-caps/nvidia-cap<m>` for the compute instance.
-    pub ci_cap_minor: Option<u32>,
+    pub(crate) ci_cap_minor: Option<u32>,
 }
 
 /// Everything a node has.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct Inventory {
+pub(crate) struct Inventory {
     /// Where this inventory came from (`sim:mixed-a100`, `nvml`).
-    pub source: String,
+    pub(crate) source: String,
     /// Driver version, when known.
-    pub driver_version: Option<String>,
+    pub(crate) driver_version: Option<String>,
     /// CUDA version the driver supports, as NVML encodes it (12080 = 12.8), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cuda_driver_version: Option<u32>,
+    pub(crate) cuda_driver_version: Option<u32>,
     /// GPUs sorted by index.
-    pub gpus: Vec<Gpu>,
+    pub(crate) gpus: Vec<Gpu>,
     /// GPU-pair links (PCIe, NVLink, NUMA), read once at discovery; absent when the backend
     /// read none (left out of JSON then, so older outputs stay byte-identical).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub topology: Option<crate::domain::topology::Topology>,
+    pub(crate) topology: Option<crate::domain::topology::Topology>,
 }
 
 impl Inventory {
     /// Find a GPU by UUID.
-    pub fn gpu(&self, uuid: &str) -> Option<&Gpu> {
+    pub(crate) fn gpu(&self, uuid: &str) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
 
     /// Find a MIG device by UUID, with its parent.
-    pub fn mig(&self, uuid: &str) -> Option<(&Gpu, &MigDevice)> {
+    pub(crate) fn mig(&self, uuid: &str) -> Option<(&Gpu, &MigDevice)> {
         self.gpus
             .iter()
             .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
@@ -179,7 +179,7 @@ impl Inventory {
     }
 
     /// All MIG devices with their parents.
-    pub fn migs(&self) -> impl Iterator<Item = (&Gpu, &MigDevice)> {
+    pub(crate) fn migs(&self) -> impl Iterator<Item = (&Gpu, &MigDevice)> {
         self.gpus
             .iter()
             .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
@@ -190,7 +190,7 @@ impl Inventory {
 ///
 /// `discover` may block (NVML calls are blocking FFI): async callers run it on a blocking
 /// thread.
-pub trait Backend: Send + Sync + fmt::Debug {
+pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// Enumerate the node's GPUs and MIG devices.
     fn discover(&self) -> Result<Inventory>;
 }

@@ -51,10 +51,10 @@ pub(crate) const MAX_VALUE_LEN: usize = 63;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct NodeLabels {
     /// `key -> value`, sorted by key.
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Conditions worth a warning (several products, an invalid single-strategy layout,
     /// an unparsable driver version). Not part of the label set.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 impl NodeLabels {

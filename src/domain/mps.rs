@@ -60,7 +60,7 @@ pub(crate) const DEFAULT_SHM_SIZE: &str = "1Gi";
 
 /// Errors of the MPS manager.
 #[derive(Debug, thiserror::Error)]
-pub enum MpsError {
+pub(crate) enum MpsError {
     /// A resource uses MPS but no `flags.mpsRoot` is set.
     #[error(
         "resource {resource} uses MPS but no MPS root is configured (set flags.mpsRoot or --mps-root)"
@@ -126,31 +126,31 @@ pub(crate) type Result<T, E = MpsError> = std::result::Result<T, E>;
 
 /// One MPS control daemon gpu-slicer runs: everything needed to start and configure it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DaemonSpec {
+pub(crate) struct DaemonSpec {
     /// `GPU-…` or `MIG-…`: the only device the daemon sees.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// The GPU (parent for MIG devices): compute mode is a GPU setting.
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// Resource whose replicas the daemon serves.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Replicas of this device.
-    pub replicas: u32,
+    pub(crate) replicas: u32,
     /// `<mpsRoot>/<uuid>/pipe`: control pipe, mounted into clients.
-    pub pipe_dir: PathBuf,
+    pub(crate) pipe_dir: PathBuf,
     /// `<mpsRoot>/<uuid>/log`: control and server logs.
-    pub log_dir: PathBuf,
+    pub(crate) log_dir: PathBuf,
     /// `<mpsRoot>/<uuid>/shm`: this daemon's `/dev/shm` and its clients' (a size-bounded
     /// tmpfs the supervisor mounts; see [`DaemonSpec::client_edits`]).
-    pub shm_dir: PathBuf,
+    pub(crate) shm_dir: PathBuf,
     /// Default active thread percentage: `100 / replicas` of this device.
-    pub active_thread_percentage: u32,
+    pub(crate) active_thread_percentage: u32,
     /// Default pinned device memory per client, MiB: one replica's memory.
-    pub pinned_mem_limit_mib: u64,
+    pub(crate) pinned_mem_limit_mib: u64,
 }
 
 impl DaemonSpec {
     /// Environment of the daemon and of every control-client invocation.
-    pub fn env(&self) -> Vec<(String, String)> {
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
         vec![
             // MIG UUIDs are valid here; the daemon then sees exactly one device, index 0.
             ("CUDA_VISIBLE_DEVICES".into(), self.uuid.clone()),
@@ -166,7 +166,7 @@ impl DaemonSpec {
     }
 
     /// Control commands that set the default limits, in the order they are sent.
-    pub fn default_limit_commands(&self) -> Vec<String> {
+    pub(crate) fn default_limit_commands(&self) -> Vec<String> {
         vec![
             // Device index 0: the daemon only sees its one device.
             format!(
@@ -181,7 +181,7 @@ impl DaemonSpec {
     }
 
     /// Where the pipe directory appears inside a container.
-    pub fn container_pipe_dir(&self) -> String {
+    pub(crate) fn container_pipe_dir(&self) -> String {
         format!("{CONTAINER_MPS_ROOT}/{}/pipe", self.uuid)
     }
 
@@ -195,7 +195,7 @@ impl DaemonSpec {
     /// devices must not read each other's segments, and a tenant filling its `/dev/shm`
     /// fills only its daemon's bounded tmpfs. The host's own `/dev/shm` is never used:
     /// exposing it would leak host segments to tenants.
-    pub fn client_edits(&self) -> MpsClientEdits {
+    pub(crate) fn client_edits(&self) -> MpsClientEdits {
         let pipe = self.container_pipe_dir();
         MpsClientEdits {
             env: vec![("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.clone())],
@@ -209,11 +209,11 @@ impl DaemonSpec {
 
 /// Container edits for an MPS share: environment and bind mounts (host → container).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct MpsClientEdits {
+pub(crate) struct MpsClientEdits {
     /// Environment variables, in order.
-    pub env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
     /// Bind mounts: host path, container path.
-    pub mounts: Vec<(PathBuf, String)>,
+    pub(crate) mounts: Vec<(PathBuf, String)>,
 }
 
 /// The daemons a plan needs, keyed and sorted by device UUID.

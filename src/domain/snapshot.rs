@@ -19,63 +19,63 @@ use crate::domain::view::{Overlay, ResourceView};
 
 /// One consistent state of the node.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Bumped by every commit and every health change; names the state an answer was built
     /// from.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Validated config.
-    pub config: Arc<Config>,
+    pub(crate) config: Arc<Config>,
     /// Discovered GPUs and MIG devices.
-    pub inventory: Arc<Inventory>,
+    pub(crate) inventory: Arc<Inventory>,
     /// Resources and their devices.
-    pub plan: Arc<Plan>,
+    pub(crate) plan: Arc<Plan>,
     /// Device nodes of each physical device (for `passDeviceSpecs`).
-    pub nodes: Arc<DeviceNodes>,
+    pub(crate) nodes: Arc<DeviceNodes>,
     /// Health overrides from events.
-    pub overlay: Arc<Overlay>,
+    pub(crate) overlay: Arc<Overlay>,
     /// The view of every planned resource (plan × overlay).
-    pub views: Arc<BTreeMap<String, Arc<ResourceView>>>,
+    pub(crate) views: Arc<BTreeMap<String, Arc<ResourceView>>>,
     /// Devices handed out and not known to be released.
-    pub held: Arc<Held>,
+    pub(crate) held: Arc<Held>,
     /// The CDI spec last written (`None` before the first write, or when there are no devices).
-    pub spec: Option<Arc<Spec>>,
+    pub(crate) spec: Option<Arc<Spec>>,
     /// CDI devices the spec carries only because they are held (the plan no longer has
     /// them): dropped by the first rewrite after they are released.
-    pub kept: Arc<Vec<String>>,
+    pub(crate) kept: Arc<Vec<String>>,
     /// Config entries this node has nothing for (one ConfigMap for a mixed cluster).
-    pub skipped: Arc<Vec<crate::domain::plan::Skipped>>,
+    pub(crate) skipped: Arc<Vec<crate::domain::plan::Skipped>>,
     /// The MPS control daemons the plan needs.
-    pub mps: Arc<Vec<DaemonSpec>>,
+    pub(crate) mps: Arc<Vec<DaemonSpec>>,
     /// Whether a spec describing this plan has been written (for `/readyz`).
-    pub spec_written: bool,
+    pub(crate) spec_written: bool,
 }
 
 /// The part of a [`Snapshot`] a transition computes; the rest (generation, health
 /// overlay, views, held set) is the store's at commit time.
 #[derive(Debug, Clone)]
-pub struct Computed {
+pub(crate) struct Computed {
     /// Validated config.
-    pub config: Arc<Config>,
+    pub(crate) config: Arc<Config>,
     /// Discovered GPUs and MIG devices.
-    pub inventory: Arc<Inventory>,
+    pub(crate) inventory: Arc<Inventory>,
     /// Resources and their devices.
-    pub plan: Arc<Plan>,
+    pub(crate) plan: Arc<Plan>,
     /// Device nodes of each physical device.
-    pub nodes: Arc<DeviceNodes>,
+    pub(crate) nodes: Arc<DeviceNodes>,
     /// The spec to write before committing; `None`: no devices, write nothing.
-    pub spec: Option<Arc<Spec>>,
+    pub(crate) spec: Option<Arc<Spec>>,
     /// CDI devices carried over from the previous spec because they are still held.
-    pub kept: Arc<Vec<String>>,
+    pub(crate) kept: Arc<Vec<String>>,
     /// Config entries this node has nothing for.
-    pub skipped: Arc<Vec<crate::domain::plan::Skipped>>,
+    pub(crate) skipped: Arc<Vec<crate::domain::plan::Skipped>>,
     /// The MPS control daemons the plan needs.
-    pub mps: Arc<Vec<DaemonSpec>>,
+    pub(crate) mps: Arc<Vec<DaemonSpec>>,
 }
 
 impl Snapshot {
     /// A snapshot serving `plan` (with no health events and nothing held): what a
     /// transition from the empty snapshot commits, minus the spec. For embedders and tests.
-    pub fn serving(config: Config, inventory: Inventory, plan: Plan) -> Self {
+    pub(crate) fn serving(config: Config, inventory: Inventory, plan: Plan) -> Self {
         let overlay = Overlay::default();
         let views = crate::domain::view::views(&plan, &overlay, &BTreeMap::new(), 1);
         Self {
@@ -91,12 +91,12 @@ impl Snapshot {
     }
 
     /// The view of one resource.
-    pub fn view(&self, resource: &str) -> Option<&Arc<ResourceView>> {
+    pub(crate) fn view(&self, resource: &str) -> Option<&Arc<ResourceView>> {
         self.views.get(resource)
     }
 
     /// Names of the served resources, sorted.
-    pub fn resource_names(&self) -> Vec<String> {
+    pub(crate) fn resource_names(&self) -> Vec<String> {
         self.views.keys().cloned().collect()
     }
 }
@@ -104,12 +104,12 @@ impl Snapshot {
 /// One held device: the CDI devices (names without the kind) its Allocate answer used, and
 /// when it was last handed out (`None` when it was read back from a checkpoint).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeldDevice {
+pub(crate) struct HeldDevice {
     /// CDI device names (without `<kind>=`) the answer named.
-    pub cdi: BTreeSet<String>,
+    pub(crate) cdi: BTreeSet<String>,
     /// When Allocate last handed it out in this process.
     #[serde(skip)]
-    pub at: Option<Instant>,
+    pub(crate) at: Option<Instant>,
 }
 
 /// Devices handed out by Allocate, per resource and device ID.
@@ -118,16 +118,16 @@ pub struct HeldDevice {
 /// and prunes this through [`Store::release`]. Without it the set only grows, which errs on
 /// the safe side: it decides which CDI devices every later spec keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Held {
+pub(crate) struct Held {
     /// resource → device ID → what it holds.
-    pub resources: BTreeMap<String, BTreeMap<String, HeldDevice>>,
+    pub(crate) resources: BTreeMap<String, BTreeMap<String, HeldDevice>>,
 }
 
 impl Held {
     /// Record `ids` of `resource` handed out with the CDI devices `cdi`. Returns whether
     /// anything new was recorded (a new ID or a new CDI name), i.e. whether the set needs to
     /// be persisted again.
-    pub fn record<'a>(
+    pub(crate) fn record<'a>(
         &mut self,
         resource: &str,
         ids: impl IntoIterator<Item = &'a str>,
@@ -154,7 +154,7 @@ impl Held {
 
     /// Whether recording `ids` with `cdi` would add nothing: every ID is held for
     /// `resource` with every name of `cdi` already.
-    pub fn covers(&self, resource: &str, ids: &[&str], cdi: &BTreeSet<String>) -> bool {
+    pub(crate) fn covers(&self, resource: &str, ids: &[&str], cdi: &BTreeSet<String>) -> bool {
         let Some(held) = self.resources.get(resource) else {
             return ids.is_empty();
         };
@@ -166,7 +166,7 @@ impl Held {
 
     /// Move each device's `at` up to a later hand-out time from `stamps`
     /// (resource → ID → time), kept outside the snapshot by the store.
-    pub fn refresh(
+    pub(crate) fn refresh(
         &mut self,
         stamps: &std::collections::HashMap<String, std::collections::HashMap<String, Instant>>,
     ) {
@@ -185,7 +185,7 @@ impl Held {
     }
 
     /// Every CDI device name a held device uses: what every spec must keep.
-    pub fn cdi_names(&self) -> BTreeSet<String> {
+    pub(crate) fn cdi_names(&self) -> BTreeSet<String> {
         self.resources
             .values()
             .flat_map(|ids| ids.values())
@@ -194,7 +194,7 @@ impl Held {
     }
 
     /// Held device IDs per resource.
-    pub fn ids(&self) -> BTreeMap<String, BTreeSet<String>> {
+    pub(crate) fn ids(&self) -> BTreeMap<String, BTreeSet<String>> {
         self.resources
             .iter()
             .map(|(r, ids)| (r.clone(), ids.keys().cloned().collect()))
@@ -206,7 +206,7 @@ impl Held {
     /// from a checkpoint). Newer records stay: the kubelet records an allocation only after
     /// Allocate answered, so a list taken just after our record may not show it yet.
     /// Returns whether anything was forgotten.
-    pub fn prune(
+    pub(crate) fn prune(
         &mut self,
         in_use: &BTreeMap<String, BTreeSet<String>>,
         taken_at: Instant,
@@ -224,12 +224,12 @@ impl Held {
     }
 
     /// Number of held device IDs.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.resources.values().map(BTreeMap::len).sum()
     }
 
     /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

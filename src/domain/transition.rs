@@ -25,7 +25,7 @@ use crate::domain::snapshot::{Computed, Snapshot};
 
 /// Why a transition was refused (the current snapshot keeps serving).
 #[derive(Debug, thiserror::Error)]
-pub enum TransitionError {
+pub(crate) enum TransitionError {
     /// The config does not fit this node.
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -45,24 +45,24 @@ pub enum TransitionError {
 pub(crate) struct Host {
     /// Device nodes found under the dev root, by host path (see
     /// [`DeviceNodes::all_paths`]).
-    pub nodes: BTreeMap<PathBuf, NodeInfo>,
+    pub(crate) nodes: BTreeMap<PathBuf, NodeInfo>,
     /// The hook the share devices run (`None`: the spec has no share devices).
-    pub hook: Option<HookSettings>,
+    pub(crate) hook: Option<HookSettings>,
     /// Spec-level edits carrying the host's user-space driver, when discovered.
-    pub driver: Option<ContainerEdits>,
+    pub(crate) driver: Option<ContainerEdits>,
     /// No working driver (`failOnInitError: false`): serve nothing, write no spec.
-    pub no_driver: bool,
+    pub(crate) no_driver: bool,
 }
 
 /// How the MPS daemon set changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct MpsChange {
     /// Daemons to start (new, or changed: stop the old one first).
-    pub start: Vec<DaemonSpec>,
+    pub(crate) start: Vec<DaemonSpec>,
     /// UUIDs of daemons to stop (gone, or changed).
-    pub stop: Vec<String>,
+    pub(crate) stop: Vec<String>,
     /// UUIDs of daemons that stay as they are.
-    pub keep: Vec<String>,
+    pub(crate) keep: Vec<String>,
 }
 
 /// What a transition computed: the computed part of the next snapshot (commit it with
@@ -72,9 +72,9 @@ pub(crate) struct MpsChange {
 pub(crate) struct Next {
     /// The spec to write before committing is `state.spec`; `state.kept` are the CDI
     /// devices carried over from the previous spec because they are still held.
-    pub state: Computed,
+    pub(crate) state: Computed,
     /// Per-resource changes against the current plan.
-    pub diff: PlanDiff,
+    pub(crate) diff: PlanDiff,
 }
 
 /// The device nodes of `inventory`, derived once per reload: the platform probes their

@@ -22,7 +22,7 @@ use crate::domain::inventory::{Health, Inventory};
 
 /// Errors of the usage domain.
 #[derive(Debug, thiserror::Error)]
-pub enum UsageError {
+pub(crate) enum UsageError {
     /// The device-manager checkpoint is not the kubelet's format.
     #[error("invalid kubelet checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
@@ -33,7 +33,7 @@ pub enum UsageError {
 /// What kind of device a figure is for (`kind` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum DeviceKind {
+pub(crate) enum DeviceKind {
     /// A whole GPU.
     Gpu,
     /// A MIG device.
@@ -42,7 +42,7 @@ pub enum DeviceKind {
 
 impl DeviceKind {
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Gpu => "gpu",
             Self::Mig => "mig",
@@ -52,37 +52,37 @@ impl DeviceKind {
 
 /// One device's figures in a sample.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DeviceSample {
+pub(crate) struct DeviceSample {
     /// GPU or MIG UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// GPU or MIG device.
-    pub kind: DeviceKind,
+    pub(crate) kind: DeviceKind,
     /// Utilisation 0–1; `None` where NVML reports none (MIG devices, GPUs in MIG mode).
-    pub utilization: Option<f64>,
+    pub(crate) utilization: Option<f64>,
     /// Memory in use, bytes.
-    pub memory_used: u64,
+    pub(crate) memory_used: u64,
     /// Memory the device has, bytes.
-    pub memory_total: u64,
+    pub(crate) memory_total: u64,
 }
 
 /// One process with a compute context.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessSample {
+pub(crate) struct ProcessSample {
     /// Host pid.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// UUID of the device it runs on: the MIG device on a GPU in MIG mode, else the GPU.
-    pub device: String,
+    pub(crate) device: String,
     /// GPU memory it uses, bytes (`None`: the driver does not say).
-    pub memory_used: Option<u64>,
+    pub(crate) memory_used: Option<u64>,
 }
 
 /// Everything one sampling round read from the GPUs.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// GPUs and MIG devices.
-    pub devices: Vec<DeviceSample>,
+    pub(crate) devices: Vec<DeviceSample>,
     /// Compute processes on any of them.
-    pub processes: Vec<ProcessSample>,
+    pub(crate) processes: Vec<ProcessSample>,
 }
 
 // ------------------------------------------------------------------------------- cgroups
@@ -91,9 +91,9 @@ pub struct Sample {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PodCgroup {
     /// Pod UID with dashes (`5f1c…-…`), as the kubelet's checkpoint writes it.
-    pub pod_uid: String,
+    pub(crate) pod_uid: String,
     /// Container ID (runtime prefix stripped), when the path goes down to the container.
-    pub container_id: Option<String>,
+    pub(crate) container_id: Option<String>,
 }
 
 fn is_uid(s: &str) -> bool {
@@ -177,13 +177,13 @@ pub(crate) fn parse_cgroup(text: &str) -> Option<PodCgroup> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CheckpointEntry {
     /// Pod UID.
-    pub pod_uid: String,
+    pub(crate) pod_uid: String,
     /// Container name.
-    pub container: String,
+    pub(crate) container: String,
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Device IDs (every NUMA node's, merged).
-    pub device_ids: Vec<String>,
+    pub(crate) device_ids: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -258,22 +258,22 @@ pub(crate) fn parse_checkpoint(text: &str, origin: &str) -> Result<Vec<Checkpoin
 
 /// Who holds a share, from the PodResources ledger.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Holder {
+pub(crate) struct Holder {
     /// Pod namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Pod name.
-    pub pod: String,
+    pub(crate) pod: String,
     /// Container name.
-    pub container: String,
+    pub(crate) container: String,
 }
 
 /// A share: the devices of one resource one container holds.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct ShareKey {
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// The container holding it.
-    pub holder: Holder,
+    pub(crate) holder: Holder,
 }
 
 /// Why a process could not be given to a share (`reason` label).
@@ -318,22 +318,22 @@ impl Unattributed {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ShareOnDevice {
     /// The held device IDs on this physical device.
-    pub device_ids: Vec<String>,
+    pub(crate) device_ids: Vec<String>,
     /// Memory its processes use here, bytes.
-    pub memory_used: u64,
+    pub(crate) memory_used: u64,
     /// Memory the held devices grant here, bytes.
-    pub memory_granted: u64,
+    pub(crate) memory_granted: u64,
     /// Its processes here.
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
 }
 
 /// One share's figures in a sample.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ShareUsage {
     /// Physical UUID → the share there.
-    pub on: BTreeMap<String, ShareOnDevice>,
+    pub(crate) on: BTreeMap<String, ShareOnDevice>,
     /// The holder had a compute process, or a whole GPU it holds alone was busy.
-    pub busy: bool,
+    pub(crate) busy: bool,
 }
 
 impl ShareUsage {
@@ -357,24 +357,24 @@ impl ShareUsage {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Inputs<'a> {
     /// The GPU figures.
-    pub sample: &'a Sample,
+    pub(crate) sample: &'a Sample,
     /// pid → the text of its cgroup file (`None`: unreadable).
-    pub cgroups: &'a BTreeMap<u32, Option<String>>,
+    pub(crate) cgroups: &'a BTreeMap<u32, Option<String>>,
     /// The device manager's checkpoint.
-    pub checkpoint: &'a [CheckpointEntry],
+    pub(crate) checkpoint: &'a [CheckpointEntry],
     /// resource → device ID → holder (PodResources).
-    pub holders: &'a BTreeMap<String, BTreeMap<String, Holder>>,
+    pub(crate) holders: &'a BTreeMap<String, BTreeMap<String, Holder>>,
     /// The served resources (plan × health).
-    pub views: &'a BTreeMap<String, Arc<ResourceView>>,
+    pub(crate) views: &'a BTreeMap<String, Arc<ResourceView>>,
 }
 
 /// The outcome of one attribution.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Attribution {
     /// Every share the ledger reports for a served resource, with or without processes.
-    pub shares: BTreeMap<ShareKey, ShareUsage>,
+    pub(crate) shares: BTreeMap<ShareKey, ShareUsage>,
     /// Processes no share could be found for, by reason.
-    pub unattributed: BTreeMap<Unattributed, u64>,
+    pub(crate) unattributed: BTreeMap<Unattributed, u64>,
 }
 
 /// Give every process of the sample to the share it runs on.
@@ -543,132 +543,132 @@ pub(crate) fn placeable(view: &ResourceView, allocated: &BTreeSet<String>) -> Ve
 /// Memory figures of a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MemoryReport {
+pub(crate) struct MemoryReport {
     /// Bytes in use.
-    pub used_bytes: u64,
+    pub(crate) used_bytes: u64,
     /// Bytes the device has.
-    pub total_bytes: u64,
+    pub(crate) total_bytes: u64,
 }
 
 /// A share as `/v1/state` shows it under one physical device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ShareReport {
+pub(crate) struct ShareReport {
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Held device IDs on this device.
-    pub devices: Vec<String>,
+    pub(crate) devices: Vec<String>,
     /// Who holds it.
-    pub holder: Holder,
+    pub(crate) holder: Holder,
     /// Memory its processes use here.
-    pub memory_used_bytes: u64,
+    pub(crate) memory_used_bytes: u64,
     /// Memory its devices grant here.
-    pub memory_granted_bytes: u64,
+    pub(crate) memory_granted_bytes: u64,
     /// Held for the idle window without a process or compute.
-    pub idle: bool,
+    pub(crate) idle: bool,
     /// Its processes here.
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
 }
 
 /// A MIG device in `/v1/state`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MigReport {
+pub(crate) struct MigReport {
     /// MIG UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// Profile (`1g.10gb`).
-    pub profile: String,
+    pub(crate) profile: String,
     /// Memory (absent until sampled).
-    pub memory: Option<MemoryReport>,
+    pub(crate) memory: Option<MemoryReport>,
     /// Shares on it.
-    pub shares: Vec<ShareReport>,
+    pub(crate) shares: Vec<ShareReport>,
 }
 
 /// A GPU in `/v1/state`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct GpuReport {
+pub(crate) struct GpuReport {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// GPU UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// Product name.
-    pub product: String,
+    pub(crate) product: String,
     /// Utilisation 0–1; `null` in MIG mode (NVML reports none there) or before a sample.
-    pub utilization: Option<f64>,
+    pub(crate) utilization: Option<f64>,
     /// Memory (absent until sampled).
-    pub memory: Option<MemoryReport>,
+    pub(crate) memory: Option<MemoryReport>,
     /// Its MIG devices.
-    pub mig_devices: Vec<MigReport>,
+    pub(crate) mig_devices: Vec<MigReport>,
     /// Shares of the whole GPU (time-sliced replicas, the GPU itself).
-    pub shares: Vec<ShareReport>,
+    pub(crate) shares: Vec<ShareReport>,
 }
 
 /// Requests of `size` that still fit on one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PlaceableReport {
+pub(crate) struct PlaceableReport {
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Replicas per request.
-    pub size: u32,
+    pub(crate) size: u32,
     /// How many such requests fit.
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 /// The node's usage as one document: `GET /v1/state`, `gpu-slicer top`, the metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct UsageReport {
+pub(crate) struct UsageReport {
     /// Generation of the state snapshot it was computed against.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// When the sample was taken, Unix milliseconds (0: never).
-    pub sampled_at_ms: u64,
+    pub(crate) sampled_at_ms: u64,
     /// The sampling interval, seconds.
-    pub interval_seconds: f64,
+    pub(crate) interval_seconds: f64,
     /// The idle window, seconds.
-    pub idle_window_seconds: f64,
+    pub(crate) idle_window_seconds: f64,
     /// Why the last sample failed, if it did (the figures are then the previous ones').
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// GPUs by index.
-    pub gpus: Vec<GpuReport>,
+    pub(crate) gpus: Vec<GpuReport>,
     /// Idle shares (held devices) per resource; every served resource is listed.
-    pub idle_shares: BTreeMap<String, u64>,
+    pub(crate) idle_shares: BTreeMap<String, u64>,
     /// Placeable requests per resource and size.
-    pub placeable: Vec<PlaceableReport>,
+    pub(crate) placeable: Vec<PlaceableReport>,
     /// Processes no share could be found for, by reason; every reason is listed.
-    pub unattributed_processes: BTreeMap<String, u64>,
+    pub(crate) unattributed_processes: BTreeMap<String, u64>,
     /// The GPU-pair topology read at discovery, when the backend read one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topology: Option<TopologyReport>,
+    pub(crate) topology: Option<TopologyReport>,
 }
 
 /// The node's GPU-pair topology as `nvidia-smi topo -m` cells.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TopologyReport {
+pub(crate) struct TopologyReport {
     /// The GPUs, in NVML index order: the matrix's rows and columns.
-    pub gpus: Vec<TopologyGpuReport>,
+    pub(crate) gpus: Vec<TopologyGpuReport>,
     /// `X`, `NV#`, `PIX`, `PXB`, `PHB`, `NODE` or `SYS` per (row, column).
-    pub matrix: Vec<Vec<String>>,
+    pub(crate) matrix: Vec<Vec<String>>,
 }
 
 /// One GPU of a [`TopologyReport`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TopologyGpuReport {
+pub(crate) struct TopologyGpuReport {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// PCI bus ID.
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
     /// NUMA node, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub numa_node: Option<i64>,
+    pub(crate) numa_node: Option<i64>,
 }
 
 impl TopologyReport {
     /// The report of a topology.
-    pub fn new(t: &crate::domain::topology::Topology) -> Self {
+    pub(crate) fn new(t: &crate::domain::topology::Topology) -> Self {
         let mut gpus: Vec<TopologyGpuReport> = t
             .gpus
             .iter()
@@ -690,25 +690,25 @@ impl TopologyReport {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReportInputs<'a> {
     /// Snapshot generation.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Unix ms of the sample.
-    pub sampled_at_ms: u64,
+    pub(crate) sampled_at_ms: u64,
     /// Sampling interval.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// Idle window.
-    pub idle_window: Duration,
+    pub(crate) idle_window: Duration,
     /// The inventory of the snapshot.
-    pub inventory: &'a Inventory,
+    pub(crate) inventory: &'a Inventory,
     /// The served resources of the snapshot.
-    pub views: &'a BTreeMap<String, Arc<ResourceView>>,
+    pub(crate) views: &'a BTreeMap<String, Arc<ResourceView>>,
     /// The sample.
-    pub sample: &'a Sample,
+    pub(crate) sample: &'a Sample,
     /// Its attribution.
-    pub attribution: &'a Attribution,
+    pub(crate) attribution: &'a Attribution,
     /// Shares idle for the window.
-    pub idle: &'a BTreeSet<ShareKey>,
+    pub(crate) idle: &'a BTreeSet<ShareKey>,
     /// resource → allocated device IDs (ledger, else the devices Allocate handed out).
-    pub allocated: &'a BTreeMap<String, BTreeSet<String>>,
+    pub(crate) allocated: &'a BTreeMap<String, BTreeSet<String>>,
 }
 
 /// Build the report.

@@ -17,7 +17,7 @@ use crate::domain::plan::{Device, Plan, Resource};
 
 /// Errors updating device state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     /// A health event named nothing this node serves.
     #[error("health event for {key}: no planned device or physical device has that ID")]
     UnknownKey { key: String },
@@ -25,50 +25,50 @@ pub enum StateError {
 
 /// Health of one device in a view, with the reason when unhealthy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceHealth {
+pub(crate) struct DeviceHealth {
     /// Current health.
-    pub health: Health,
+    pub(crate) health: Health,
     /// Why it is unhealthy (event text), if it is.
-    pub reason: Option<Arc<str>>,
+    pub(crate) reason: Option<Arc<str>>,
     /// Its GPU is drained ([`Overlay::drain`]): left out of ListAndWatch altogether, so the
     /// kubelet drops it from the node's capacity while its GPU is repartitioned (it is also
     /// Unhealthy, so Allocate refuses it with the drain's reason).
-    pub drained: bool,
+    pub(crate) drained: bool,
 }
 
 /// One resource's devices with their current health: what ListAndWatch sends and what
 /// Allocate checks against.
 #[derive(Debug, Clone)]
-pub struct ResourceView {
+pub(crate) struct ResourceView {
     /// The planned resource (devices sorted by ID).
-    pub resource: Arc<Resource>,
+    pub(crate) resource: Arc<Resource>,
     /// Health of `resource.devices[i]` at index `i`.
-    pub health: Vec<DeviceHealth>,
+    pub(crate) health: Vec<DeviceHealth>,
     /// Bumped on every change, so consumers can tell frames apart.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Which physical group each device belongs to (for preferred allocation).
-    pub grouping: Arc<Grouping>,
+    pub(crate) grouping: Arc<Grouping>,
 }
 
 /// Devices grouped by what placement policies balance over: the physical device for
 /// replicas, the GPU for MIG slices and whole GPUs. Group numbers follow the sorted group
 /// keys, so comparing numbers orders groups by UUID. Computed once per resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grouping {
+pub(crate) struct Grouping {
     /// Group number of `resource.devices[i]`.
-    pub of_device: Vec<usize>,
+    pub(crate) of_device: Vec<usize>,
     /// Number of devices in each group.
-    pub sizes: Vec<usize>,
+    pub(crate) sizes: Vec<usize>,
     /// Device index by kubelet ID. A hash lookup instead of a binary search: IDs share
     /// long prefixes (`<uuid>::n`), which makes every comparison of a search slow, and the
     /// kubelet sends hundreds of IDs per GetPreferredAllocation.
-    pub index: HashMap<String, usize, BuildHasherDefault<Fnv>>,
+    pub(crate) index: HashMap<String, usize, BuildHasherDefault<Fnv>>,
 }
 
 /// 64-bit FNV-1a: fast for short keys and not exposed to untrusted input sizes that would
 /// need SipHash's flooding resistance (IDs come from the kubelet and are ≤ 63 bytes).
 #[derive(Debug, Clone, Copy)]
-pub struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl Default for Fnv {
     fn default() -> Self {
@@ -90,7 +90,7 @@ impl Hasher for Fnv {
 
 impl Grouping {
     /// Group a resource's devices.
-    pub fn new(r: &Resource) -> Self {
+    pub(crate) fn new(r: &Resource) -> Self {
         fn key(shared: bool, d: &Device) -> &str {
             if shared {
                 &d.physical.uuid
@@ -129,18 +129,18 @@ impl Grouping {
 
 impl ResourceView {
     /// Index of a device by kubelet ID.
-    pub fn index_of(&self, id: &str) -> Option<usize> {
+    pub(crate) fn index_of(&self, id: &str) -> Option<usize> {
         self.grouping.index.get(id).copied()
     }
 
     /// The device and its health, by kubelet ID.
-    pub fn get(&self, id: &str) -> Option<(&Device, &DeviceHealth)> {
+    pub(crate) fn get(&self, id: &str) -> Option<(&Device, &DeviceHealth)> {
         self.index_of(id)
             .map(|i| (&self.resource.devices[i], &self.health[i]))
     }
 
     /// The reason a device is unhealthy, or `None` when it is healthy.
-    pub fn unhealthy_reason(&self, index: usize) -> Option<&str> {
+    pub(crate) fn unhealthy_reason(&self, index: usize) -> Option<&str> {
         let h = self.health.get(index)?;
         match h.health {
             Health::Healthy => None,
@@ -149,12 +149,12 @@ impl ResourceView {
     }
 
     /// Devices with their health, in ID order.
-    pub fn devices(&self) -> impl Iterator<Item = (&Device, &DeviceHealth)> {
+    pub(crate) fn devices(&self) -> impl Iterator<Item = (&Device, &DeviceHealth)> {
         self.resource.devices.iter().zip(self.health.iter())
     }
 
     /// Number of healthy devices.
-    pub fn healthy_count(&self) -> usize {
+    pub(crate) fn healthy_count(&self) -> usize {
         self.health
             .iter()
             .filter(|h| h.health == Health::Healthy)
@@ -164,18 +164,18 @@ impl ResourceView {
 
 /// One health event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthUpdate {
+pub(crate) struct HealthUpdate {
     /// A GPU UUID, a MIG UUID, or a kubelet device ID (e.g. one replica).
-    pub key: String,
+    pub(crate) key: String,
     /// New health.
-    pub health: Health,
+    pub(crate) health: Health,
     /// Why (shown in Allocate refusals and logs).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// Health overrides from events, keyed by GPU UUID, MIG UUID or kubelet device ID.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Overlay {
+pub(crate) struct Overlay {
     overrides: BTreeMap<String, (Health, Arc<str>)>,
     /// GPUs taken out of service by the agent itself (a MIG layout being applied), apart
     /// from health events: ending a drain must not clear an XID recorded meanwhile.
@@ -189,7 +189,7 @@ impl Overlay {
     }
 
     /// Whether any device of `plan` is named or backed by `key`.
-    pub fn knows(plan: &Plan, key: &str) -> bool {
+    pub(crate) fn knows(plan: &Plan, key: &str) -> bool {
         plan.resources
             .iter()
             .any(|r| r.devices.iter().any(|d| Self::touches(key, d)))
@@ -197,7 +197,7 @@ impl Overlay {
 
     /// Record an event. Unknown keys are refused: an event must name something `plan`
     /// serves, or it would linger and mark a device that appears later.
-    pub fn apply(&mut self, plan: &Plan, update: &HealthUpdate) -> Result<(), StateError> {
+    pub(crate) fn apply(&mut self, plan: &Plan, update: &HealthUpdate) -> Result<(), StateError> {
         if !Self::knows(plan, &update.key) {
             return Err(StateError::UnknownKey {
                 key: update.key.clone(),
@@ -219,7 +219,7 @@ impl Overlay {
 
     /// Take the GPU `gpu_uuid` out of service (`Some(code)`) or back (`None`), apart from
     /// its health events. Unknown GPUs are refused as in [`Overlay::apply`].
-    pub fn drain(
+    pub(crate) fn drain(
         &mut self,
         plan: &Plan,
         gpu_uuid: &str,
@@ -244,7 +244,7 @@ impl Overlay {
     /// Current health of one device: unhealthy if the plan says so, any override on its
     /// ID, its physical device or its GPU says so (health events first: their reason is
     /// the one to show), or its GPU is drained.
-    pub fn health_of(&self, d: &Device) -> DeviceHealth {
+    pub(crate) fn health_of(&self, d: &Device) -> DeviceHealth {
         let keys = [
             d.id.as_str(),
             d.physical.uuid.as_str(),
@@ -323,7 +323,7 @@ pub(crate) fn views(
 /// health event or a drain changes health only, never the planned devices, so each view
 /// keeps its resource and grouping, and one whose health is unchanged keeps its `Arc`. On
 /// an XID this is 64 devices of 512, not every device of every resource compared again.
-pub fn under_overlay(
+pub(crate) fn under_overlay(
     current: &BTreeMap<String, Arc<ResourceView>>,
     overlay: &Overlay,
     key: &str,

@@ -19,7 +19,7 @@ pub(crate) const FILE_NAME: &str = "held.json";
 
 /// Errors reading or writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
+pub(crate) enum CheckpointError {
     /// The file or its directory could not be read or written.
     #[error("held-device checkpoint {path}: {source}")]
     Io {

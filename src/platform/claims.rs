@@ -11,7 +11,7 @@ use crate::domain::dra::status::DeviceStatus;
 
 /// Errors reading a claim from the API, as the claim's error text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClaimSourceError {
+pub(crate) enum ClaimSourceError {
     /// The API has no such claim.
     #[error("claim {namespace}/{name} not found in the API")]
     NotFound { namespace: String, name: String },
@@ -36,7 +36,7 @@ pub enum ClaimSourceError {
 pub(crate) type PortFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ClaimSourceError>> + Send + 'a>>;
 
 /// Where claims are read from: the Kubernetes API in the daemon, a map in tests.
-pub trait ClaimSource: Send + Sync + std::fmt::Debug {
+pub(crate) trait ClaimSource: Send + Sync + std::fmt::Debug {
     /// GET `resourceclaims/<name>` in `namespace`.
     fn get<'a>(
         &'a self,

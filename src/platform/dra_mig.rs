@@ -17,31 +17,31 @@ use crate::domain::inventory::Gpu;
 /// Errors of the instance operations, naming the GPU and placement.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct InstanceError(pub String);
+pub(crate) struct InstanceError(pub String);
 
 /// A GPU instance made for a claim, and the GPU as discovery now sees it (its `mig_devices`
 /// holding only the new device).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Made {
+pub(crate) struct Made {
     /// What the checkpoint records.
-    pub record: MadeInstance,
+    pub(crate) record: MadeInstance,
     /// The GPU with the new MIG device only, for the CDI generator.
-    pub gpu: Gpu,
+    pub(crate) gpu: Gpu,
 }
 
 /// One GPU instance found on a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     /// GPU instance id.
-    pub gpu_instance_id: u32,
+    pub(crate) gpu_instance_id: u32,
     /// Profile.
-    pub profile: String,
+    pub(crate) profile: String,
     /// Placement start.
-    pub start: u32,
+    pub(crate) start: u32,
 }
 
 /// Making and removing MIG instances for claims.
-pub trait InstanceOps: Send + Sync + std::fmt::Debug {
+pub(crate) trait InstanceOps: Send + Sync + std::fmt::Debug {
     /// Create the instance of `at` (GPU instance and a full compute instance).
     fn create(&self, at: &Placement) -> Result<Made, InstanceError>;
     /// Destroy the instance `made` records (gone already: success).
@@ -54,9 +54,9 @@ pub trait InstanceOps: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub(crate) struct NvmlInstances {
     /// The NVML library (`--nvml-lib`; `None`: the system's).
-    pub lib: Option<PathBuf>,
+    pub(crate) lib: Option<PathBuf>,
     /// Where `driver/nvidia-caps/mig-minors` is (normally `/proc`).
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
 }
 
 fn err(e: impl std::fmt::Display) -> InstanceError {

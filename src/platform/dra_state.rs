@@ -38,7 +38,7 @@ pub(crate) const RECORDS_SUFFIX: &str = "-records";
 
 /// Errors reading or writing the DRA driver's files.
 #[derive(Debug, thiserror::Error)]
-pub enum DraStateError {
+pub(crate) enum DraStateError {
     /// A file could not be read, written or removed.
     #[error("{path}: {source}")]
     Io {
@@ -63,54 +63,54 @@ impl From<IoAt> for DraStateError {
 /// One device of a prepared claim, as answered to the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PreparedDevice {
+pub(crate) struct PreparedDevice {
     /// Request the device serves.
-    pub request: String,
+    pub(crate) request: String,
     /// Pool.
-    pub pool: String,
+    pub(crate) pool: String,
     /// Device name.
-    pub device: String,
+    pub(crate) device: String,
     /// Fully qualified CDI IDs.
-    pub cdi_ids: Vec<String>,
+    pub(crate) cdi_ids: Vec<String>,
     /// The share of a shared device this is (the scheduler's share ID).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "shareID")]
-    pub share_id: Option<String>,
+    pub(crate) share_id: Option<String>,
     /// What the share takes of its device (shared devices only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consumed: Option<crate::domain::dra::capacity::Consumed>,
+    pub(crate) consumed: Option<crate::domain::dra::capacity::Consumed>,
     /// The MIG instance made for it (dynamic MIG devices only): Unprepare destroys it, a
     /// restart keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub made: Option<crate::domain::dra::partition::MadeInstance>,
+    pub(crate) made: Option<crate::domain::dra::partition::MadeInstance>,
 }
 
 /// One prepared claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PreparedClaim {
+pub(crate) struct PreparedClaim {
     /// Namespace (empty when recovered from a spec file).
     #[serde(default)]
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Name (empty when recovered from a spec file).
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     /// Its devices.
-    pub devices: Vec<PreparedDevice>,
+    pub(crate) devices: Vec<PreparedDevice>,
 }
 
 /// The checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// Boot the entries belong to.
-    pub boot_id: String,
+    pub(crate) boot_id: String,
     /// Claims by UID.
-    pub claims: BTreeMap<String, PreparedClaim>,
+    pub(crate) claims: BTreeMap<String, PreparedClaim>,
 }
 
 impl Prepared {
     /// Device name → UID of the claim it is prepared for.
-    pub fn devices(&self) -> BTreeMap<String, String> {
+    pub(crate) fn devices(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         for (uid, c) in &self.claims {
             for d in &c.devices {
@@ -122,7 +122,7 @@ impl Prepared {
 
     /// Device name → everything prepared on it: a whole-device holding per claim of an
     /// exclusive device, one per share of a shared one.
-    pub fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
+    pub(crate) fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
         let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
         for (uid, c) in &self.claims {
             for d in &c.devices {
@@ -151,7 +151,7 @@ struct ClaimRecord {
 
 /// How a load went.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoadOutcome {
+pub(crate) enum LoadOutcome {
     /// No checkpoint: a first start.
     Fresh,
     /// Read as written.
@@ -164,18 +164,18 @@ pub enum LoadOutcome {
 
 /// The checkpoint and spec files of one driver.
 #[derive(Debug, Clone)]
-pub struct DraFiles {
+pub(crate) struct DraFiles {
     /// `<state dir>/dra-prepared.json`.
-    pub checkpoint: PathBuf,
+    pub(crate) checkpoint: PathBuf,
     /// CDI directory of the per-claim specs.
-    pub cdi_dir: PathBuf,
+    pub(crate) cdi_dir: PathBuf,
     /// The driver name (spec file prefix).
-    pub driver: String,
+    pub(crate) driver: String,
 }
 
 impl DraFiles {
     /// The spec file of a claim.
-    pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
+    pub(crate) fn spec_path(&self, claim_uid: &str) -> PathBuf {
         self.cdi_dir.join(crate::domain::dra::cdi::spec_file_name(
             &self.driver,
             claim_uid,
@@ -184,7 +184,7 @@ impl DraFiles {
 
     /// Load the checkpoint for `boot_id` and adopt the claims whose specs it lacks (see the
     /// module header).
-    pub fn load(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
+    pub(crate) fn load(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
         let (mut prepared, outcome) = self.read_checkpoint(boot_id)?;
         let corrupt = matches!(outcome, LoadOutcome::Corrupt { .. });
         if self.adopt_specs(&mut prepared, corrupt) > 0 && !corrupt {
@@ -402,7 +402,7 @@ impl DraFiles {
     }
 
     /// Write the checkpoint atomically.
-    pub fn save(&self, prepared: &Prepared) -> Result<(), DraStateError> {
+    pub(crate) fn save(&self, prepared: &Prepared) -> Result<(), DraStateError> {
         let bytes = serde_json::to_vec_pretty(prepared).map_err(|e| DraStateError::Encode {
             path: self.checkpoint.clone(),
             message: e.to_string(),
@@ -418,7 +418,7 @@ impl DraFiles {
     }
 
     /// Write a claim's spec atomically.
-    pub fn write_spec(
+    pub(crate) fn write_spec(
         &self,
         claim_uid: &str,
         spec: &crate::domain::cdi::Spec,
@@ -438,7 +438,7 @@ impl DraFiles {
     }
 
     /// Remove a claim's spec (absent is fine).
-    pub fn remove_spec(&self, claim_uid: &str) -> Result<(), DraStateError> {
+    pub(crate) fn remove_spec(&self, claim_uid: &str) -> Result<(), DraStateError> {
         atomic_file::remove_if_present(&self.spec_path(claim_uid))?;
         Ok(())
     }

@@ -34,9 +34,9 @@ pub(crate) enum FsKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FsEvent {
     /// What happened.
-    pub kind: FsKind,
+    pub(crate) kind: FsKind,
     /// The entry it happened to.
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
 }
 
 /// A directory's event handler.

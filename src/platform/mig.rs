@@ -72,9 +72,9 @@ type Result<T, E = MigOpError> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MigGpu {
     /// Index, UUID, product, MIG mode.
-    pub facts: GpuFacts,
+    pub(crate) facts: GpuFacts,
     /// Its GPU instances (empty when MIG is off or unsupported).
-    pub instances: Vec<GiState>,
+    pub(crate) instances: Vec<GiState>,
 }
 
 /// Read a mig-parted layout file, bounded (a path to a huge file must not fill memory).
@@ -262,11 +262,11 @@ fn list_gis(
 #[derive(Debug)]
 pub(crate) struct ApplyFailure {
     /// The step that failed (`create gpu-instance 2g.20gb@0`).
-    pub step: String,
+    pub(crate) step: String,
     /// What NVML said.
-    pub error: MigOpError,
+    pub(crate) error: MigOpError,
     /// `Ok`: the GPU holds its previous layout again; `Err`: why it could not be restored.
-    pub rollback: Result<(), String>,
+    pub(crate) rollback: Result<(), String>,
 }
 
 impl std::fmt::Display for ApplyFailure {

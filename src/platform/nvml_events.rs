@@ -62,13 +62,13 @@ pub(crate) type Result<T, E = NvmlEventsError> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HealthEvent {
     /// UUID of the physical GPU the event was reported on.
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// GPU instance the event is attributed to, when NVML names one (MIG).
-    pub gpu_instance_id: Option<u32>,
+    pub(crate) gpu_instance_id: Option<u32>,
     /// Compute instance the event is attributed to, when NVML names one (MIG).
-    pub compute_instance_id: Option<u32>,
+    pub(crate) compute_instance_id: Option<u32>,
     /// What happened.
-    pub kind: HealthEventKind,
+    pub(crate) kind: HealthEventKind,
 }
 
 /// Kinds of health signal.

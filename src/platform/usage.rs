@@ -35,7 +35,7 @@ const CGROUP_MAX: u64 = 64 << 10;
 
 /// Errors of the usage readers.
 #[derive(Debug, thiserror::Error)]
-pub enum UsageReadError {
+pub(crate) enum UsageReadError {
     /// NVML could not be opened.
     #[error(transparent)]
     Open(#[from] InventoryError),
@@ -63,7 +63,7 @@ pub enum UsageReadError {
 }
 
 /// Where GPU figures come from.
-pub trait UsageSource: Send + std::fmt::Debug {
+pub(crate) trait UsageSource: Send + std::fmt::Debug {
     /// Read every GPU's and MIG device's figures and compute processes.
     fn sample(&mut self) -> Result<Sample, UsageReadError>;
 }

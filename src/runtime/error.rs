@@ -12,7 +12,7 @@ use crate::runtime::triggers::ReloadError;
 
 /// Errors of the daemon.
 #[derive(Debug, thiserror::Error)]
-pub enum AppError {
+pub(crate) enum AppError {
     /// The config could not be loaded again (reload).
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -76,10 +76,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// Writing the CDI spec failed.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write CDI spec in {dir}: {source}")]
-pub struct SpecWriteError {
+pub(crate) struct SpecWriteError {
     /// CDI directory.
-    pub dir: String,
+    pub(crate) dir: String,
     /// What went wrong.
     #[source]
-    pub source: Box<crate::domain::cdi::CdiError>,
+    pub(crate) source: Box<crate::domain::cdi::CdiError>,
 }

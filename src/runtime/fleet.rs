@@ -53,21 +53,21 @@ const MAX_QUEUED_EVENTS: usize = 32;
 
 /// What the last config load chose, or why it refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     /// The labels generation it used ([`Selection::set_labels`] bumps it).
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// The key and the file loaded, or the refusal.
-    pub result: Result<Chosen, String>,
+    pub(crate) result: Result<Chosen, String>,
 }
 
 /// A key that loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chosen {
-    pub key: String,
+pub(crate) struct Chosen {
+    pub(crate) key: String,
     /// The config's `source` (the file read): the store serves it once committed.
-    pub source: String,
+    pub(crate) source: String,
     /// Why the MIG label could not be honoured, if it could not.
-    pub layout_error: Option<String>,
+    pub(crate) layout_error: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -82,7 +82,7 @@ struct Inner {
 
 /// The choice shared by the reloader's loader and the actor. Cheap to clone.
 #[derive(Clone)]
-pub struct Selection {
+pub(crate) struct Selection {
     dir: PathBuf,
     label: String,
     default: Option<String>,
@@ -103,7 +103,7 @@ impl std::fmt::Debug for Selection {
 impl Selection {
     /// The selection over `dir` by `label` (`--config-label`), `default`
     /// (`--config-default`) and `recorded` (the last applied name from `--state-dir`).
-    pub fn new(
+    pub(crate) fn new(
         dir: impl Into<PathBuf>,
         label: impl Into<String>,
         default: Option<String>,
@@ -127,17 +127,17 @@ impl Selection {
     }
 
     /// The directory (`--config-dir`).
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The label that names the key (`--config-label`).
-    pub fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         &self.label
     }
 
     /// Hand over the Node's labels; the next load chooses from them.
-    pub fn set_labels(&self, labels: BTreeMap<String, String>) -> u64 {
+    pub(crate) fn set_labels(&self, labels: BTreeMap<String, String>) -> u64 {
         let mut inner = self.lock();
         inner.labels = Some(labels);
         inner.generation += 1;
@@ -145,7 +145,7 @@ impl Selection {
     }
 
     /// The labels generation wanted and what the last load did.
-    pub fn status(&self) -> (u64, Option<Loaded>) {
+    pub(crate) fn status(&self) -> (u64, Option<Loaded>) {
         let inner = self.lock();
         (inner.generation, inner.last.clone())
     }
@@ -153,7 +153,7 @@ impl Selection {
     /// Choose and load the config (the reloader's loader): the key the labels name, or the
     /// recorded one before the Node was read, or the defaults; the MIG label's layout over
     /// `flags.migLayouts.layout`.
-    pub fn load(&self) -> Result<Config, ConfigError> {
+    pub(crate) fn load(&self) -> Result<Config, ConfigError> {
         let (labels, recorded, generation) = {
             let inner = self.lock();
             (
@@ -240,24 +240,24 @@ impl Selection {
 
 /// Settings of the actor.
 #[derive(Debug)]
-pub struct FleetSettings {
+pub(crate) struct FleetSettings {
     /// Shared with the reloader's loader.
-    pub selection: Selection,
+    pub(crate) selection: Selection,
     /// The agent's own Node; `None`: labels are not followed (no API), the config stays
     /// the one chosen at start.
-    pub node: Option<NodeWatchSettings>,
+    pub(crate) node: Option<NodeWatchSettings>,
     /// Where the applied name is recorded (`--state-dir`); `None`: not recorded.
-    pub state_dir: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
     /// A label change waits this long for the next before the reload (a flapping label
     /// becomes one reload).
-    pub settle: Duration,
+    pub(crate) settle: Duration,
     /// ... but never longer than this after the first change.
-    pub settle_cap: Duration,
+    pub(crate) settle_cap: Duration,
 }
 
 impl FleetSettings {
     /// Defaults: 300 ms settle, capped at 2 s.
-    pub fn new(selection: Selection, node: Option<NodeWatchSettings>) -> Self {
+    pub(crate) fn new(selection: Selection, node: Option<NodeWatchSettings>) -> Self {
         Self {
             selection,
             node,
@@ -272,11 +272,11 @@ impl FleetSettings {
 #[derive(Debug)]
 pub(crate) struct FleetPeers {
     /// Asks the reloader for a config reload.
-    pub reload: mpsc::Sender<Cause>,
+    pub(crate) reload: mpsc::Sender<Cause>,
     /// Every reload's outcome.
-    pub reloads: watch::Receiver<ReloadStatus>,
+    pub(crate) reloads: watch::Receiver<ReloadStatus>,
     /// The MIG layout actor's rounds; `None`: the backend cannot change MIG instances.
-    pub mig: Option<watch::Receiver<Option<MigReport>>>,
+    pub(crate) mig: Option<watch::Receiver<Option<MigReport>>>,
 }
 
 /// Start the actor (and its Node watcher). Exposes the state labels it wants on the Node.

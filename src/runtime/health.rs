@@ -41,7 +41,7 @@ pub(crate) const SIM_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Where health events come from.
 #[derive(Debug, Clone)]
-pub enum Source {
+pub(crate) enum Source {
     /// The NVML event watcher on the library at `lib_path` (`None`: the system's).
     Nvml {
         /// NVML library.
@@ -62,18 +62,18 @@ pub enum Source {
 
 /// What the health task needs.
 #[derive(Debug, Clone)]
-pub struct HealthSettings {
+pub(crate) struct HealthSettings {
     /// Event source.
-    pub source: Source,
+    pub(crate) source: Source,
     /// Which XIDs count (`DP_DISABLE_HEALTHCHECKS` / `DP_ENABLE_HEALTHCHECKS`).
-    pub filter: XidFilter,
+    pub(crate) filter: XidFilter,
     /// Quiet period before recovery.
-    pub quiet_period: Duration,
+    pub(crate) quiet_period: Duration,
 }
 
 impl HealthSettings {
     /// NVML events with default filter and quiet period.
-    pub fn nvml(lib_path: Option<PathBuf>) -> Self {
+    pub(crate) fn nvml(lib_path: Option<PathBuf>) -> Self {
         Self {
             source: Source::Nvml {
                 lib_path,

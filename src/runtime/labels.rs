@@ -32,16 +32,16 @@ pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Settings of the labels writer.
 #[derive(Debug, Clone)]
-pub struct LabelsSettings {
+pub(crate) struct LabelsSettings {
     /// The feature file.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Retry delay after a failed write.
-    pub retry: Duration,
+    pub(crate) retry: Duration,
 }
 
 impl LabelsSettings {
     /// Write `path`, retrying failures every [`RETRY_INTERVAL`].
-    pub fn new(path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
             retry: RETRY_INTERVAL,

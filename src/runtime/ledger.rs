@@ -75,7 +75,7 @@ pub(crate) use crate::domain::usage::Holder;
 
 /// A mismatch between what the kubelet reports and what this agent serves.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Drift {
+pub(crate) enum Drift {
     /// The kubelet says a container holds a device the current plan does not have (a
     /// removed resource or device; it stays in the CDI spec until released).
     AllocatedNotPlanned {
@@ -114,22 +114,22 @@ pub enum Drift {
 
 /// One reconciliation's outcome. `Default` is the state before the first round.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LedgerSnapshot {
+pub(crate) struct LedgerSnapshot {
     /// The last round reached the kubelet. When false, `allocations` are the last known.
-    pub up: bool,
+    pub(crate) up: bool,
     /// Completed rounds so far (0: the kubelet was never reached).
-    pub rounds: u64,
+    pub(crate) rounds: u64,
     /// Rounds so far that did not reach the kubelet.
-    pub failed_rounds: u64,
+    pub(crate) failed_rounds: u64,
     /// resource → device ID → holder, for every resource the kubelet reports (ours or not).
-    pub allocations: BTreeMap<String, BTreeMap<String, Holder>>,
+    pub(crate) allocations: BTreeMap<String, BTreeMap<String, Holder>>,
     /// resource → device IDs the kubelet can allocate, for the resources in the plan.
-    pub kubelet_allocatable: BTreeMap<String, BTreeSet<String>>,
+    pub(crate) kubelet_allocatable: BTreeMap<String, BTreeSet<String>>,
     /// Mismatches found by the last successful round, sorted.
-    pub drift: Vec<Drift>,
+    pub(crate) drift: Vec<Drift>,
     /// When the last successful round sent `List`: an allocation made after it could not
     /// be in it (see `Held::prune`).
-    pub taken_at: Option<std::time::Instant>,
+    pub(crate) taken_at: Option<std::time::Instant>,
 }
 
 impl LedgerSnapshot {
@@ -138,7 +138,7 @@ impl LedgerSnapshot {
     /// This is what a reload keeps in the CDI spec: a device listed here must stay
     /// resolvable even when the new plan drops it, until the holder goes away. Empty for
     /// an unknown resource and before the kubelet was ever reached.
-    pub fn allocated_ids(&self, resource: &str) -> BTreeSet<String> {
+    pub(crate) fn allocated_ids(&self, resource: &str) -> BTreeSet<String> {
         self.allocations
             .get(resource)
             .map(|m| m.keys().cloned().collect())
@@ -146,7 +146,7 @@ impl LedgerSnapshot {
     }
 
     /// Who holds `device` of `resource`, if anyone.
-    pub fn holder(&self, resource: &str, device: &str) -> Option<&Holder> {
+    pub(crate) fn holder(&self, resource: &str, device: &str) -> Option<&Holder> {
         self.allocations.get(resource)?.get(device)
     }
 }
@@ -157,11 +157,11 @@ pub(crate) type ViewSource = Arc<dyn Fn() -> Vec<Arc<ResourceView>> + Send + Syn
 
 /// Where and how often to reconcile.
 #[derive(Debug, Clone)]
-pub struct LedgerSettings {
+pub(crate) struct LedgerSettings {
     /// PodResources socket.
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// Time between rounds (also each RPC's timeout).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 }
 
 impl Default for LedgerSettings {
@@ -177,24 +177,24 @@ impl Default for LedgerSettings {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct KubeletReport {
     /// (holder, resource, device IDs) per container and resource.
-    pub assigned: Vec<(Holder, String, Vec<String>)>,
+    pub(crate) assigned: Vec<(Holder, String, Vec<String>)>,
     /// (resource, device IDs) the kubelet can allocate.
-    pub allocatable: Vec<(String, Vec<String>)>,
+    pub(crate) allocatable: Vec<(String, Vec<String>)>,
     /// Devices of DRA claims, per container (every driver's).
-    pub claimed: Vec<ClaimedDevice>,
+    pub(crate) claimed: Vec<ClaimedDevice>,
 }
 
 /// One device of a DRA claim a container holds, as PodResources reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClaimedDevice {
     /// The container.
-    pub holder: Holder,
+    pub(crate) holder: Holder,
     /// Driver.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Pool.
-    pub pool: String,
+    pub(crate) pool: String,
     /// Device name in the pool.
-    pub device: String,
+    pub(crate) device: String,
 }
 
 /// Which front-end serves the plan: what the kubelet's allocatable list can be compared with.
@@ -210,9 +210,9 @@ pub(crate) enum Front {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DraPool {
     /// Driver name.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Pool (the node name).
-    pub pool: String,
+    pub(crate) pool: String,
 }
 
 /// (holder, resource, device IDs) for the devices of `pool`'s claims in `claimed`: each DRA
@@ -453,18 +453,18 @@ impl Reachability {
 
 /// A running ledger: follow it with [`Ledger::subscribe`].
 #[derive(Debug, Clone)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     rx: watch::Receiver<Arc<LedgerSnapshot>>,
 }
 
 impl Ledger {
     /// Follow the snapshots; the receiver sees the latest at once.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<LedgerSnapshot>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<LedgerSnapshot>> {
         self.rx.clone()
     }
 
     /// The latest snapshot.
-    pub fn snapshot(&self) -> Arc<LedgerSnapshot> {
+    pub(crate) fn snapshot(&self) -> Arc<LedgerSnapshot> {
         self.rx.borrow().clone()
     }
 }
@@ -477,11 +477,11 @@ pub(crate) const RELEASE_GRACE_MIN: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LedgerPeers {
     /// Persists the held set after a release (`None`: nothing persisted).
-    pub held: Option<HeldCheckpoint>,
+    pub(crate) held: Option<HeldCheckpoint>,
     /// Asks the reloader for a rewrite that drops released CDI devices from the spec.
-    pub reload: Option<mpsc::Sender<Cause>>,
+    pub(crate) reload: Option<mpsc::Sender<Cause>>,
     /// DRA mode: whose claimed devices are ours (`None`: device-plugin mode).
-    pub dra: Option<DraPool>,
+    pub(crate) dra: Option<DraPool>,
 }
 
 /// Turns a round's claimed devices into (holder, resource, device IDs) entries.

@@ -27,65 +27,65 @@ pub(crate) mod usage;
 
 /// Labels naming a resource.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ResourceLabels {
+pub(crate) struct ResourceLabels {
     /// Extended resource name, e.g. `nvidia.com/gpu`.
-    pub resource: String,
+    pub(crate) resource: String,
 }
 
 /// Labels naming an allocation held by a container (from the PodResources ledger).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct PodLabels {
+pub(crate) struct PodLabels {
     /// Pod namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Pod name.
-    pub pod: String,
+    pub(crate) pod: String,
     /// Container name.
-    pub container: String,
+    pub(crate) container: String,
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Kubelet device ID.
-    pub device: String,
+    pub(crate) device: String,
 }
 
 /// Labels of a rejected Allocate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct RuleLabels {
+pub(crate) struct RuleLabels {
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// The rule that was broken (`unknown-device`, `unhealthy`, `duplicate`, …).
-    pub rule: String,
+    pub(crate) rule: String,
 }
 
 /// Labels of a reload outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct OutcomeLabels {
+pub(crate) struct OutcomeLabels {
     /// `ok` or `failed`.
-    pub outcome: String,
+    pub(crate) outcome: String,
 }
 
 /// Labels of `config_entries_skipped`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct SkipLabels {
+pub(crate) struct SkipLabels {
     /// [`crate::domain::plan::SkipReason`] code (`resource-not-on-node`, …).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// Labels of `mig_layout_pending`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct GpuLabels {
+pub(crate) struct GpuLabels {
     /// GPU UUID.
-    pub gpu: String,
+    pub(crate) gpu: String,
 }
 
 /// Labels of `build_info`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct BuildLabels {
+pub(crate) struct BuildLabels {
     /// Crate version (`0.1.0`).
-    pub version: String,
+    pub(crate) version: String,
     /// CPU architecture the binary was built for (`x86_64`).
-    pub arch: String,
+    pub(crate) arch: String,
     /// `release` or `debug`.
-    pub profile: String,
+    pub(crate) profile: String,
 }
 
 /// Reason codes of unhealthy devices that are label-safe as they are: lower-case letters,
@@ -123,47 +123,47 @@ pub(crate) fn reason_code(reason: &str) -> String {
 
 /// All metrics of one agent.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// Devices the kubelet can allocate, per resource.
-    pub allocatable: Family<ResourceLabels, Gauge>,
+    pub(crate) allocatable: Family<ResourceLabels, Gauge>,
     /// Devices held by containers, per resource (from the PodResources ledger; absent when
     /// the ledger is disabled).
-    pub allocated: Family<ResourceLabels, Gauge>,
+    pub(crate) allocated: Family<ResourceLabels, Gauge>,
     /// Unhealthy devices, per resource.
-    pub unhealthy: Family<ResourceLabels, Gauge>,
+    pub(crate) unhealthy: Family<ResourceLabels, Gauge>,
     /// 1 when healthy, 0 when not, per device, with the reason.
     pub(crate) device_healthy: DeviceHealthSeries,
     /// 1 per device a container holds.
-    pub pod_allocation: Family<PodLabels, Gauge>,
+    pub(crate) pod_allocation: Family<PodLabels, Gauge>,
     /// Allocate latency in seconds.
-    pub allocate_seconds: Family<ResourceLabels, Histogram>,
+    pub(crate) allocate_seconds: Family<ResourceLabels, Histogram>,
     /// GetPreferredAllocation latency in seconds.
-    pub preferred_seconds: Family<ResourceLabels, Histogram>,
+    pub(crate) preferred_seconds: Family<ResourceLabels, Histogram>,
     /// Allocate requests refused, by rule.
-    pub allocate_errors: Family<RuleLabels, Counter>,
+    pub(crate) allocate_errors: Family<RuleLabels, Counter>,
     /// Config reloads by outcome.
-    pub reloads: Family<OutcomeLabels, Counter>,
+    pub(crate) reloads: Family<OutcomeLabels, Counter>,
     /// Registrations with the kubelet, per resource (the first and every re-registration).
-    pub registrations: Family<ResourceLabels, Counter>,
+    pub(crate) registrations: Family<ResourceLabels, Counter>,
     /// 1 while the PodResources ledger can reach the kubelet.
-    pub ledger_up: Gauge,
+    pub(crate) ledger_up: Gauge,
     /// Devices in drift at the last reconciliation (`crate::runtime::ledger::Drift`: held but not
     /// planned or unhealthy, or allocatable on one side only).
-    pub ledger_drift: Gauge,
+    pub(crate) ledger_drift: Gauge,
     /// Config entries (or device references) skipped on this node at the last plan, by
     /// reason; every reason is present, 0 when nothing was skipped.
-    pub config_entries_skipped: Family<SkipLabels, Gauge>,
+    pub(crate) config_entries_skipped: Family<SkipLabels, Gauge>,
     /// Always 1; the labels say which build runs.
-    pub build_info: Family<BuildLabels, Gauge>,
+    pub(crate) build_info: Family<BuildLabels, Gauge>,
     /// Usage: utilisation, memory, shares, idle shares, placeable requests.
-    pub usage: usage::UsageMetrics,
+    pub(crate) usage: usage::UsageMetrics,
     /// 1 for a GPU whose `flags.migLayouts` layout is not applied yet (busy, MIG mode, a
     /// failed step), 0 once it is; only GPUs the layout has been planned for have a series.
-    pub mig_layout_pending: Family<GpuLabels, Gauge>,
+    pub(crate) mig_layout_pending: Family<GpuLabels, Gauge>,
     /// DRA checkpoints (`dra-prepared.json`) found unreadable at start, kept aside and
     /// rebuilt from the per-claim CDI specs on disk.
-    pub dra_checkpoint_recoveries: Counter,
+    pub(crate) dra_checkpoint_recoveries: Counter,
     /// Serialises encoding so a scrape sees one consistent snapshot per family.
     encode_lock: Mutex<()>,
 }
@@ -256,7 +256,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Create and register every metric under the `gpu_slicer` prefix.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("gpu_slicer");
         let mut r = Declare(&mut registry);
         let metrics = Self {
@@ -377,7 +377,7 @@ impl Metrics {
     }
 
     /// Record a config reload's outcome (`config_reloads_total{outcome="ok"|"failed"}`).
-    pub fn record_reload(&self, ok: bool) {
+    pub(crate) fn record_reload(&self, ok: bool) {
         let outcome = if ok { "ok" } else { "failed" };
         self.reloads
             .get_or_create(&OutcomeLabels {
@@ -388,7 +388,7 @@ impl Metrics {
 
     /// Record what the last plan skipped (`crate::domain::plan::Planned::skipped`): one gauge per
     /// reason, every reason set (0 when none).
-    pub fn record_skipped(&self, skipped: &[crate::domain::plan::Skipped]) {
+    pub(crate) fn record_skipped(&self, skipped: &[crate::domain::plan::Skipped]) {
         for reason in crate::domain::plan::SkipReason::ALL {
             let n = skipped.iter().filter(|s| s.reason == reason).count();
             self.config_entries_skipped
@@ -400,7 +400,7 @@ impl Metrics {
     }
 
     /// Count a registration (first or re-registration) of `resource` with the kubelet.
-    pub fn record_registration(&self, resource: &str) {
+    pub(crate) fn record_registration(&self, resource: &str) {
         self.registrations
             .get_or_create(&ResourceLabels {
                 resource: resource.into(),
@@ -409,7 +409,7 @@ impl Metrics {
     }
 
     /// Record an Allocate: its latency, and the broken rule when it was refused.
-    pub fn record_allocate(&self, resource: &str, elapsed: Duration, refused: Option<&str>) {
+    pub(crate) fn record_allocate(&self, resource: &str, elapsed: Duration, refused: Option<&str>) {
         self.allocate_seconds
             .get_or_create(&ResourceLabels {
                 resource: resource.into(),
@@ -426,7 +426,7 @@ impl Metrics {
     }
 
     /// Record a GetPreferredAllocation's latency.
-    pub fn record_preferred(&self, resource: &str, elapsed: Duration) {
+    pub(crate) fn record_preferred(&self, resource: &str, elapsed: Duration) {
         self.preferred_seconds
             .get_or_create(&ResourceLabels {
                 resource: resource.into(),
@@ -436,7 +436,7 @@ impl Metrics {
 
     /// Publish a resource's health view: allocatable (healthy) and unhealthy counts, and
     /// one `device_healthy` series per device whose `reason` label follows the device.
-    pub fn publish_view(&self, view: &Arc<ResourceView>) {
+    pub(crate) fn publish_view(&self, view: &Arc<ResourceView>) {
         let resource = view.resource.name.clone();
         let healthy = i64::try_from(view.healthy_count()).unwrap_or(i64::MAX);
         let total = i64::try_from(view.health.len()).unwrap_or(i64::MAX);
@@ -469,7 +469,7 @@ impl Metrics {
     /// unhealthy, per-device health and latency histograms. Counters of past events
     /// (rejections, registrations) stay, as Prometheus counters must not go backwards.
     /// Allocated and per-pod series are the ledger's: it drops them once nothing is held.
-    pub fn forget_resource(&self, resource: &str) {
+    pub(crate) fn forget_resource(&self, resource: &str) {
         let key = ResourceLabels {
             resource: resource.into(),
         };
@@ -507,7 +507,7 @@ pub(crate) async fn follow_store(store: Store, metrics: Arc<Metrics>, token: Can
 
 impl Metrics {
     /// Encode in the OpenMetrics text format.
-    pub fn encode_openmetrics(&self) -> String {
+    pub(crate) fn encode_openmetrics(&self) -> String {
         let _guard = self.encode_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -517,7 +517,7 @@ impl Metrics {
 
     /// Encode in the classic Prometheus text format (0.0.4), which every scraper and
     /// `promtool check metrics` read.
-    pub fn encode_prometheus(&self) -> String {
+    pub(crate) fn encode_prometheus(&self) -> String {
         openmetrics_to_prometheus(&self.encode_openmetrics())
     }
 }

@@ -42,11 +42,11 @@ use crate::state::Store;
 
 /// How the actor reaches NVML and how often it retries pending GPUs.
 #[derive(Debug, Clone)]
-pub struct MigLayoutSettings {
+pub(crate) struct MigLayoutSettings {
     /// The NVML library (`--nvml-lib`), `None` for the system's.
-    pub nvml_lib: Option<PathBuf>,
+    pub(crate) nvml_lib: Option<PathBuf>,
     /// Retry interval for pending GPUs (a release also wakes it).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
 }
 
 /// Reason code a drained GPU's devices carry while it is repartitioned (a short code: it is
@@ -59,7 +59,7 @@ const RESCAN_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub(crate) struct MigLayoutPeers {
     /// Asks the reloader for the re-scan that advertises a new layout.
-    pub rescan: mpsc::Sender<Cause>,
+    pub(crate) rescan: mpsc::Sender<Cause>,
 }
 
 /// Where the layout in force stands after the last round (the Node's
@@ -67,11 +67,11 @@ pub(crate) struct MigLayoutPeers {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MigReport {
     /// The layout the round applied (`flags.migLayouts.layout`, or the Node's label).
-    pub layout: String,
+    pub(crate) layout: String,
     /// Every GPU in it (success), some waiting (pending), or the layout unusable (failed).
-    pub outcome: MigOutcome,
+    pub(crate) outcome: MigOutcome,
     /// Why pending or failed.
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
 }
 
 /// Start the actor; it runs until the daemon or the handle stops, and exposes each round's

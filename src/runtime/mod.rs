@@ -73,13 +73,13 @@ use crate::state::Store;
 #[derive(Debug, Clone)]
 pub(crate) struct Context {
     /// The state every actor reads one snapshot of and writes through commands.
-    pub store: Store,
+    pub(crate) store: Store,
     /// The registry `/metrics` serves.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Owner of every task an actor spawns; the supervisor waits on it at shutdown.
-    pub tracker: TaskTracker,
+    pub(crate) tracker: TaskTracker,
     /// Cancelled when the daemon stops; each actor runs on a child of it.
-    pub token: CancellationToken,
+    pub(crate) token: CancellationToken,
 }
 
 impl Context {

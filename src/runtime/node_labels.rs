@@ -29,16 +29,16 @@ use crate::state::Store;
 
 /// Settings of the Node labeller.
 #[derive(Debug, Clone)]
-pub struct NodeLabelsSettings {
-    pub api: NodeApi,
+pub(crate) struct NodeLabelsSettings {
+    pub(crate) api: NodeApi,
     /// First retry delay after a failed call (doubles up to `backoff_cap`, jittered).
-    pub backoff_base: Duration,
-    pub backoff_cap: Duration,
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_cap: Duration,
 }
 
 impl NodeLabelsSettings {
     /// Retries from 500 ms up to 60 s.
-    pub fn new(api: NodeApi) -> Self {
+    pub(crate) fn new(api: NodeApi) -> Self {
         Self {
             api,
             backoff_base: Duration::from_millis(500),

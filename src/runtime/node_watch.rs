@@ -23,23 +23,23 @@ use crate::runtime::{Context, Handle};
 /// The Node as the agent last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NodeView {
-    pub labels: BTreeMap<String, String>,
-    pub uid: Option<String>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) uid: Option<String>,
 }
 
 /// Settings of the watcher.
 #[derive(Debug, Clone)]
-pub struct NodeWatchSettings {
-    pub api: NodeApi,
+pub(crate) struct NodeWatchSettings {
+    pub(crate) api: NodeApi,
     /// First reconnect delay (before jitter).
-    pub backoff_base: Duration,
+    pub(crate) backoff_base: Duration,
     /// Longest reconnect delay.
-    pub backoff_cap: Duration,
+    pub(crate) backoff_cap: Duration,
 }
 
 impl NodeWatchSettings {
     /// 500 ms doubling to 30 s, as client-go's reflector roughly does.
-    pub fn new(api: NodeApi) -> Self {
+    pub(crate) fn new(api: NodeApi) -> Self {
         Self {
             api,
             backoff_base: Duration::from_millis(500),

@@ -45,36 +45,36 @@ const MAX_ROUNDS: usize = 3;
 
 /// What the reloads so far came to; published after each one.
 #[derive(Debug, Clone)]
-pub struct ReloadStatus {
+pub(crate) struct ReloadStatus {
     /// Reloads that published a new plan.
-    pub applied: u64,
+    pub(crate) applied: u64,
     /// Reloads that found nothing to change.
-    pub unchanged: u64,
+    pub(crate) unchanged: u64,
     /// Reloads refused (the previous state kept serving).
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// The last refusal, if the last reload failed.
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
     /// The plan being served.
-    pub plan: Arc<crate::domain::plan::Plan>,
+    pub(crate) plan: Arc<crate::domain::plan::Plan>,
     /// What the last applied reload changed.
-    pub last_diff: Option<PlanDiff>,
+    pub(crate) last_diff: Option<PlanDiff>,
 }
 
 /// What the reloader needs: the config served first, how to load it again, what
 /// triggers a reload, where the spec goes and the hook its share devices run.
 pub(crate) struct ReloaderSettings {
     /// The validated config of the first transition.
-    pub config: Config,
+    pub(crate) config: Config,
     /// Discovers the inventory.
-    pub backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     /// Re-reads the config; `None`: the config never changes, only the inventory.
-    pub load: Option<ConfigLoader>,
+    pub(crate) load: Option<ConfigLoader>,
     /// What triggers a reload.
-    pub triggers: TriggerSettings,
+    pub(crate) triggers: TriggerSettings,
     /// CDI spec directory.
-    pub cdi_dir: PathBuf,
+    pub(crate) cdi_dir: PathBuf,
     /// The hook share devices run.
-    pub hook: HookSettings,
+    pub(crate) hook: HookSettings,
 }
 
 impl fmt::Debug for ReloaderSettings {
@@ -91,16 +91,16 @@ impl fmt::Debug for ReloaderSettings {
 #[derive(Debug)]
 pub(crate) struct ReloaderPeers {
     /// The daemon's one inotify fd (the config file's directory is watched on it).
-    pub fs: Arc<DirWatch>,
+    pub(crate) fs: Arc<DirWatch>,
 }
 
 /// What a running reloader exposes.
 #[derive(Debug, Clone)]
 pub(crate) struct Reloads {
     /// Ask for a reload (config and inventory).
-    pub requester: mpsc::Sender<Cause>,
+    pub(crate) requester: mpsc::Sender<Cause>,
     /// Outcome of every reload.
-    pub status: watch::Receiver<ReloadStatus>,
+    pub(crate) status: watch::Receiver<ReloadStatus>,
 }
 
 /// Run the first transition (its errors stop the daemon: nothing is served yet), then

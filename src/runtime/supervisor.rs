@@ -50,11 +50,11 @@ pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How the daemon reloads.
 #[derive(Clone)]
-pub struct ReloadSettings {
+pub(crate) struct ReloadSettings {
     /// Re-reads the config; `None`: the config never changes, only the inventory.
-    pub load: Option<ConfigLoader>,
+    pub(crate) load: Option<ConfigLoader>,
     /// What triggers a reload.
-    pub triggers: TriggerSettings,
+    pub(crate) triggers: TriggerSettings,
 }
 
 impl std::fmt::Debug for ReloadSettings {
@@ -68,84 +68,84 @@ impl std::fmt::Debug for ReloadSettings {
 
 /// What a started daemon exposes to its embedder (tests, demo).
 #[derive(Debug, Clone)]
-pub struct Running {
+pub(crate) struct Running {
     /// The state store: read snapshots, send health events (`set_health`).
-    pub store: Store,
+    pub(crate) store: Store,
     /// The plan served at start (see `reloads` for the current one).
-    pub plan: Arc<Plan>,
+    pub(crate) plan: Arc<Plan>,
     /// The inventory discovered at start.
-    pub inventory: Arc<Inventory>,
+    pub(crate) inventory: Arc<Inventory>,
     /// Ask for a reload (config and inventory).
-    pub reload: mpsc::Sender<Cause>,
+    pub(crate) reload: mpsc::Sender<Cause>,
     /// Outcome of every reload.
-    pub reloads: tokio::sync::watch::Receiver<ReloadStatus>,
+    pub(crate) reloads: tokio::sync::watch::Receiver<ReloadStatus>,
     /// The agent's metrics (the same registry `/metrics` serves).
-    pub metrics: Arc<crate::runtime::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::runtime::metrics::Metrics>,
     /// What `/readyz` reports.
-    pub readiness: Arc<crate::runtime::http::Readiness>,
+    pub(crate) readiness: Arc<crate::runtime::http::Readiness>,
     /// The allocation ledger, when a PodResources socket was configured.
-    pub ledger: Option<crate::runtime::ledger::Ledger>,
+    pub(crate) ledger: Option<crate::runtime::ledger::Ledger>,
     /// Where the HTTP endpoint listens, when enabled.
-    pub http_addr: Option<std::net::SocketAddr>,
+    pub(crate) http_addr: Option<std::net::SocketAddr>,
     /// The usage sampler's rounds, when sampling is on.
-    pub usage: Option<crate::runtime::usage::UsageWatch>,
+    pub(crate) usage: Option<crate::runtime::usage::UsageWatch>,
     /// The DRA front-end, in DRA mode.
-    pub dra: Option<crate::runtime::dra::DraRunning>,
+    pub(crate) dra: Option<crate::runtime::dra::DraRunning>,
 }
 
 /// Settings of [`run`].
 #[derive(Debug)]
-pub struct RunSettings {
+pub(crate) struct RunSettings {
     /// Validated config.
-    pub config: Config,
+    pub(crate) config: Config,
     /// Plugin socket directory.
-    pub device_plugin_dir: PathBuf,
+    pub(crate) device_plugin_dir: PathBuf,
     /// The kubelet's registration socket.
-    pub kubelet_socket: PathBuf,
+    pub(crate) kubelet_socket: PathBuf,
     /// CDI spec directory.
-    pub cdi_dir: PathBuf,
+    pub(crate) cdi_dir: PathBuf,
     /// Where the held-device checkpoint lives (`--state-dir`); `None`: not persisted.
-    pub state_dir: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
     /// Registration retry timing.
-    pub backoff: Backoff,
+    pub(crate) backoff: Backoff,
     /// The hook share devices run (default: this executable, system NVML).
-    pub hook: Option<HookSettings>,
+    pub(crate) hook: Option<HookSettings>,
     /// Told once every actor is started (before registration completes).
-    pub on_ready: Option<oneshot::Sender<Running>>,
+    pub(crate) on_ready: Option<oneshot::Sender<Running>>,
     /// Health events from outside (embedders, tests). Each is applied with
     /// [`Store::set_health`]; events for unknown devices are logged.
-    pub health_events: Option<mpsc::Receiver<HealthUpdate>>,
+    pub(crate) health_events: Option<mpsc::Receiver<HealthUpdate>>,
     /// Live reconfiguration.
-    pub reload: ReloadSettings,
+    pub(crate) reload: ReloadSettings,
     /// MPS control daemon supervision (binary, backoff), used when the plan has MPS shares.
-    pub mps: crate::runtime::mps::daemon::SupervisorConfig,
+    pub(crate) mps: crate::runtime::mps::daemon::SupervisorConfig,
     /// The health monitor (NVML events or sim injection → policy → device state); `None`:
     /// no monitoring.
-    pub health_monitor: Option<crate::runtime::health::HealthSettings>,
+    pub(crate) health_monitor: Option<crate::runtime::health::HealthSettings>,
     /// HTTP endpoint address (`:9400`, `127.0.0.1:0`); `None` serves no HTTP.
-    pub http_listen: Option<String>,
+    pub(crate) http_listen: Option<String>,
     /// PodResources ledger; `None` runs without one.
-    pub ledger: Option<crate::runtime::ledger::LedgerSettings>,
+    pub(crate) ledger: Option<crate::runtime::ledger::LedgerSettings>,
     /// The NFD feature file of node labels (`--labels-file`); `None` writes no labels.
-    pub labels: Option<crate::runtime::labels::LabelsSettings>,
+    pub(crate) labels: Option<crate::runtime::labels::LabelsSettings>,
     /// `--labels-to-node`: the same labels patched onto the agent's Node; `None`: off.
-    pub node_labels: Option<crate::runtime::node_labels::NodeLabelsSettings>,
+    pub(crate) node_labels: Option<crate::runtime::node_labels::NodeLabelsSettings>,
     /// Metrics registry to record into (injected so embedders can read it).
-    pub metrics: Arc<crate::runtime::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::runtime::metrics::Metrics>,
     /// Usage sampling; `None`: off (`--usage-interval 0`).
-    pub usage: Option<crate::runtime::usage::UsageSettings>,
+    pub(crate) usage: Option<crate::runtime::usage::UsageSettings>,
     /// Apply `flags.migLayouts` to idle GPUs through NVML (None: never repartition).
-    pub mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
+    pub(crate) mig_layouts: Option<crate::runtime::miglayout::MigLayoutSettings>,
     /// DRA mode: serve the GPUs through the DRA driver instead of device-plugin servers;
     /// `None`: device-plugin mode.
-    pub dra: Option<crate::runtime::dra::DraModeSettings>,
+    pub(crate) dra: Option<crate::runtime::dra::DraModeSettings>,
     /// Fleets as code (`--config-dir`): follow the Node's labels, report on it; `None`: off.
-    pub fleet: Option<crate::runtime::fleet::FleetSettings>,
+    pub(crate) fleet: Option<crate::runtime::fleet::FleetSettings>,
 }
 
 impl RunSettings {
     /// Settings for a device-plugin directory, with the kubelet socket inside it.
-    pub fn new(
+    pub(crate) fn new(
         config: Config,
         device_plugin_dir: impl Into<PathBuf>,
         cdi_dir: impl Into<PathBuf>,

@@ -29,7 +29,7 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(150);
 
 /// Errors setting up the triggers.
 #[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     /// The config file has no directory to watch.
     #[error("cannot watch config file {path}: it has no parent directory")]
     NoParent { path: String },
@@ -47,7 +47,7 @@ pub enum ReloadError {
 
 /// One reason to reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     /// The config file (or the ConfigMap's `..data` link) changed.
     ConfigFile,
     /// SIGHUP: reload the config and re-scan the inventory.
@@ -64,11 +64,11 @@ pub enum Cause {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Causes {
     /// Re-read the config.
-    pub config: bool,
+    pub(crate) config: bool,
     /// Re-discover the inventory.
-    pub inventory: bool,
+    pub(crate) inventory: bool,
     /// Rewrite the spec if it keeps devices nothing holds any more.
-    pub held: bool,
+    pub(crate) held: bool,
 }
 
 impl Causes {
@@ -98,16 +98,16 @@ impl Causes {
 
 /// What to watch.
 #[derive(Debug, Clone, Default)]
-pub struct TriggerSettings {
+pub(crate) struct TriggerSettings {
     /// The config file (its directory is watched); `None`: no file to follow.
-    pub config_file: Option<PathBuf>,
+    pub(crate) config_file: Option<PathBuf>,
     /// `--config-dir` (watched itself): a change to any key or to the ConfigMap's `..data`
     /// link asks for a reload, which chooses the key again.
-    pub config_dir: Option<PathBuf>,
+    pub(crate) config_dir: Option<PathBuf>,
     /// Reload on SIGHUP.
-    pub sighup: bool,
+    pub(crate) sighup: bool,
     /// Re-scan the inventory this often; `None` or zero: never on a timer.
-    pub rescan_interval: Option<Duration>,
+    pub(crate) rescan_interval: Option<Duration>,
 }
 
 /// Live triggers. Dropping this ends the inotify watch; the signal and timer tasks end with

@@ -40,26 +40,26 @@ const STOP_WAIT: Duration = Duration::from_secs(1);
 
 /// What the sampler needs.
 #[derive(Debug)]
-pub struct UsageSettings {
+pub(crate) struct UsageSettings {
     /// Where GPU figures come from.
-    pub source: Box<dyn UsageSource>,
+    pub(crate) source: Box<dyn UsageSource>,
     /// Time between rounds (> 0).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// A share is idle after this long without a process or compute.
-    pub idle_window: Duration,
+    pub(crate) idle_window: Duration,
     /// Root of `/proc` for `<pid>/cgroup`.
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
     /// The kubelet's `kubelet_internal_checkpoint`.
-    pub checkpoint: PathBuf,
+    pub(crate) checkpoint: PathBuf,
 }
 
 /// One published round: the report and its JSON.
 #[derive(Debug)]
-pub struct StateDocument {
+pub(crate) struct StateDocument {
     /// The report.
-    pub report: UsageReport,
+    pub(crate) report: UsageReport,
     /// `report` as JSON, rendered once.
-    pub json: Bytes,
+    pub(crate) json: Bytes,
 }
 
 impl StateDocument {
@@ -192,7 +192,7 @@ impl Sampler {
 #[derive(Debug, Default)]
 pub(crate) struct UsagePeers {
     /// The PodResources ledger's snapshots, when there is one (holder names come from it).
-    pub ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
+    pub(crate) ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
 }
 
 /// Start the sampler thread (first round at once) and the task that stops it when the

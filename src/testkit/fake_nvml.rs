@@ -66,7 +66,7 @@ impl PrivateFake {
     ///
     /// # Panics
     /// When the fake rejects the state.
-    pub fn set_mig_state(&self, json: &str) {
+    pub(crate) fn set_mig_state(&self, json: &str) {
         self.control(b"fakeNvmlSetMigStateJson", json);
     }
 
@@ -94,7 +94,7 @@ impl PrivateFake {
     }
 
     /// The loaded copy, for tests that call NVML symbols themselves.
-    pub fn library(&self) -> &libloading::Library {
+    pub(crate) fn library(&self) -> &libloading::Library {
         &self.lib
     }
 

@@ -16,12 +16,13 @@ pub(crate) mod probe;
 pub(crate) mod stats;
 
 pub use apiserver::{
-    Admission, ApiServer, ApiServerError, Denial, Fault, RequestRecord, ShareRequest, User, Verb,
+    Admission, ApiServer, ApiServerError, Denial, Fault, RequestRecord, ShareAllocated,
+    ShareRequest, User, Verb,
 };
 pub use fake_nvml::{PrivateFake, fake_driver_root, fake_lib, write_mig_minors};
 pub use fixtures::{SHARED_CONFIG, cdi_must_reject, file_names, write_pool_configs};
-pub use kubelet::dra::{DraKubeletError, DraPluginConn, KubeletClaim};
-pub use kubelet::{DeviceInfo, EmulatorError, KubeletEmulator};
+pub use kubelet::dra::{DraKubeletError, DraPluginConn, DraVersion, KubeletClaim};
+pub use kubelet::{Allocation, DeviceInfo, EmulatorError, KubeletEmulator, Registered};
 pub use manifests::{kustomize, node, object, strings, until_labels};
 pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
 pub use probe::{free_port, read_cdi_spec, spec_device_names};
@@ -30,5 +31,7 @@ pub use stats::percentile;
 
 /// The socket file name of a resource's plugin server in the device-plugin directory.
 pub use crate::runtime::plugin::socket_name;
+/// The plugin's answer to one container's Allocate ([`Allocation::response`]).
+pub use crate::domain::allocate::response::ContainerAllocation;
 /// How long `gpu-slicer run` may take to stop after SIGTERM, whatever it is doing.
 pub use crate::runtime::supervisor::SHUTDOWN_DEADLINE;

@@ -108,7 +108,7 @@ pub fn temp_dir() -> TempDir {
 #[derive(Debug)]
 pub struct Node {
     /// Everything the node writes: `dp/` sockets, `cdi/` spec, and what the caller put there.
-    pub dir: TempDir,
+    pub(crate) dir: TempDir,
     /// The kubelet the daemon registered with.
     pub emulator: KubeletEmulator,
     /// What the daemon exposes (store, reloads, metrics, ...).
@@ -173,13 +173,13 @@ impl Node {
     }
 
     /// Settings for a node in `dir`: sockets in `dir/dp`, the spec in `dir/cdi`.
-    pub fn settings(dir: &Path, config: Config) -> RunSettings {
+    pub(crate) fn settings(dir: &Path, config: Config) -> RunSettings {
         RunSettings::new(config, dir.join("dp"), dir.join("cdi"))
     }
 
     /// A node on the sim profile (or node file) `profile` with `config`, in a fresh
     /// directory; `configure` may change the settings before the daemon starts.
-    pub async fn start(
+    pub(crate) async fn start(
         profile: &str,
         config: Config,
         configure: impl FnOnce(&Path, &mut RunSettings),
@@ -195,7 +195,7 @@ impl Node {
     /// Run the daemon with `settings` (sockets where `emulator` serves) on `backend`, with
     /// [`FAST_BACKOFF`]; return once it is ready and every planned resource registered
     /// (in DRA mode: once it is ready).
-    pub async fn launch(
+    pub(crate) async fn launch(
         dir: TempDir,
         emulator: KubeletEmulator,
         mut settings: RunSettings,
@@ -234,12 +234,12 @@ impl Node {
     }
 
     /// The socket directory.
-    pub fn plugin_dir(&self) -> PathBuf {
+    pub(crate) fn plugin_dir(&self) -> PathBuf {
         self.dir.path().join("dp")
     }
 
     /// The resources of the plan served at start.
-    pub fn resources(&self) -> Vec<String> {
+    pub(crate) fn resources(&self) -> Vec<String> {
         self.running
             .plan
             .resources
@@ -252,7 +252,7 @@ impl Node {
     ///
     /// # Panics
     /// When there is none: the harness is for tests.
-    pub fn cdi_spec(&self) -> String {
+    pub(crate) fn cdi_spec(&self) -> String {
         let path = self.dir.path().join("cdi").join("gpu-slicer.io-gpu.yaml");
         std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("spec written at {}: {e}", path.display()))
@@ -262,7 +262,7 @@ impl Node {
     ///
     /// # Panics
     /// When no reload ends within [`STEP`] or the daemon stopped: the harness is for tests.
-    pub async fn next_reload(&self, before: &ReloadStatus) -> ReloadStatus {
+    pub(crate) async fn next_reload(&self, before: &ReloadStatus) -> ReloadStatus {
         let mut rx = self.running.reloads.clone();
         let total = before.applied + before.failed + before.unchanged;
         let moved = bounded(

@@ -17,18 +17,18 @@ pub(crate) const GENERATION_ANNOTATION: &str = "gpu-slicer.io/generation";
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Holding {
     /// Kubelet device IDs of every container request, in request order.
-    pub ids: Vec<String>,
+    pub(crate) ids: Vec<String>,
     /// CDI device names (without `<kind>=`) the answer names.
-    pub cdi: BTreeSet<String>,
+    pub(crate) cdi: BTreeSet<String>,
 }
 
 /// The answer to every container request of one call, in request order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Answer {
     /// One allocation per container request.
-    pub containers: Vec<ContainerAllocation>,
+    pub(crate) containers: Vec<ContainerAllocation>,
     /// What the answer hands out (to record before replying).
-    pub held: Holding,
+    pub(crate) held: Holding,
 }
 
 /// Answer `requests` (the device IDs of each container request) for `resource` from one

@@ -32,24 +32,24 @@ const ANNOTATION_NAME_MAX: usize = 63;
 
 /// A mount in the answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
+pub(crate) struct MountEntry {
     /// Path in the container.
-    pub container_path: String,
+    pub(crate) container_path: String,
     /// Path on the host.
-    pub host_path: String,
+    pub(crate) host_path: String,
     /// Read-only.
-    pub read_only: bool,
+    pub(crate) read_only: bool,
 }
 
 /// A device node in the answer (`passDeviceSpecs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceSpecEntry {
+pub(crate) struct DeviceSpecEntry {
     /// Path in the container.
-    pub container_path: String,
+    pub(crate) container_path: String,
     /// Path on the host.
-    pub host_path: String,
+    pub(crate) host_path: String,
     /// cgroup permissions (`rw`, `rwm`).
-    pub permissions: String,
+    pub(crate) permissions: String,
 }
 
 /// The answer to one container request, in domain terms.
@@ -58,13 +58,13 @@ pub struct ContainerAllocation {
     /// Fully qualified CDI device names, deduplicated, in request order.
     pub cdi_devices: Vec<String>,
     /// Container env.
-    pub envs: BTreeMap<String, String>,
+    pub(crate) envs: BTreeMap<String, String>,
     /// Container mounts.
-    pub mounts: Vec<MountEntry>,
+    pub(crate) mounts: Vec<MountEntry>,
     /// Container annotations.
-    pub annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
     /// Device nodes, only with `passDeviceSpecs` (see [`add_device_specs`]).
-    pub device_specs: Vec<DeviceSpecEntry>,
+    pub(crate) device_specs: Vec<DeviceSpecEntry>,
 }
 
 /// Build the answer for validated devices of `resource`.

@@ -19,16 +19,16 @@ use crate::domain::inventory::{Gpu, Inventory, MigDevice};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GenerateOptions {
     /// `vendor/class` of the spec.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Host root under which `/dev` is found; `hostPath` = dev root + container path. `None`:
     /// emit container paths only and probe nothing.
-    pub dev_root: Option<PathBuf>,
+    pub(crate) dev_root: Option<PathBuf>,
     /// Add `<device>-share-<k>` devices for the plan's enforced shares
     /// ([`super::shares`]); `None`: whole devices only.
-    pub shares: Option<super::shares::ShareOptions>,
+    pub(crate) shares: Option<super::shares::ShareOptions>,
     /// Spec-level edits that bring the host's user-space driver into the container
     /// (the platform's driver discovery); `None`: device nodes only.
-    pub driver: Option<ContainerEdits>,
+    pub(crate) driver: Option<ContainerEdits>,
 }
 
 impl GenerateOptions {
@@ -47,11 +47,11 @@ impl GenerateOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NodeInfo {
     /// `c` or `b`.
-    pub node_type: char,
+    pub(crate) node_type: char,
     /// Major number.
-    pub major: u32,
+    pub(crate) major: u32,
     /// Minor number.
-    pub minor: u32,
+    pub(crate) minor: u32,
 }
 
 /// Looks up host device nodes; injected so generation stays pure.

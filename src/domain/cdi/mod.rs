@@ -40,7 +40,7 @@ pub(crate) const VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 /// Errors generating, checking or writing a CDI spec. Each names the device, rule or path
 /// concerned.
 #[derive(Debug, thiserror::Error)]
-pub enum CdiError {
+pub(crate) enum CdiError {
     /// `kind` breaks the vendor/class rules.
     #[error("invalid CDI kind `{kind}`: {rule}")]
     Kind { kind: String, rule: String },
@@ -116,50 +116,50 @@ pub(crate) type Result<T, E = CdiError> = std::result::Result<T, E>;
 /// A CDI spec file, limited to the fields CDI 0.3.0–0.5.0 define.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Spec {
+pub(crate) struct Spec {
     /// Spec version, e.g. `0.5.0`.
-    pub cdi_version: String,
+    pub(crate) cdi_version: String,
     /// `vendor/class`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// The devices, sorted by name.
-    pub devices: Vec<Device>,
+    pub(crate) devices: Vec<Device>,
     /// Edits applied once for any device of this spec.
     #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
-    pub container_edits: ContainerEdits,
+    pub(crate) container_edits: ContainerEdits,
 }
 
 /// One CDI device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Device {
+pub(crate) struct Device {
     /// Name inside the kind (`GPU-…`, `0`, `0:1`, `all`).
-    pub name: String,
+    pub(crate) name: String,
     /// What the runtime does to a container that gets this device.
     #[serde(default)]
-    pub container_edits: ContainerEdits,
+    pub(crate) container_edits: ContainerEdits,
 }
 
 /// Changes a runtime applies to the OCI spec of a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ContainerEdits {
+pub(crate) struct ContainerEdits {
     /// `KEY=VALUE` entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
+    pub(crate) env: Vec<String>,
     /// Device nodes to create.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub device_nodes: Vec<DeviceNode>,
+    pub(crate) device_nodes: Vec<DeviceNode>,
     /// Mounts to add.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<Mount>,
+    pub(crate) mounts: Vec<Mount>,
     /// OCI hooks to add.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hooks: Vec<Hook>,
+    pub(crate) hooks: Vec<Hook>,
 }
 
 impl ContainerEdits {
     /// True when no edit is present (runtimes reject a device with empty edits).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.env.is_empty()
             && self.device_nodes.is_empty()
             && self.mounts.is_empty()
@@ -170,38 +170,38 @@ impl ContainerEdits {
 /// A device node in the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DeviceNode {
+pub(crate) struct DeviceNode {
     /// Path in the container.
-    pub path: String,
+    pub(crate) path: String,
     /// Host node to stat (CDI 0.5.0); the runtime uses `path` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_path: Option<String>,
+    pub(crate) host_path: Option<String>,
     /// `c`, `b`, `u` or `p`.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub node_type: Option<String>,
+    pub(crate) node_type: Option<String>,
     /// Major number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub major: Option<i64>,
+    pub(crate) major: Option<i64>,
     /// Minor number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub minor: Option<i64>,
+    pub(crate) minor: Option<i64>,
     /// Go `os.FileMode` bits (a number).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file_mode: Option<u32>,
+    pub(crate) file_mode: Option<u32>,
     /// cgroup access, letters from `rwm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub permissions: Option<String>,
+    pub(crate) permissions: Option<String>,
     /// Owner in the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<u32>,
+    pub(crate) uid: Option<u32>,
     /// Group in the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gid: Option<u32>,
+    pub(crate) gid: Option<u32>,
 }
 
 impl DeviceNode {
     /// A node with only its container path (and optional host path) set.
-    pub fn at(path: impl Into<String>) -> Self {
+    pub(crate) fn at(path: impl Into<String>) -> Self {
         Self {
             path: path.into(),
             host_path: None,
@@ -219,36 +219,36 @@ impl DeviceNode {
 /// A mount in the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Mount {
+pub(crate) struct Mount {
     /// Source on the host.
-    pub host_path: String,
+    pub(crate) host_path: String,
     /// Destination in the container.
-    pub container_path: String,
+    pub(crate) container_path: String,
     /// Mount type (CDI 0.4.0).
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub mount_type: Option<String>,
+    pub(crate) mount_type: Option<String>,
     /// Mount options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub options: Vec<String>,
+    pub(crate) options: Vec<String>,
 }
 
 /// An OCI hook.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Hook {
+pub(crate) struct Hook {
     /// OCI hook point (`createContainer`, …).
-    pub hook_name: String,
+    pub(crate) hook_name: String,
     /// Executable on the host.
-    pub path: String,
+    pub(crate) path: String,
     /// Arguments, `argv[0]` first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
+    pub(crate) args: Vec<String>,
     /// `KEY=VALUE` environment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
+    pub(crate) env: Vec<String>,
     /// Seconds; must be positive when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<i64>,
+    pub(crate) timeout: Option<i64>,
 }
 
 /// Output encoding of a spec file.
@@ -263,7 +263,7 @@ pub enum Format {
 
 impl Format {
     /// File extension, without the dot.
-    pub fn extension(self) -> &'static str {
+    pub(crate) fn extension(self) -> &'static str {
         match self {
             Format::Yaml => "yaml",
             Format::Json => "json",
@@ -304,7 +304,7 @@ impl Spec {
     /// number, and device names such as `1:0` so no YAML 1.1 reader takes them for
     /// base-60 integers; both encodings end in a newline and are deterministic for a
     /// given spec.
-    pub fn to_bytes(&self, format: Format) -> Result<Vec<u8>> {
+    pub(crate) fn to_bytes(&self, format: Format) -> Result<Vec<u8>> {
         match format {
             Format::Json => {
                 let mut s = serde_json::to_string_pretty(self)
@@ -320,7 +320,7 @@ impl Spec {
 
     /// Parse a spec file's text. Runtimes parse every file as YAML (JSON is a subset), so
     /// we do too; unknown keys are errors, as in every CDI library.
-    pub fn parse(text: &str, path: &std::path::Path) -> Result<Self> {
+    pub(crate) fn parse(text: &str, path: &std::path::Path) -> Result<Self> {
         if text.trim().is_empty() {
             return Err(CdiError::Parse {
                 path: path.to_path_buf(),
@@ -334,7 +334,7 @@ impl Spec {
     }
 
     /// Qualified names of all devices, in spec order.
-    pub fn qualified_names(&self) -> Vec<String> {
+    pub(crate) fn qualified_names(&self) -> Vec<String> {
         self.devices
             .iter()
             .map(|d| qualified_name(&self.kind, &d.name))

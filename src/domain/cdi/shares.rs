@@ -37,13 +37,13 @@ pub(crate) const HOOK_TIMEOUT_SECS: i64 = 30;
 
 /// Where the memory-limit hook lives and what it is told, on the HOST the runtime runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HookSettings {
+pub(crate) struct HookSettings {
     /// Absolute host path of the `gpu-slicer` binary the runtime executes.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// `--nvml-lib` passed to the hook (default: the system's libnvidia-ml.so.1).
-    pub nvml_lib: Option<PathBuf>,
+    pub(crate) nvml_lib: Option<PathBuf>,
     /// `KEY=VALUE` environment of the hook process.
-    pub env: Vec<String>,
+    pub(crate) env: Vec<String>,
 }
 
 /// What the generator needs to add share devices.
@@ -51,32 +51,32 @@ pub struct HookSettings {
 pub(crate) struct ShareOptions {
     /// The plan: which devices are split N ways with which isolation (shared, not copied:
     /// the daemon's plan has hundreds of devices).
-    pub plan: std::sync::Arc<Plan>,
+    pub(crate) plan: std::sync::Arc<Plan>,
     /// `flags.mpsRoot` (required when any resource uses MPS).
-    pub mps_root: Option<PathBuf>,
+    pub(crate) mps_root: Option<PathBuf>,
     /// The memory-limit hook.
-    pub hook: HookSettings,
+    pub(crate) hook: HookSettings,
 }
 
 /// The limits of one share: k of N replicas of one physical device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ShareLimits {
     /// `GPU-…` or `MIG-…`.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// Parent GPU UUID (the memory limit is set on the GPU handle).
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// `i` or `i:j`.
-    pub index_name: String,
+    pub(crate) index_name: String,
     /// Isolation level of the resource.
-    pub isolation: Isolation,
+    pub(crate) isolation: Isolation,
     /// Shares granted.
-    pub k: u32,
+    pub(crate) k: u32,
     /// Replicas of the device.
-    pub of: u32,
+    pub(crate) of: u32,
     /// Hard memory limit: k × one replica's memory.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Active thread percentage of the device: k × 100 / N, rounded down.
-    pub thread_percent: u32,
+    pub(crate) thread_percent: u32,
 }
 
 /// `<device name>-share-<k>`: the CDI device of k shares of `device` (a UUID or index name).

@@ -14,19 +14,19 @@ pub(crate) use super::settings::{FileFlags, FilePluginFlags};
 pub(crate) struct FileConfig {
     /// `v1` (empty means `v1`).
     #[serde(default)]
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
     /// Flags shared with NVIDIA's plugin and GFD.
     #[serde(default)]
-    pub flags: FileFlags,
+    pub(crate) flags: FileFlags,
     /// NVIDIA's pattern-based resource naming; the incumbent parses and clears it.
     #[serde(default)]
-    pub resources: Option<FileResources>,
+    pub(crate) resources: Option<FileResources>,
     /// Time-slicing and MPS sharing.
     #[serde(default)]
-    pub sharing: FileSharing,
+    pub(crate) sharing: FileSharing,
     /// IMEX channels (accepted for compatibility; only `[]` or `[0]` are valid upstream).
     #[serde(default)]
-    pub imex: Option<FileImex>,
+    pub(crate) imex: Option<FileImex>,
 }
 
 /// `flags.migLayouts:`.
@@ -34,9 +34,9 @@ pub(crate) struct FileConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileMigLayouts {
     #[serde(default)]
-    pub file: Option<String>,
+    pub(crate) file: Option<String>,
     #[serde(default)]
-    pub layout: Option<String>,
+    pub(crate) layout: Option<String>,
 }
 
 /// `flags.dra:`.
@@ -44,12 +44,12 @@ pub(crate) struct FileMigLayouts {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileDra {
     #[serde(default)]
-    pub enabled: Option<bool>,
+    pub(crate) enabled: Option<bool>,
     #[serde(default)]
-    pub driver_name: Option<String>,
+    pub(crate) driver_name: Option<String>,
     /// `all` or a list of GPUs whose MIG instances are created per claim.
     #[serde(default)]
-    pub dynamic_mig: Option<FileDevices>,
+    pub(crate) dynamic_mig: Option<FileDevices>,
 }
 
 /// A YAML value that is either one string or a list of strings.
@@ -65,17 +65,17 @@ pub(crate) enum StringOrList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileResources {
     #[serde(default)]
-    pub gpus: Vec<FileResourcePattern>,
+    pub(crate) gpus: Vec<FileResourcePattern>,
     #[serde(default)]
-    pub mig: Vec<FileResourcePattern>,
+    pub(crate) mig: Vec<FileResourcePattern>,
 }
 
 /// One `{pattern, name}` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileResourcePattern {
-    pub pattern: String,
-    pub name: String,
+    pub(crate) pattern: String,
+    pub(crate) name: String,
 }
 
 /// `imex:`.
@@ -83,9 +83,9 @@ pub(crate) struct FileResourcePattern {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileImex {
     #[serde(default, rename = "channelIDs")]
-    pub channel_ids: Vec<u32>,
+    pub(crate) channel_ids: Vec<u32>,
     #[serde(default)]
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 /// `sharing:`.
@@ -93,9 +93,9 @@ pub(crate) struct FileImex {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileSharing {
     #[serde(default)]
-    pub time_slicing: Option<FileReplicas>,
+    pub(crate) time_slicing: Option<FileReplicas>,
     #[serde(default)]
-    pub mps: Option<FileReplicas>,
+    pub(crate) mps: Option<FileReplicas>,
 }
 
 /// `sharing.timeSlicing` / `sharing.mps`.
@@ -103,32 +103,32 @@ pub(crate) struct FileSharing {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileReplicas {
     #[serde(default)]
-    pub rename_by_default: Option<bool>,
+    pub(crate) rename_by_default: Option<bool>,
     #[serde(default)]
-    pub fail_requests_greater_than_one: Option<bool>,
+    pub(crate) fail_requests_greater_than_one: Option<bool>,
     #[serde(default)]
-    pub resources: Option<Vec<FileReplicatedResource>>,
+    pub(crate) resources: Option<Vec<FileReplicatedResource>>,
 }
 
 /// One entry of `sharing.*.resources`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct FileReplicatedResource {
-    pub name: String,
+    pub(crate) name: String,
     #[serde(default)]
-    pub rename: Option<String>,
+    pub(crate) rename: Option<String>,
     #[serde(default)]
-    pub devices: Option<FileDevices>,
-    pub replicas: i64,
+    pub(crate) devices: Option<FileDevices>,
+    pub(crate) replicas: i64,
     /// gpu-slicer extension: `none`, `memory`, `mps`, `memory+mps`.
     #[serde(default)]
-    pub isolation: Option<String>,
+    pub(crate) isolation: Option<String>,
     /// gpu-slicer extension: memory per replica (`10Gi`, `512Mi`, bytes) instead of an even split.
     #[serde(default)]
-    pub memory: Option<Quantity>,
+    pub(crate) memory: Option<Quantity>,
     /// gpu-slicer extension: let one request take replicas on several GPUs.
     #[serde(default)]
-    pub allow_multi_gpu: Option<bool>,
+    pub(crate) allow_multi_gpu: Option<bool>,
 }
 
 /// `devices:` — `all`, a count, or a list of references.

@@ -43,7 +43,7 @@ const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
 
 /// Errors loading or validating a config.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config file {path}: {source}")]
     Read {
@@ -95,14 +95,14 @@ pub(crate) type Result<T, E = ConfigError> = std::result::Result<T, E>;
 pub(crate) struct DraFlags {
     /// `flags.dra.enabled`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub enabled: Option<bool>,
+    pub(crate) enabled: Option<bool>,
     /// `flags.dra.driverName`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub driver_name: Option<String>,
+    pub(crate) driver_name: Option<String>,
     /// `flags.dra.dynamicMig`: the GPUs (`all` or a `devices`-style list of GPU indices and
     /// UUIDs) whose MIG instances the DRA driver creates per claim; `None`: none.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub dynamic_mig: Option<DeviceSelector>,
+    pub(crate) dynamic_mig: Option<DeviceSelector>,
 }
 
 impl DraFlags {
@@ -116,9 +116,9 @@ impl DraFlags {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct MigLayouts {
     /// The mig-parted file.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// A key of its `mig-configs`.
-    pub layout: String,
+    pub(crate) layout: String,
 }
 
 /// Something in a config worth a warning that does not stop the load; the caller logs it

@@ -77,9 +77,9 @@ impl Origin {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Given<T> {
     /// The value as parsed by the layer that read it (text, a boolean, a list).
-    pub value: T,
+    pub(crate) value: T,
     /// Where it was written.
-    pub origin: Origin,
+    pub(crate) origin: Origin,
 }
 
 impl<T> Given<T> {
@@ -126,9 +126,9 @@ impl From<&str> for Given<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Refusal {
     /// The rule, as the error states it (`expected none, single or mixed`).
-    pub message: String,
+    pub(crate) message: String,
     /// The part of the value to name instead of the whole.
-    pub part: Option<String>,
+    pub(crate) part: Option<String>,
 }
 
 impl Refusal {

@@ -13,7 +13,7 @@ use super::{ConfigError, Result};
 /// Which sharing section an entry came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub enum SharingKind {
+pub(crate) enum SharingKind {
     /// `sharing.timeSlicing`.
     TimeSlicing,
     /// `sharing.mps`.
@@ -22,7 +22,7 @@ pub enum SharingKind {
 
 impl SharingKind {
     /// Config path of the section.
-    pub fn field(self) -> &'static str {
+    pub(crate) fn field(self) -> &'static str {
         match self {
             Self::TimeSlicing => "sharing.timeSlicing",
             Self::Mps => "sharing.mps",
@@ -83,25 +83,25 @@ impl std::fmt::Display for DeviceSelector {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SharedResource {
     /// Section it came from.
-    pub kind: SharingKind,
+    pub(crate) kind: SharingKind,
     /// Position in that section's list (for error messages).
-    pub position: usize,
+    pub(crate) position: usize,
     /// Resource whose devices are replicated, with `nvidia.com/` added.
-    pub name: String,
+    pub(crate) name: String,
     /// Name of the replicated resource (rename, `.shared` by default rules, or `name`).
-    pub advertised_name: String,
+    pub(crate) advertised_name: String,
     /// Devices replicated.
-    pub devices: DeviceSelector,
+    pub(crate) devices: DeviceSelector,
     /// Replicas per device (≥ 2).
-    pub replicas: u32,
+    pub(crate) replicas: u32,
     /// Isolation level.
-    pub isolation: Isolation,
+    pub(crate) isolation: Isolation,
     /// Memory per replica in bytes (default: an even split).
-    pub memory_per_replica: Option<u64>,
+    pub(crate) memory_per_replica: Option<u64>,
     /// Reject requests for more than one replica.
-    pub fail_requests_greater_than_one: bool,
+    pub(crate) fail_requests_greater_than_one: bool,
     /// Let one request take replicas on several GPUs.
-    pub allow_multi_gpu: bool,
+    pub(crate) allow_multi_gpu: bool,
 }
 
 impl SharedResource {

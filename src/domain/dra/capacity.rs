@@ -75,17 +75,17 @@ pub(crate) fn shared_capacity(memory_bytes: u64) -> BTreeMap<String, Capacity> {
 /// What one share takes of its device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Consumed {
+pub(crate) struct Consumed {
     /// Memory in bytes.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Percent of the device's SMs (0: none reserved).
-    pub compute_percent: u32,
+    pub(crate) compute_percent: u32,
 }
 
 impl Consumed {
     /// All of a device of `memory_bytes`: what a result without `consumedCapacity` takes
     /// (an API server without `DRAConsumableCapacity` allocates shared devices whole).
-    pub fn whole(memory_bytes: u64) -> Self {
+    pub(crate) fn whole(memory_bytes: u64) -> Self {
         Self {
             memory_bytes,
             compute_percent: FULL_COMPUTE,
@@ -141,14 +141,14 @@ pub(crate) fn consumed(
 
 /// A share already prepared on a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holding {
+pub(crate) struct Holding {
     /// UID of the claim holding it.
-    pub claim: String,
+    pub(crate) claim: String,
     /// Its share ID (`None` for a whole-device allocation).
-    pub share_id: Option<String>,
+    pub(crate) share_id: Option<String>,
     /// What it takes; `None`: the whole device (prepared exclusively, e.g. before a config
     /// change made the device shared).
-    pub consumed: Option<Consumed>,
+    pub(crate) consumed: Option<Consumed>,
 }
 
 /// Whether `want` still fits on `device` (of `memory_bytes`) next to `held`. The error names

@@ -81,13 +81,13 @@ pub(crate) fn qualified_resolved(driver: &str, claim_uid: &str, d: &ResolvedDevi
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SpecInputs<'a> {
     /// The node's spec (generated with the same options the device plugin's spec is).
-    pub node: &'a Spec,
+    pub(crate) node: &'a Spec,
     /// The memory-limit hook (`None`: a claim that needs it fails, never runs unlimited).
-    pub hook: Option<&'a HookSettings>,
+    pub(crate) hook: Option<&'a HookSettings>,
     /// The node's MPS daemons.
-    pub mps: &'a [DaemonSpec],
+    pub(crate) mps: &'a [DaemonSpec],
     /// Container edits of the MIG instances made for this claim, by published device name.
-    pub made: &'a BTreeMap<String, ContainerEdits>,
+    pub(crate) made: &'a BTreeMap<String, ContainerEdits>,
 }
 
 /// The spec of `claim`, from the node's spec `node` only (no hook, daemons or made MIG).

@@ -25,111 +25,111 @@ use super::slices::{DeviceType, NodeDevices, SharedDevice};
 
 /// A ResourceClaim as read from the API (unknown fields ignored: the API adds them).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct ResourceClaim {
+pub(crate) struct ResourceClaim {
     /// Metadata.
-    pub metadata: ClaimMeta,
+    pub(crate) metadata: ClaimMeta,
     /// Status.
     #[serde(default)]
-    pub status: Option<ClaimStatus>,
+    pub(crate) status: Option<ClaimStatus>,
 }
 
 /// The claim's identity.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-pub struct ClaimMeta {
+pub(crate) struct ClaimMeta {
     /// Name.
     #[serde(default)]
-    pub name: String,
+    pub(crate) name: String,
     /// Namespace.
     #[serde(default)]
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// UID.
     #[serde(default)]
-    pub uid: String,
+    pub(crate) uid: String,
 }
 
 /// `status`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-pub struct ClaimStatus {
+pub(crate) struct ClaimStatus {
     /// Set by the scheduler.
     #[serde(default)]
-    pub allocation: Option<Allocation>,
+    pub(crate) allocation: Option<Allocation>,
 }
 
 /// `status.allocation`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     /// Device results and config.
     #[serde(default)]
-    pub devices: Option<DeviceAllocation>,
+    pub(crate) devices: Option<DeviceAllocation>,
 }
 
 /// `status.allocation.devices`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-pub struct DeviceAllocation {
+pub(crate) struct DeviceAllocation {
     /// One per allocated device, every driver's.
     #[serde(default)]
-    pub results: Vec<AllocationResult>,
+    pub(crate) results: Vec<AllocationResult>,
     /// Class and claim config, every driver's.
     #[serde(default)]
-    pub config: Vec<AllocationConfig>,
+    pub(crate) config: Vec<AllocationConfig>,
 }
 
 /// One allocated device.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AllocationResult {
+pub(crate) struct AllocationResult {
     /// Request (`<request>` or `<request>/<subrequest>`).
-    pub request: String,
+    pub(crate) request: String,
     /// Driver.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Pool.
-    pub pool: String,
+    pub(crate) pool: String,
     /// Device name in the pool.
-    pub device: String,
+    pub(crate) device: String,
     /// Admin access: the device may also be in use by other claims.
     #[serde(default)]
-    pub admin_access: Option<bool>,
+    pub(crate) admin_access: Option<bool>,
     /// This allocation's share of a device several claims hold.
     #[serde(default, rename = "shareID")]
-    pub share_id: Option<String>,
+    pub(crate) share_id: Option<String>,
     /// What the share takes of the device's capacities (quantities by capacity name).
     #[serde(default)]
-    pub consumed_capacity: Option<BTreeMap<String, String>>,
+    pub(crate) consumed_capacity: Option<BTreeMap<String, String>>,
 }
 
 /// One config entry of the allocation.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-pub struct AllocationConfig {
+pub(crate) struct AllocationConfig {
     /// `FromClass` or `FromClaim`.
     #[serde(default)]
-    pub source: String,
+    pub(crate) source: String,
     /// Requests it applies to; empty: all.
     #[serde(default)]
-    pub requests: Vec<String>,
+    pub(crate) requests: Vec<String>,
     /// Opaque parameters.
     #[serde(default)]
-    pub opaque: Option<OpaqueConfig>,
+    pub(crate) opaque: Option<OpaqueConfig>,
 }
 
 /// `opaque`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct OpaqueConfig {
+pub(crate) struct OpaqueConfig {
     /// Driver the parameters are for.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Parameters, the driver's own format.
     #[serde(default)]
-    pub parameters: serde_json::Value,
+    pub(crate) parameters: serde_json::Value,
 }
 
 /// What the kubelet said about a claim.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct ClaimRef {
+pub(crate) struct ClaimRef {
     /// Namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// UID.
-    pub uid: String,
+    pub(crate) uid: String,
     /// Name.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 impl std::fmt::Display for ClaimRef {
@@ -142,59 +142,59 @@ impl std::fmt::Display for ClaimRef {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NodeContext<'a> {
     /// Our driver name.
-    pub driver: &'a str,
+    pub(crate) driver: &'a str,
     /// Our pool (the node name).
-    pub pool: &'a str,
+    pub(crate) pool: &'a str,
     /// The node's devices.
-    pub devices: &'a NodeDevices,
+    pub(crate) devices: &'a NodeDevices,
     /// Device name → what is prepared on it (one holding for an exclusive device, one per
     /// share for a shared one).
-    pub prepared: &'a BTreeMap<String, Vec<Holding>>,
+    pub(crate) prepared: &'a BTreeMap<String, Vec<Holding>>,
 }
 
 /// One device of a resolved claim.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ResolvedDevice {
     /// The request it serves, without a subrequest (what the kubelet matches containers on).
-    pub request: String,
+    pub(crate) request: String,
     /// Published device name.
-    pub device: String,
+    pub(crate) device: String,
     /// Whole GPU or MIG.
-    pub kind: DeviceType,
+    pub(crate) kind: DeviceType,
     /// UUID of the device (its name in the node's CDI spec).
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// UUID of its GPU.
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// Its memory in bytes.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Admin access (not exclusive).
-    pub admin_access: bool,
+    pub(crate) admin_access: bool,
     /// Our config for it, when any.
-    pub config: Option<DeviceConfig>,
+    pub(crate) config: Option<DeviceConfig>,
     /// Its share, when the device is shared.
-    pub share: Option<ClaimShare>,
+    pub(crate) share: Option<ClaimShare>,
     /// The GPU instance to create, for a dynamic MIG device.
-    pub placement: Option<Placement>,
+    pub(crate) placement: Option<Placement>,
 }
 
 /// A claim's share of a shared device.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ClaimShare {
     /// The scheduler's share ID (`None`: the device was allocated whole).
-    pub share_id: Option<String>,
+    pub(crate) share_id: Option<String>,
     /// What it takes.
-    pub consumed: Consumed,
+    pub(crate) consumed: Consumed,
     /// How the config shares the device.
-    pub device: SharedDevice,
+    pub(crate) device: SharedDevice,
 }
 
 /// A claim ready to prepare.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Resolved {
     /// The claim.
-    pub claim: ClaimRef,
+    pub(crate) claim: ClaimRef,
     /// Its devices on this node, in allocation order.
-    pub devices: Vec<ResolvedDevice>,
+    pub(crate) devices: Vec<ResolvedDevice>,
 }
 
 /// Resolve `claim` (as read from the API) for the kubelet's `want`.

@@ -12,139 +12,139 @@ use serde::{Deserialize, Serialize};
 /// Object metadata: the fields this driver sets.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectMeta {
+pub(crate) struct ObjectMeta {
     /// Object name.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
+    pub(crate) name: String,
     /// Name prefix the server completes (slices created through the API).
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub generate_name: String,
+    pub(crate) generate_name: String,
     /// Labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Owner references (the Node, so a deleted Node takes its slices along).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub owner_references: Vec<OwnerReference>,
+    pub(crate) owner_references: Vec<OwnerReference>,
 }
 
 /// A reference to an owning object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OwnerReference {
+pub(crate) struct OwnerReference {
     /// `v1`.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// `Node`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Owner name.
-    pub name: String,
+    pub(crate) name: String,
     /// Owner UID.
-    pub uid: String,
+    pub(crate) uid: String,
     /// Whether the owner controls this object.
     #[serde(default)]
-    pub controller: bool,
+    pub(crate) controller: bool,
 }
 
 /// `resource.k8s.io/v1` ResourceSlice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ResourceSlice {
+pub(crate) struct ResourceSlice {
     /// `resource.k8s.io/v1`.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// `ResourceSlice`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Metadata.
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     /// Spec.
-    pub spec: ResourceSliceSpec,
+    pub(crate) spec: ResourceSliceSpec,
 }
 
 /// ResourceSlice spec (node-local slices only: `nodeName` is always set).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ResourceSliceSpec {
+pub(crate) struct ResourceSliceSpec {
     /// Driver name.
-    pub driver: String,
+    pub(crate) driver: String,
     /// The pool (named after the node).
-    pub pool: ResourcePool,
+    pub(crate) pool: ResourcePool,
     /// The node whose devices these are.
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// Devices, at most 128 (64 when any carries taints or consumes counters). Left out of a
     /// slice that carries counter sets on 1.35+ servers (a slice holds one or the other).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub devices: Vec<Device>,
+    pub(crate) devices: Vec<Device>,
     /// Counter sets the pool's partitionable devices draw from (dynamic MIG): at most 8
     /// per slice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub shared_counters: Vec<CounterSet>,
+    pub(crate) shared_counters: Vec<CounterSet>,
 }
 
 /// A named set of counters devices consume from (KEP-4815, partitionable devices).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CounterSet {
+pub(crate) struct CounterSet {
     /// DNS label, unique in the pool.
-    pub name: String,
+    pub(crate) name: String,
     /// Counters by DNS-label name, at most 32.
-    pub counters: BTreeMap<String, Counter>,
+    pub(crate) counters: BTreeMap<String, Counter>,
 }
 
 /// A counter's quantity.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counter {
+pub(crate) struct Counter {
     /// Quantity (`1`, `7`).
-    pub value: String,
+    pub(crate) value: String,
 }
 
 /// What one device takes from one counter set when it is allocated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CounterConsumption {
+pub(crate) struct CounterConsumption {
     /// The counter set's name.
-    pub counter_set: String,
+    pub(crate) counter_set: String,
     /// Counters by name and the amount taken.
-    pub counters: BTreeMap<String, Counter>,
+    pub(crate) counters: BTreeMap<String, Counter>,
 }
 
 /// Pool of a slice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ResourcePool {
+pub(crate) struct ResourcePool {
     /// Pool name.
-    pub name: String,
+    pub(crate) name: String,
     /// Bumped on every change; consumers only use the highest generation.
-    pub generation: i64,
+    pub(crate) generation: i64,
     /// How many slices the pool has at this generation.
-    pub resource_slice_count: i64,
+    pub(crate) resource_slice_count: i64,
 }
 
 /// One device of a slice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Device {
+pub(crate) struct Device {
     /// DNS label, unique in the pool, stable across restarts.
-    pub name: String,
+    pub(crate) name: String,
     /// Attributes by qualified name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub attributes: BTreeMap<String, Attribute>,
+    pub(crate) attributes: BTreeMap<String, Attribute>,
     /// Capacity by qualified name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub capacity: BTreeMap<String, Capacity>,
+    pub(crate) capacity: BTreeMap<String, Capacity>,
     /// Taints of an unhealthy device (needs `DRADeviceTaints` on 1.34/1.35 servers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub taints: Vec<Taint>,
+    pub(crate) taints: Vec<Taint>,
     /// Whether several claims may hold shares of it (consumable capacity; needs
     /// `DRAConsumableCapacity`, beta and on from 1.36).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_multiple_allocations: Option<bool>,
+    pub(crate) allow_multiple_allocations: Option<bool>,
     /// The counters it takes from its GPU's counter set (a dynamic MIG placement or the
     /// whole GPU it partitions; needs `DRAPartitionableDevices`, beta and on from 1.36).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub consumes_counters: Vec<CounterConsumption>,
+    pub(crate) consumes_counters: Vec<CounterConsumption>,
 }
 
 /// A device attribute: exactly one of its four value kinds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum Attribute {
+pub(crate) enum Attribute {
     /// Integer.
     Int(i64),
     /// Boolean.
@@ -158,17 +158,17 @@ pub enum Attribute {
 /// A capacity: a quantity, and how claims consume it on a shared device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Capacity {
+pub(crate) struct Capacity {
     /// Quantity in Kubernetes form (`80Gi`, `14`).
-    pub value: String,
+    pub(crate) value: String,
     /// How much a request takes (devices with `allowMultipleAllocations` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_policy: Option<RequestPolicy>,
+    pub(crate) request_policy: Option<RequestPolicy>,
 }
 
 impl Capacity {
     /// A plain quantity.
-    pub fn of(value: impl Into<String>) -> Self {
+    pub(crate) fn of(value: impl Into<String>) -> Self {
         Self {
             value: value.into(),
             request_policy: None,
@@ -179,35 +179,35 @@ impl Capacity {
 /// `requestPolicy` of a consumable capacity.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RequestPolicy {
+pub(crate) struct RequestPolicy {
     /// Taken by a request that does not name this capacity.
-    pub default: String,
+    pub(crate) default: String,
     /// The amounts a request may take.
-    pub valid_range: ValidRange,
+    pub(crate) valid_range: ValidRange,
 }
 
 /// `validRange`: a request below `min` is raised to it, one between steps is rounded up to
 /// the next `min + n × step`, one above `max` makes the device ineligible.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValidRange {
+pub(crate) struct ValidRange {
     /// Smallest amount.
-    pub min: String,
+    pub(crate) min: String,
     /// Largest amount (a multiple of `step`).
-    pub max: String,
+    pub(crate) max: String,
     /// Granularity.
-    pub step: String,
+    pub(crate) step: String,
 }
 
 /// A device taint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Taint {
+pub(crate) struct Taint {
     /// Qualified key (`gpu-slicer.io/xid`).
-    pub key: String,
+    pub(crate) key: String,
     /// Label-value-shaped value (`79`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub value: String,
+    pub(crate) value: String,
     /// `NoSchedule`.
-    pub effect: String,
+    pub(crate) effect: String,
 }
 
 /// `resource.k8s.io/v1` DeviceClass.
@@ -215,13 +215,13 @@ pub struct Taint {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct DeviceClass {
     /// `resource.k8s.io/v1`.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// `DeviceClass`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Metadata.
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     /// Spec.
-    pub spec: DeviceClassSpec,
+    pub(crate) spec: DeviceClassSpec,
 }
 
 /// DeviceClass spec.
@@ -229,24 +229,24 @@ pub(crate) struct DeviceClass {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct DeviceClassSpec {
     /// CEL selectors, all of which must hold.
-    pub selectors: Vec<DeviceSelector>,
+    pub(crate) selectors: Vec<DeviceSelector>,
     /// Extended resource served by this class (KEP-5004), e.g. `nvidia.com/gpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub extended_resource_name: Option<String>,
+    pub(crate) extended_resource_name: Option<String>,
 }
 
 /// A device selector.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DeviceSelector {
     /// The CEL selector.
-    pub cel: CelSelector,
+    pub(crate) cel: CelSelector,
 }
 
 /// A CEL expression over `device`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct CelSelector {
     /// The expression.
-    pub expression: String,
+    pub(crate) expression: String,
 }
 
 /// Whether `s` is a DNS label (RFC 1123): 1–63 of `a-z0-9-`, alphanumeric at both ends.

@@ -24,11 +24,11 @@ pub(crate) const CONFIG_API_VERSION: &str = "gpu-slicer.io/v1alpha1";
 #[error("opaque config for {requests}: field `{field}`: {message}")]
 pub(crate) struct ConfigError {
     /// The requests the config entry names (`all requests` when it names none).
-    pub requests: String,
+    pub(crate) requests: String,
     /// The field path (`parameters.sharing.strategy`).
-    pub field: String,
+    pub(crate) field: String,
     /// What was wrong, with the value as written.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Which kind of device a config is for.
@@ -44,11 +44,11 @@ pub(crate) enum ConfigKind {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DeviceConfig {
     /// Its kind.
-    pub kind: ConfigKind,
+    pub(crate) kind: ConfigKind,
     /// Sharing, when set.
-    pub sharing: Option<Sharing>,
+    pub(crate) sharing: Option<Sharing>,
     /// gpu-slicer's isolation of the claim's containers on the device.
-    pub isolation: Isolation,
+    pub(crate) isolation: Isolation,
 }
 
 /// How the claim's containers share the device.
@@ -56,13 +56,13 @@ pub(crate) struct DeviceConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct Sharing {
     /// `TimeSlicing` or `MPS`.
-    pub strategy: Strategy,
+    pub(crate) strategy: Strategy,
     /// Time-slice length (GPUs only).
     #[serde(default)]
-    pub time_slicing_config: Option<TimeSlicingConfig>,
+    pub(crate) time_slicing_config: Option<TimeSlicingConfig>,
     /// MPS limits.
     #[serde(default)]
-    pub mps_config: Option<MpsConfig>,
+    pub(crate) mps_config: Option<MpsConfig>,
 }
 
 /// Sharing strategy (NVIDIA's spelling).
@@ -81,7 +81,7 @@ pub(crate) enum Strategy {
 pub(crate) struct TimeSlicingConfig {
     /// `Default`, `Short`, `Medium` or `Long`.
     #[serde(default)]
-    pub interval: Option<Interval>,
+    pub(crate) interval: Option<Interval>,
 }
 
 /// Time-slice length.
@@ -103,13 +103,13 @@ pub(crate) enum Interval {
 pub(crate) struct MpsConfig {
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, 1–100.
     #[serde(default)]
-    pub default_active_thread_percentage: Option<u32>,
+    pub(crate) default_active_thread_percentage: Option<u32>,
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for every device.
     #[serde(default)]
-    pub default_pinned_device_memory_limit: Option<Quantity>,
+    pub(crate) default_pinned_device_memory_limit: Option<Quantity>,
     /// Per device (index or UUID) limits.
     #[serde(default)]
-    pub default_per_device_pinned_memory_limit: Option<BTreeMap<String, Quantity>>,
+    pub(crate) default_per_device_pinned_memory_limit: Option<BTreeMap<String, Quantity>>,
 }
 
 /// A Kubernetes quantity as written: a string (`10Gi`) or a bare number of bytes.

@@ -54,38 +54,38 @@ fn instances_counter(p: &GiProfile) -> Option<String> {
 /// Where a dynamic device is made: a GPU instance of `profile` at `start` on GPU
 /// `gpu_index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// Index of the GPU.
-    pub gpu_index: u32,
+    pub(crate) gpu_index: u32,
     /// UUID of the GPU.
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// GPU-instance profile (`1g.10gb`).
-    pub profile: String,
+    pub(crate) profile: String,
     /// Placement start, in memory slices.
-    pub start: u32,
+    pub(crate) start: u32,
     /// Memory of an instance of the profile, in bytes.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
 }
 
 /// A GPU instance (with its one compute instance) made for a claim, as the checkpoint
 /// records it: what Unprepare destroys, and what a restart keeps.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MadeInstance {
+pub(crate) struct MadeInstance {
     /// UUID of the GPU.
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// Index of the GPU.
-    pub gpu_index: u32,
+    pub(crate) gpu_index: u32,
     /// GPU-instance profile.
-    pub profile: String,
+    pub(crate) profile: String,
     /// Placement start.
-    pub start: u32,
+    pub(crate) start: u32,
     /// GPU instance id.
-    pub gpu_instance_id: u32,
+    pub(crate) gpu_instance_id: u32,
     /// Compute instance id.
-    pub compute_instance_id: u32,
+    pub(crate) compute_instance_id: u32,
     /// `MIG-…` UUID of the MIG device.
-    pub uuid: String,
+    pub(crate) uuid: String,
 }
 
 /// Whether `selector` (`flags.dra.dynamicMig`) names `gpu`.

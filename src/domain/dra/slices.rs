@@ -72,46 +72,46 @@ impl DeviceType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NodeDevice {
     /// Published name (`gpu-0`, `gpu-0-mig-1g10gb-19-3`).
-    pub name: String,
+    pub(crate) name: String,
     /// Whole GPU or MIG.
-    pub kind: DeviceType,
+    pub(crate) kind: DeviceType,
     /// `GPU-…` or `MIG-…`: the device's name in the node's CDI spec.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// UUID of the GPU (the parent, for MIG).
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// Its memory in bytes (the `memory` capacity).
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Why it is unhealthy, when it is.
-    pub unhealthy: Option<String>,
+    pub(crate) unhealthy: Option<String>,
     /// The published device.
-    pub device: Device,
+    pub(crate) device: Device,
     /// Set when the config shares the device: claims hold shares of its capacity.
-    pub shared: Option<SharedDevice>,
+    pub(crate) shared: Option<SharedDevice>,
     /// Set for a device made per claim on a dynamic MIG GPU (`uuid` is then empty, or the
     /// GPU's for the whole GPU): the GPU instance Prepare creates.
-    pub placement: Option<Placement>,
+    pub(crate) placement: Option<Placement>,
 }
 
 /// How the config shares a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SharedDevice {
     /// The isolation level its sharing rule sets.
-    pub isolation: Isolation,
+    pub(crate) isolation: Isolation,
     /// The device's memory (the `memory` capacity).
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// The rule, for messages: `sharing.mps (nvidia.com/gpu)`.
-    pub rule: String,
+    pub(crate) rule: String,
 }
 
 /// The node's devices by published name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct NodeDevices {
     /// By name, in name order.
-    pub devices: BTreeMap<String, NodeDevice>,
+    pub(crate) devices: BTreeMap<String, NodeDevice>,
     /// The counter sets of dynamic MIG GPUs, by GPU index.
-    pub counter_sets: Vec<CounterSet>,
+    pub(crate) counter_sets: Vec<CounterSet>,
     /// Why GPUs `flags.dra.dynamicMig` names are not dynamic (for the caller to log).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 impl NodeDevices {
@@ -605,13 +605,13 @@ fn brand(product: &str) -> Option<&'static str> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SliceTarget<'a> {
     /// Driver name.
-    pub driver: &'a str,
+    pub(crate) driver: &'a str,
     /// Node name (also the pool name).
-    pub node_name: &'a str,
+    pub(crate) node_name: &'a str,
     /// The Node's UID, for the owner reference (`None`: no owner reference, e.g. offline).
-    pub node_uid: Option<&'a str>,
+    pub(crate) node_uid: Option<&'a str>,
     /// Pool generation.
-    pub generation: i64,
+    pub(crate) generation: i64,
 }
 
 /// How a pool with counter sets is laid out: the API changed between 1.34 and 1.35.

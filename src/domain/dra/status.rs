@@ -24,21 +24,21 @@ const DATA_ATTRIBUTES: [&str; 6] = [
 /// One device's entry, without the driver (the writer's) and the Ready condition (the
 /// writer stamps its time).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceStatus {
+pub(crate) struct DeviceStatus {
     /// Pool.
-    pub pool: String,
+    pub(crate) pool: String,
     /// Published device name.
-    pub device: String,
+    pub(crate) device: String,
     /// The share of a shared device (the allocation result's `shareID`).
-    pub share_id: Option<String>,
+    pub(crate) share_id: Option<String>,
     /// `data`: the physical device and the CDI IDs (well under the API's 10 KiB).
-    pub data: Value,
+    pub(crate) data: Value,
 }
 
 impl DeviceStatus {
     /// The entry of a share (`share_id`) and of a device made for the claim (`made`: the
     /// MIG device's UUID, which the published device has none of).
-    pub fn prepared_as(mut self, share_id: Option<String>, made: Option<&str>) -> Self {
+    pub(crate) fn prepared_as(mut self, share_id: Option<String>, made: Option<&str>) -> Self {
         self.share_id = share_id;
         if let (Some(uuid), Value::Object(data)) = (made, &mut self.data) {
             data.insert("uuid".into(), Value::from(uuid));

@@ -33,9 +33,9 @@ const MAX_COUNT: u64 = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MigPartedFile {
     /// Where it came from, for messages.
-    pub origin: String,
+    pub(crate) origin: String,
     /// Layout name → its entries, in file order.
-    pub layouts: BTreeMap<String, Vec<LayoutEntry>>,
+    pub(crate) layouts: BTreeMap<String, Vec<LayoutEntry>>,
 }
 
 /// Which GPUs an entry selects by index.
@@ -51,13 +51,13 @@ pub(crate) enum Devices {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LayoutEntry {
     /// `devices`.
-    pub devices: Devices,
+    pub(crate) devices: Devices,
     /// `device-filter`: empty means every GPU.
-    pub device_filter: Vec<String>,
+    pub(crate) device_filter: Vec<String>,
     /// `mig-enabled`.
-    pub mig_enabled: bool,
+    pub(crate) mig_enabled: bool,
     /// `mig-devices`: profile → count (zero counts kept as written; they mean none).
-    pub mig_devices: BTreeMap<String, u32>,
+    pub(crate) mig_devices: BTreeMap<String, u32>,
 }
 
 impl MigPartedFile {

@@ -22,13 +22,13 @@ use super::{MigLayoutError, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GpuFacts {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// `GPU-…` UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// NVML product name.
-    pub product: String,
+    pub(crate) product: String,
     /// MIG mode now.
-    pub mig_enabled: bool,
+    pub(crate) mig_enabled: bool,
 }
 
 /// What a GPU should hold under the selected layout.

@@ -39,42 +39,42 @@ pub(crate) enum Kind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Step {
     /// Destroy or create.
-    pub action: Action,
+    pub(crate) action: Action,
     /// GPU or compute instance.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// The GPU instance profile (for a compute instance: its GPU instance's).
-    pub profile: String,
+    pub(crate) profile: String,
     /// Start of the GPU instance's placement, in memory slices.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub placement: Option<u32>,
+    pub(crate) placement: Option<u32>,
     /// The existing GPU instance a destroy removes.
     #[serde(skip)]
-    pub gpu_instance_id: Option<u32>,
+    pub(crate) gpu_instance_id: Option<u32>,
     /// The existing compute instance a destroy removes.
     #[serde(skip)]
-    pub compute_instance_id: Option<u32>,
+    pub(crate) compute_instance_id: Option<u32>,
 }
 
 /// An existing compute instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CiState {
     /// Compute instance id.
-    pub id: u32,
+    pub(crate) id: u32,
     /// Whether it spans its whole GPU instance (the only kind gpu-slicer creates).
-    pub full: bool,
+    pub(crate) full: bool,
 }
 
 /// An existing GPU instance, as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GiState {
     /// GPU instance id.
-    pub id: u32,
+    pub(crate) id: u32,
     /// Profile name (`3g.40gb`).
-    pub profile: String,
+    pub(crate) profile: String,
     /// Placement start.
-    pub start: u32,
+    pub(crate) start: u32,
     /// Its compute instances, sorted by id.
-    pub compute_instances: Vec<CiState>,
+    pub(crate) compute_instances: Vec<CiState>,
 }
 
 /// Whether a GPU is in its target.
@@ -93,16 +93,16 @@ pub(crate) enum PlanStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct GpuPlan {
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// `GPU-…` UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// Where it stands.
-    pub status: PlanStatus,
+    pub(crate) status: PlanStatus,
     /// Why it is unchanged or pending, when that is not obvious.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// The steps, in the order they run.
-    pub steps: Vec<Step>,
+    pub(crate) steps: Vec<Step>,
 }
 
 impl GpuPlan {

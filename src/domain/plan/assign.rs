@@ -19,7 +19,7 @@ use super::{PlanError, Result};
 /// module refuses them before planning).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum SkipReason {
+pub(crate) enum SkipReason {
     /// The entry's `name` is a resource this node does not have (e.g. a MIG profile on a
     /// node without MIG): the whole entry is skipped.
     ResourceNotOnNode,
@@ -32,14 +32,14 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, for zero-valued metric series.
-    pub const ALL: [SkipReason; 3] = [
+    pub(crate) const ALL: [SkipReason; 3] = [
         SkipReason::ResourceNotOnNode,
         SkipReason::NoMatchingDevices,
         SkipReason::DeviceNotOnNode,
     ];
 
     /// Short code, as metric labels and logs use it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SkipReason::ResourceNotOnNode => "resource-not-on-node",
             SkipReason::NoMatchingDevices => "no-matching-devices",
@@ -57,16 +57,16 @@ impl std::fmt::Display for SkipReason {
 /// A config entry (or one device reference of it) this node has nothing for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Skipped {
+pub(crate) struct Skipped {
     /// Config path, e.g. `sharing.timeSlicing.resources[0].name`.
-    pub field: String,
+    pub(crate) field: String,
     /// The value as the config wrote it.
-    pub value: String,
+    pub(crate) value: String,
     /// Why.
-    pub reason: SkipReason,
+    pub(crate) reason: SkipReason,
     /// What the node has instead, for the log line (`nvidia.com/gpu`, `8 devices of …`).
     #[serde(skip)]
-    pub node_has: String,
+    pub(crate) node_has: String,
 }
 
 /// Candidate index → index of the sharing entry that takes it.

@@ -10,20 +10,20 @@ use super::Plan;
 /// discovery, sharing, kind); the daemon re-advertises only those and leaves `unchanged`
 /// resources' sockets and streams alone.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct PlanDiff {
+pub(crate) struct PlanDiff {
     /// In the new plan only: start serving.
-    pub added: Vec<String>,
+    pub(crate) added: Vec<String>,
     /// In the old plan only: stop serving.
-    pub removed: Vec<String>,
+    pub(crate) removed: Vec<String>,
     /// In both, different: publish the new device list.
-    pub changed: Vec<String>,
+    pub(crate) changed: Vec<String>,
     /// In both, identical.
-    pub unchanged: Vec<String>,
+    pub(crate) unchanged: Vec<String>,
 }
 
 impl PlanDiff {
     /// Whether serving has to change at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
     }
 }

@@ -34,7 +34,7 @@ pub(crate) const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Errors planning resources: the config asks for something this node cannot give.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     /// `migStrategy: single` on a node whose MIG devices are not all alike.
     #[error(
         "invalid config {path}: field `flags.migStrategy` = `single`: all MIG devices must have the same profile, found {profiles}; use `mixed`"
@@ -103,11 +103,11 @@ pub(crate) type Result<T, E = PlanError> = std::result::Result<T, E>;
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Planned {
     /// The plan to serve.
-    pub plan: Plan,
+    pub(crate) plan: Plan,
     /// Entries and references skipped on this node, in config order, for the caller to
     /// log. The daemon records them as
     /// `gpu_slicer_config_entries_skipped{reason}` ([`crate::runtime::metrics::Metrics::record_skipped`]).
-    pub skipped: Vec<Skipped>,
+    pub(crate) skipped: Vec<Skipped>,
 }
 
 /// Build the plan. Pure: the same inputs always give the same plan. Entries this node

@@ -12,27 +12,27 @@ use crate::domain::inventory::Health;
 /// The physical device behind an allocatable device.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Physical {
+pub(crate) struct Physical {
     /// `GPU-…` or `MIG-…`: the UUID the CDI spec names a device by.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// UUID of the GPU (the parent for MIG devices).
-    pub gpu_uuid: String,
+    pub(crate) gpu_uuid: String,
     /// Index of the GPU.
-    pub gpu_index: u32,
+    pub(crate) gpu_index: u32,
     /// MIG position `j` of `i:j`, for MIG devices.
-    pub mig_index: Option<u32>,
+    pub(crate) mig_index: Option<u32>,
     /// MIG profile, for MIG devices.
-    pub mig_profile: Option<String>,
+    pub(crate) mig_profile: Option<String>,
 }
 
 impl Physical {
     /// Whether this is a MIG device.
-    pub fn is_mig(&self) -> bool {
+    pub(crate) fn is_mig(&self) -> bool {
         self.mig_index.is_some()
     }
 
     /// NVIDIA's index form: `i` or `i:j`.
-    pub fn index_name(&self) -> String {
+    pub(crate) fn index_name(&self) -> String {
         match self.mig_index {
             Some(j) => format!("{}:{j}", self.gpu_index),
             None => self.gpu_index.to_string(),
@@ -43,60 +43,60 @@ impl Physical {
 /// The share of its physical device an allocatable device grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Share {
+pub(crate) struct Share {
     /// GPU memory in bytes.
-    pub memory_bytes: u64,
+    pub(crate) memory_bytes: u64,
     /// Compute as a percentage of the whole GPU (integer, rounded down as NVIDIA's MPS
     /// daemon setting is).
-    pub compute_percent: u32,
+    pub(crate) compute_percent: u32,
 }
 
 /// Replica information of a shared device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Replica {
+pub(crate) struct Replica {
     /// `n` of `<uuid>::<n>`.
-    pub index: u32,
+    pub(crate) index: u32,
     /// Replicas of this physical device.
-    pub of: u32,
+    pub(crate) of: u32,
 }
 
 /// One allocatable device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Device {
+pub(crate) struct Device {
     /// Kubelet device ID.
-    pub id: String,
+    pub(crate) id: String,
     /// Physical device behind it.
-    pub physical: Physical,
+    pub(crate) physical: Physical,
     /// Set for replicas.
-    pub replica: Option<Replica>,
+    pub(crate) replica: Option<Replica>,
     /// What it grants.
-    pub share: Share,
+    pub(crate) share: Share,
     /// Health at planning time (the inventory's).
-    pub health: Health,
+    pub(crate) health: Health,
     /// NUMA node of the GPU.
-    pub numa_node: Option<i64>,
+    pub(crate) numa_node: Option<i64>,
 }
 
 /// How a resource's devices are shared.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Sharing {
+pub(crate) struct Sharing {
     /// Section the rule came from.
-    pub kind: SharingKind,
+    pub(crate) kind: SharingKind,
     /// Isolation level.
-    pub isolation: Isolation,
+    pub(crate) isolation: Isolation,
     /// Reject requests for more than one replica.
-    pub fail_requests_greater_than_one: bool,
+    pub(crate) fail_requests_greater_than_one: bool,
     /// Allow one request to take replicas on several GPUs.
-    pub allow_multi_gpu: bool,
+    pub(crate) allow_multi_gpu: bool,
 }
 
 /// What kind of devices a resource holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub enum ResourceKind {
+pub(crate) enum ResourceKind {
     /// Whole GPUs (or their replicas).
     Gpu,
     /// MIG devices (or their replicas).
@@ -106,24 +106,24 @@ pub enum ResourceKind {
 /// One advertised extended resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Resource {
+pub(crate) struct Resource {
     /// e.g. `nvidia.com/mig-1g.10gb`.
-    pub name: String,
+    pub(crate) name: String,
     /// Devices are whole GPUs or MIG devices.
-    pub kind: ResourceKind,
+    pub(crate) kind: ResourceKind,
     /// Set when the devices are replicas.
-    pub sharing: Option<Sharing>,
+    pub(crate) sharing: Option<Sharing>,
     /// Devices sorted by ID.
-    pub devices: Vec<Device>,
+    pub(crate) devices: Vec<Device>,
     /// Whole-GPU resources on a node with a topology: each device's GPU in it, for
     /// link-aware preferred allocation.
     #[serde(skip)]
-    pub links: Option<Arc<crate::domain::topology::ResourceLinks>>,
+    pub(crate) links: Option<Arc<crate::domain::topology::ResourceLinks>>,
 }
 
 impl Resource {
     /// Look up a device by kubelet ID.
-    pub fn device(&self, id: &str) -> Option<&Device> {
+    pub(crate) fn device(&self, id: &str) -> Option<&Device> {
         self.devices
             .binary_search_by(|d| d.id.as_str().cmp(id))
             .ok()
@@ -134,19 +134,19 @@ impl Resource {
 /// The whole plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Resources sorted by name.
-    pub resources: Vec<Resource>,
+    pub(crate) resources: Vec<Resource>,
 }
 
 impl Plan {
     /// Look up a resource by name.
-    pub fn resource(&self, name: &str) -> Option<&Resource> {
+    pub(crate) fn resource(&self, name: &str) -> Option<&Resource> {
         self.resources.iter().find(|r| r.name == name)
     }
 
     /// Every device of every resource.
-    pub fn devices(&self) -> impl Iterator<Item = (&Resource, &Device)> {
+    pub(crate) fn devices(&self) -> impl Iterator<Item = (&Resource, &Device)> {
         self.resources
             .iter()
             .flat_map(|r| r.devices.iter().map(move |d| (r, d)))

@@ -8,11 +8,11 @@ use super::{Cell, RawGpu, Topology, from_cells, parse_matrix};
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
     /// Short name, also the node file's `topo-<name>.yaml`.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Matrix rows.
-    pub rows: Vec<String>,
+    pub(crate) rows: Vec<String>,
     /// NUMA node of GPU i.
-    pub numa: Vec<i64>,
+    pub(crate) numa: Vec<i64>,
 }
 
 fn build(

@@ -30,7 +30,7 @@ pub(crate) enum TopologyError {
 /// PCIe distance between two GPUs, nearest first (NVML `nvmlGpuTopologyLevel_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
-pub enum PcieLevel {
+pub(crate) enum PcieLevel {
     /// At most one PCIe bridge (NVML SINGLE = 10; INTERNAL = 0 is folded in here).
     Pix,
     /// Several PCIe bridges, no host bridge (MULTIPLE = 20).
@@ -45,7 +45,7 @@ pub enum PcieLevel {
 
 impl PcieLevel {
     /// From NVML's `nvmlGpuTopologyLevel_t` value; `None` for a value NVML does not define.
-    pub fn from_nvml(v: u32) -> Option<Self> {
+    pub(crate) fn from_nvml(v: u32) -> Option<Self> {
         Some(match v {
             0 | 10 => Self::Pix,
             20 => Self::Pxb,
@@ -57,7 +57,7 @@ impl PcieLevel {
     }
 
     /// NVML's value for this level.
-    pub fn to_nvml(self) -> u32 {
+    pub(crate) fn to_nvml(self) -> u32 {
         match self {
             Self::Pix => 10,
             Self::Pxb => 20,
@@ -68,7 +68,7 @@ impl PcieLevel {
     }
 
     /// `nvidia-smi topo -m` spelling.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Pix => "PIX",
             Self::Pxb => "PXB",
@@ -93,16 +93,16 @@ impl PcieLevel {
 /// The link between two GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PairLink {
+pub(crate) struct PairLink {
     /// Common PCIe ancestor.
-    pub pcie: PcieLevel,
+    pub(crate) pcie: PcieLevel,
     /// NVLink links joining them (direct, or through NVSwitch: the smaller switch-link count).
-    pub nvlinks: u32,
+    pub(crate) nvlinks: u32,
 }
 
 impl PairLink {
     /// The matrix cell: `NV#` when NVLink-connected, else the PCIe level.
-    pub fn cell(self) -> String {
+    pub(crate) fn cell(self) -> String {
         if self.nvlinks > 0 {
             format!("NV{}", self.nvlinks)
         } else {
@@ -114,54 +114,54 @@ impl PairLink {
 /// One GPU of the topology.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TopoGpu {
+pub(crate) struct TopoGpu {
     /// PCI bus ID (`0000:07:00.0`): the key.
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
     /// NVML index, for the `GPU<i>` labels of the matrix.
-    pub index: u32,
+    pub(crate) index: u32,
     /// NUMA node, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub numa_node: Option<i64>,
+    pub(crate) numa_node: Option<i64>,
 }
 
 /// Every GPU pair's link. `gpus` sorted by bus ID; `links[i * n + j]` is the pair (i, j).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Topology {
+pub(crate) struct Topology {
     /// GPUs sorted by PCI bus ID.
-    pub gpus: Vec<TopoGpu>,
+    pub(crate) gpus: Vec<TopoGpu>,
     /// Row-major n×n; the diagonal is unused (PIX, 0).
     #[serde(skip)]
-    pub links: Vec<PairLink>,
+    pub(crate) links: Vec<PairLink>,
     /// The matrix as `nvidia-smi topo -m` cells, rows and columns in NVML index order.
-    pub matrix: Vec<Vec<String>>,
+    pub(crate) matrix: Vec<Vec<String>>,
 }
 
 /// What a backend read about one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawGpu {
+pub(crate) struct RawGpu {
     /// PCI bus ID.
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
     /// NVML index.
-    pub index: u32,
+    pub(crate) index: u32,
     /// NUMA node.
-    pub numa_node: Option<i64>,
+    pub(crate) numa_node: Option<i64>,
     /// Enabled NVLink links whose remote end is an NVSwitch.
-    pub switch_links: u32,
+    pub(crate) switch_links: u32,
 }
 
 /// What a backend read about an ordered pair (a, b), from a's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RawPair {
+pub(crate) struct RawPair {
     /// `nvmlDeviceGetTopologyCommonAncestor` value; `None` when unsupported.
-    pub ancestor: Option<u32>,
+    pub(crate) ancestor: Option<u32>,
     /// Enabled links of a whose remote PCI bus ID is b's.
-    pub direct_nvlinks: u32,
+    pub(crate) direct_nvlinks: u32,
 }
 
 /// Something odd in the raw answers, handled and to be logged by the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TopologyWarning {
+pub(crate) enum TopologyWarning {
     /// The two directions of a pair disagree; the worse answer was kept.
     Asymmetric {
         a: String,
@@ -175,7 +175,7 @@ pub enum TopologyWarning {
 
 impl Topology {
     /// Build from raw answers; `pair(a, b)` indexes into `gpus` as given.
-    pub fn from_raw(
+    pub(crate) fn from_raw(
         gpus: &[RawGpu],
         mut pair: impl FnMut(usize, usize) -> RawPair,
     ) -> (Self, Vec<TopologyWarning>) {
@@ -265,31 +265,31 @@ impl Topology {
     }
 
     /// Number of GPUs.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.gpus.len()
     }
 
     /// Whether there are no GPUs.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.gpus.is_empty()
     }
 
     /// Position of a GPU by PCI bus ID.
-    pub fn position(&self, pci_bus_id: &str) -> Option<usize> {
+    pub(crate) fn position(&self, pci_bus_id: &str) -> Option<usize> {
         self.gpus
             .binary_search_by(|g| g.pci_bus_id.as_str().cmp(pci_bus_id))
             .ok()
     }
 
     /// The link between positions `a` and `b`.
-    pub fn link(&self, a: usize, b: usize) -> PairLink {
+    pub(crate) fn link(&self, a: usize, b: usize) -> PairLink {
         self.links[a * self.len() + b]
     }
 
     /// Pair score: NVLink count first, then PCIe closeness, then same NUMA node, packed so
     /// that sums compare lexicographically (each field has 20 bits of head room: 2^20 / 5
     /// pairs ≫ C(64, 2)).
-    pub fn pair_score(&self, a: usize, b: usize) -> u64 {
+    pub(crate) fn pair_score(&self, a: usize, b: usize) -> u64 {
         let l = self.link(a, b);
         let same_numa = match (self.gpus[a].numa_node, self.gpus[b].numa_node) {
             (Some(x), Some(y)) => u64::from(x == y),
@@ -299,7 +299,7 @@ impl Topology {
     }
 
     /// The `nvidia-smi topo -m`-style matrix with its legend.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut by_index: Vec<usize> = (0..self.len()).collect();
         by_index.sort_by_key(|&i| self.gpus[i].index);
         let cells: Vec<Vec<&str>> = self
@@ -322,11 +322,11 @@ impl Topology {
 
 /// A resource's devices placed in the topology (built by the planner).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResourceLinks {
+pub(crate) struct ResourceLinks {
     /// The node's topology.
-    pub topology: std::sync::Arc<Topology>,
+    pub(crate) topology: std::sync::Arc<Topology>,
     /// Position in `topology` of device i's GPU, `None` when the GPU is not in it.
-    pub slot: Vec<Option<usize>>,
+    pub(crate) slot: Vec<Option<usize>>,
 }
 
 /// One matrix cell as written in a node file or by `nvidia-smi topo -m`.
@@ -386,14 +386,14 @@ pub(crate) fn parse_matrix(rows: &[String]) -> Result<Vec<Vec<Cell>>, TopologyEr
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PlacementAttributes {
     /// PCI bus ID of the GPU.
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
     /// Id of the group of GPUs that share a PCIe host bridge or better (PHB or nearer), in
     /// the `pci<domain>:<bus>` form of `resource.kubernetes.io/pcieRoot`, named after the
     /// group's lowest bus ID. A stand-in where sysfs (the authoritative root) is unavailable.
-    pub pcie_root: String,
+    pub(crate) pcie_root: String,
     /// Id of the NVLink-connected group (`nvl-<lowest bus ID>`), `None` for a GPU without
     /// NVLink peers: the `gpu-slicer.io/nvlinkDomain` attribute.
-    pub nvlink_domain: Option<String>,
+    pub(crate) nvlink_domain: Option<String>,
 }
 
 /// Each GPU's PCIe-root group and NVLink domain, in bus-ID order.

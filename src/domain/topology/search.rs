@@ -21,11 +21,11 @@ const NODE_BUDGET: u64 = 200_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Best {
     /// Chosen candidate indices, ascending, forced ones included.
-    pub set: Vec<usize>,
+    pub(crate) set: Vec<usize>,
     /// Sum of pair scores of the set.
-    pub score: u64,
+    pub(crate) score: u64,
     /// The search ran to completion (the optimum).
-    pub exact: bool,
+    pub(crate) exact: bool,
 }
 
 struct Search<'a> {

@@ -15,9 +15,9 @@ const CONFIGMAP_DATA: &str = "..data";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ConfigDir {
     /// The directory the keys were listed in (the `..data` target, resolved once).
-    pub root: PathBuf,
+    pub(crate) root: PathBuf,
     /// The keys: regular files (or links to them) whose names do not start with `.`.
-    pub keys: BTreeSet<String>,
+    pub(crate) keys: BTreeSet<String>,
 }
 
 impl ConfigDir {

@@ -92,9 +92,9 @@ pub(crate) fn container_root(state_json: &str) -> Result<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Link {
     /// What the link points at (written verbatim; resolved later inside the container).
-    pub target: String,
+    pub(crate) target: String,
     /// Absolute path of the link in the container.
-    pub link: PathBuf,
+    pub(crate) link: PathBuf,
 }
 
 /// Parse `TARGET::LINK`.

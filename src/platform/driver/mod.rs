@@ -36,7 +36,7 @@ pub(crate) use edits::{HOOK_TIMEOUT_SECS, MOUNT_OPTIONS, container_edits, symlin
 
 /// Errors of driver discovery and of the driver hooks. Each names the path or argument.
 #[derive(Debug, thiserror::Error)]
-pub enum DriverError {
+pub(crate) enum DriverError {
     /// An `ld.so.cache` could not be parsed.
     #[error("cannot parse ld.so cache {path}: {message}")]
     LdCache { path: String, message: String },
@@ -103,9 +103,9 @@ pub(crate) type Result<T, E = DriverError> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DriverRoot {
     /// Host path of the root (`hostPath` prefix): `/` or `/run/nvidia/driver`.
-    pub host: PathBuf,
+    pub(crate) host: PathBuf,
     /// Where this process reads the same tree (`containerDriverRoot`, else `host`).
-    pub visible: PathBuf,
+    pub(crate) visible: PathBuf,
 }
 
 impl DriverRoot {
@@ -125,52 +125,52 @@ impl DriverRoot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DiscoverOptions {
     /// The driver root.
-    pub root: DriverRoot,
+    pub(crate) root: DriverRoot,
     /// Driver version (`550.54.14`): libraries are `*.so.<version>`.
-    pub version: String,
+    pub(crate) version: String,
     /// Extra library folders (paths inside the root), searched after the cache.
-    pub library_search_paths: Vec<PathBuf>,
+    pub(crate) library_search_paths: Vec<PathBuf>,
     /// `uname -r`, for `/lib/firmware/updates/<release>` (None: not searched).
-    pub kernel_release: Option<String>,
+    pub(crate) kernel_release: Option<String>,
 }
 
 /// One file of the driver.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct DriverFile {
     /// Path in the container (and inside the driver root).
-    pub container_path: String,
+    pub(crate) container_path: String,
     /// Path on the host (driver root + the resolved path inside it).
-    pub host_path: String,
+    pub(crate) host_path: String,
 }
 
 /// A driver library.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Library {
     /// Where it is.
-    pub file: DriverFile,
+    pub(crate) file: DriverFile,
     /// Its soname (`libcuda.so.1`) when known.
-    pub soname: Option<String>,
+    pub(crate) soname: Option<String>,
 }
 
 /// The driver's files, sorted by container path within each group.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Driver {
     /// Driver version.
-    pub version: String,
+    pub(crate) version: String,
     /// Host path of the driver root.
-    pub host_root: PathBuf,
+    pub(crate) host_root: PathBuf,
     /// `*.so.<version>` libraries.
-    pub libraries: Vec<Library>,
+    pub(crate) libraries: Vec<Library>,
     /// GSP firmware.
-    pub firmware: Vec<DriverFile>,
+    pub(crate) firmware: Vec<DriverFile>,
     /// Binaries ([`BINARIES`] found).
-    pub binaries: Vec<DriverFile>,
+    pub(crate) binaries: Vec<DriverFile>,
     /// IPC sockets found.
-    pub ipc_sockets: Vec<DriverFile>,
+    pub(crate) ipc_sockets: Vec<DriverFile>,
     /// Host path of the `ldconfig` the `update-ldcache` hook runs.
-    pub ldconfig: String,
+    pub(crate) ldconfig: String,
     /// Where libraries were looked for (for messages).
-    pub searched: Vec<String>,
+    pub(crate) searched: Vec<String>,
 }
 
 /// The host's kernel release (`uname -r`), for the firmware search.

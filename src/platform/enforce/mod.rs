@@ -128,19 +128,19 @@ pub(crate) trait MemoryLimiter {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct OciState {
     /// OCI runtime spec version.
-    pub oci_version: String,
+    pub(crate) oci_version: String,
     /// Container ID.
-    pub id: String,
+    pub(crate) id: String,
     /// `creating`, `created`, `running` or `stopped`.
-    pub status: String,
+    pub(crate) status: String,
     /// Container process on the host; required for the hooks that run before start.
     #[serde(default)]
-    pub pid: Option<i64>,
+    pub(crate) pid: Option<i64>,
     /// Bundle directory.
-    pub bundle: String,
+    pub(crate) bundle: String,
     /// Container annotations.
     #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
 }
 
 /// Parse the OCI state JSON and check it names a process.
@@ -160,9 +160,9 @@ pub(crate) fn parse_oci_state(text: &str) -> Result<OciState> {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct ProcCgroup {
     /// Path in the v2 (unified) hierarchy: the `0::<path>` line.
-    pub unified: Option<String>,
+    pub(crate) unified: Option<String>,
     /// v1 controller (or `name=…`) → path.
-    pub v1: BTreeMap<String, String>,
+    pub(crate) v1: BTreeMap<String, String>,
 }
 
 /// Parse `/proc/<pid>/cgroup` (`hierarchy-ID:controller-list:path` per line).

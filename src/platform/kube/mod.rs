@@ -39,7 +39,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Errors of the API client setup and calls.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     /// No kubeconfig was given and the in-cluster environment is incomplete.
     #[error(
         "no Kubernetes API: --kubeconfig / KUBECONFIG is unset and {missing} is not set (not running in a pod?)"
@@ -81,7 +81,7 @@ pub enum KubeError {
 
 impl KubeError {
     /// The HTTP status the API server answered, if it answered one.
-    pub fn status_code(&self) -> Option<u16> {
+    pub(crate) fn status_code(&self) -> Option<u16> {
         match self {
             KubeError::Api {
                 source: kube::Error::Api(s),
@@ -95,9 +95,9 @@ impl KubeError {
 /// The in-cluster environment, read once (so tests can give their own).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct InClusterEnv {
-    pub service_host: Option<String>,
-    pub service_port: Option<String>,
-    pub service_account_dir: PathBuf,
+    pub(crate) service_host: Option<String>,
+    pub(crate) service_port: Option<String>,
+    pub(crate) service_account_dir: PathBuf,
 }
 
 impl InClusterEnv {

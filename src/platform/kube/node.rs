@@ -22,21 +22,21 @@ pub(crate) const COMPONENT: &str = "gpu-slicer";
 
 /// Normal or Warning, as Events carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
+pub(crate) enum EventKind {
     Normal,
     Warning,
 }
 
 /// One node's API handle.
 #[derive(Debug, Clone)]
-pub struct NodeApi {
+pub(crate) struct NodeApi {
     nodes: Api<Node>,
     events: Api<Event>,
     name: String,
 }
 
 impl NodeApi {
-    pub fn new(client: kube::Client, name: String) -> NodeApi {
+    pub(crate) fn new(client: kube::Client, name: String) -> NodeApi {
         NodeApi {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, EVENT_NAMESPACE),
@@ -45,7 +45,7 @@ impl NodeApi {
     }
 
     /// The node's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -58,7 +58,7 @@ impl NodeApi {
     }
 
     /// GET the Node.
-    pub async fn get(&self) -> Result<Node, KubeError> {
+    pub(crate) async fn get(&self) -> Result<Node, KubeError> {
         self.nodes
             .get(&self.name)
             .await
@@ -67,7 +67,7 @@ impl NodeApi {
 
     /// WATCH the Node from `resource_version` (bookmarks on). The stream ends when the server
     /// ends the request; an `Error` event with code 410 means "GET again".
-    pub async fn watch(
+    pub(crate) async fn watch(
         &self,
         resource_version: &str,
     ) -> Result<impl Stream<Item = Result<WatchEvent<Node>, KubeError>> + use<>, KubeError> {
@@ -90,7 +90,7 @@ impl NodeApi {
     }
 
     /// Sets (`Some`) and removes (`None`) labels in one JSON merge patch.
-    pub async fn patch_labels(
+    pub(crate) async fn patch_labels(
         &self,
         labels: &BTreeMap<String, Option<String>>,
     ) -> Result<Node, KubeError> {
@@ -104,7 +104,7 @@ impl NodeApi {
 
     /// Sets and removes labels and sets one annotation (when `annotation` is given) in one
     /// JSON merge patch, so both change together or not at all.
-    pub async fn patch_labels_and_annotation(
+    pub(crate) async fn patch_labels_and_annotation(
         &self,
         labels: &BTreeMap<String, Option<String>>,
         annotation: Option<(&str, &str)>,
@@ -121,7 +121,7 @@ impl NodeApi {
     }
 
     /// Records an Event about the Node (`uid` from the last GET or watch event, when known).
-    pub async fn event(
+    pub(crate) async fn event(
         &self,
         uid: Option<&str>,
         kind: EventKind,

@@ -17,7 +17,7 @@ const WATCH_TIMEOUT_S: u32 = 290;
 
 /// The slices of one driver on one node.
 #[derive(Clone)]
-pub struct SliceApi {
+pub(crate) struct SliceApi {
     api: Api<ApiSlice>,
     client: kube::Client,
     driver: String,
@@ -56,7 +56,7 @@ fn convert(name: &str, e: &serde_json::Error) -> KubeError {
 
 impl SliceApi {
     /// The slices of `driver` whose `spec.nodeName` is `node`.
-    pub fn new(client: kube::Client, driver: &str, node: &str) -> SliceApi {
+    pub(crate) fn new(client: kube::Client, driver: &str, node: &str) -> SliceApi {
         SliceApi {
             api: Api::all(client.clone()),
             client,
@@ -66,18 +66,18 @@ impl SliceApi {
     }
 
     /// The driver name.
-    pub fn driver(&self) -> &str {
+    pub(crate) fn driver(&self) -> &str {
         &self.driver
     }
 
     /// The node name.
-    pub fn node(&self) -> &str {
+    pub(crate) fn node(&self) -> &str {
         &self.node
     }
 
     /// The API server's version (`/version`): `(major, minor)` as it writes them (`1`,
     /// `35+`). The slice layout for partitionable devices changed in 1.35.
-    pub async fn server_version(&self) -> Result<(String, String), KubeError> {
+    pub(crate) async fn server_version(&self) -> Result<(String, String), KubeError> {
         let info = self
             .client
             .apiserver_version()
@@ -107,7 +107,7 @@ impl SliceApi {
     }
 
     /// LIST our slices: the objects and the list's resourceVersion (to watch from).
-    pub async fn list(&self) -> Result<(Vec<ApiSlice>, String), KubeError> {
+    pub(crate) async fn list(&self) -> Result<(Vec<ApiSlice>, String), KubeError> {
         let params = ListParams::default().fields(&self.selector());
         let list = self
             .api
@@ -119,7 +119,7 @@ impl SliceApi {
     }
 
     /// Create `slice`.
-    pub async fn create(&self, slice: &ResourceSlice) -> Result<ApiSlice, KubeError> {
+    pub(crate) async fn create(&self, slice: &ResourceSlice) -> Result<ApiSlice, KubeError> {
         let body = to_api(slice)?;
         self.api
             .create(&PostParams::default(), &body)
@@ -128,7 +128,7 @@ impl SliceApi {
     }
 
     /// Replace the stored slice of the same name, which was at `resource_version`.
-    pub async fn replace(
+    pub(crate) async fn replace(
         &self,
         slice: &ResourceSlice,
         resource_version: &str,
@@ -142,7 +142,7 @@ impl SliceApi {
     }
 
     /// Delete slice `name` (already gone is success).
-    pub async fn delete(&self, name: &str) -> Result<(), KubeError> {
+    pub(crate) async fn delete(&self, name: &str) -> Result<(), KubeError> {
         match self.api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -152,7 +152,7 @@ impl SliceApi {
 
     /// WATCH our slices from `resource_version` (bookmarks on). The stream ends when the
     /// server ends the request; an `Error` event with code 410 means "LIST again".
-    pub async fn watch(
+    pub(crate) async fn watch(
         &self,
         resource_version: &str,
     ) -> Result<impl Stream<Item = Result<WatchEvent<ApiSlice>, KubeError>> + Send + use<>, KubeError>

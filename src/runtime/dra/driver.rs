@@ -31,14 +31,14 @@ use crate::state::Store;
 
 /// What binds shares and makes dynamic MIG devices, beside the claims and files.
 #[derive(Debug, Clone, Default)]
-pub struct DriverExtras {
+pub(crate) struct DriverExtras {
     /// The memory-limit hook share devices run (`None`: claims that need it fail).
-    pub hook: Option<HookSettings>,
+    pub(crate) hook: Option<HookSettings>,
     /// MIG instance operations for dynamic MIG (`None`: no NVML, such claims fail).
-    pub instances: Option<Arc<dyn InstanceOps>>,
+    pub(crate) instances: Option<Arc<dyn InstanceOps>>,
     /// Test-only fault point (`GPU_SLICER_FAULT=dra-after-mig-create`): SIGKILL this
     /// process right after a claim's MIG instances are made, before its spec and checkpoint.
-    pub kill_after_mig_create: bool,
+    pub(crate) kill_after_mig_create: bool,
 }
 
 /// The outcome of one claim.
@@ -46,7 +46,7 @@ pub(crate) type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
 
 /// The driver core.
 #[derive(Debug, Clone)]
-pub struct Driver {
+pub(crate) struct Driver {
     inner: Arc<Inner>,
 }
 
@@ -65,7 +65,7 @@ struct Inner {
 
 impl Driver {
     /// A driver for `node` serving `store`, with `prepared` as loaded from the checkpoint.
-    pub fn new(
+    pub(crate) fn new(
         driver: &str,
         node: &str,
         store: Store,
@@ -85,7 +85,7 @@ impl Driver {
 
     /// [`Driver::new`] with the hook and MIG instance operations shares and dynamic MIG
     /// devices need.
-    pub fn with_extras(
+    pub(crate) fn with_extras(
         driver: &str,
         node: &str,
         store: Store,
@@ -122,22 +122,22 @@ impl Driver {
     }
 
     /// Driver name.
-    pub fn driver(&self) -> &str {
+    pub(crate) fn driver(&self) -> &str {
         &self.inner.driver
     }
 
     /// Pool (node) name.
-    pub fn pool(&self) -> &str {
+    pub(crate) fn pool(&self) -> &str {
         &self.inner.node
     }
 
     /// The state store.
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.inner.store
     }
 
     /// UIDs of the prepared claims.
-    pub async fn prepared_claims(&self) -> Vec<String> {
+    pub(crate) async fn prepared_claims(&self) -> Vec<String> {
         self.inner
             .prepared
             .lock()
@@ -149,7 +149,7 @@ impl Driver {
     }
 
     /// Prepare every claim; one outcome per claim UID.
-    pub async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, ClaimOutcome> {
+    pub(crate) async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, ClaimOutcome> {
         let mut prepared = self.inner.prepared.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {
@@ -286,7 +286,7 @@ impl Driver {
     }
 
     /// Unprepare every claim: remove its spec and its entry. Unknown claims succeed.
-    pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
+    pub(crate) async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
         let mut prepared = self.inner.prepared.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {

@@ -37,7 +37,7 @@ use crate::state::Store;
 
 /// Errors starting the DRA driver.
 #[derive(Debug, thiserror::Error)]
-pub enum DraRuntimeError {
+pub(crate) enum DraRuntimeError {
     /// A socket could not be bound.
     #[error(transparent)]
     Socket(#[from] PluginError),
@@ -48,71 +48,71 @@ pub enum DraRuntimeError {
 
 /// Settings of the DRA driver.
 #[derive(Debug, Clone)]
-pub struct DraSettings {
+pub(crate) struct DraSettings {
     /// Driver name (`--dra-driver-name`).
-    pub driver: String,
+    pub(crate) driver: String,
     /// Node (pool) name.
-    pub node: String,
+    pub(crate) node: String,
     /// `--kubelet-registry-dir`.
-    pub registry_dir: PathBuf,
+    pub(crate) registry_dir: PathBuf,
     /// `--kubelet-plugins-dir`.
-    pub plugins_dir: PathBuf,
+    pub(crate) plugins_dir: PathBuf,
     /// CDI directory of the per-claim specs.
-    pub cdi_dir: PathBuf,
+    pub(crate) cdi_dir: PathBuf,
     /// `--state-dir` (the checkpoint `dra-prepared.json`).
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Root of /proc (the boot ID).
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
     /// Health stream resend interval.
-    pub health_resend: Duration,
+    pub(crate) health_resend: Duration,
     /// How often the registration socket's presence is checked.
-    pub socket_check: Duration,
+    pub(crate) socket_check: Duration,
     /// The memory-limit hook, MIG instance operations and fault point of
     /// [`Driver::with_extras`].
-    pub extras: DriverExtras,
+    pub(crate) extras: DriverExtras,
 }
 
 impl DraSettings {
     /// `<registry dir>/<driver>-reg.sock`.
-    pub fn registration_socket(&self) -> PathBuf {
+    pub(crate) fn registration_socket(&self) -> PathBuf {
         self.registry_dir.join(format!("{}-reg.sock", self.driver))
     }
 
     /// `<plugins dir>/<driver>/dra.sock`.
-    pub fn service_socket(&self) -> PathBuf {
+    pub(crate) fn service_socket(&self) -> PathBuf {
         self.plugins_dir.join(&self.driver).join("dra.sock")
     }
 }
 
 /// The DRA front-end as `run --dra` starts it, in place of the device-plugin servers.
 #[derive(Debug)]
-pub struct DraModeSettings {
+pub(crate) struct DraModeSettings {
     /// The kubelet side (sockets, checkpoint, per-claim specs).
-    pub driver: DraSettings,
+    pub(crate) driver: DraSettings,
     /// Where Prepare reads claims (the API in the daemon).
-    pub claims: Arc<dyn ClaimSource>,
+    pub(crate) claims: Arc<dyn ClaimSource>,
     /// ResourceSlice publishing; `None`: slices are not published (tests without an API).
-    pub publish: Option<publish::PublishSettings>,
+    pub(crate) publish: Option<publish::PublishSettings>,
 }
 
 /// What the DRA front-end exposes to the embedder.
 #[derive(Debug, Clone)]
-pub struct DraRunning {
+pub(crate) struct DraRunning {
     /// The kubelet side.
-    pub driver: DraExposed,
+    pub(crate) driver: DraExposed,
     /// The publisher's status, when slices are published.
-    pub slices: Option<watch::Receiver<publish::PublishStatus>>,
+    pub(crate) slices: Option<watch::Receiver<publish::PublishStatus>>,
 }
 
 /// What a started driver exposes.
 #[derive(Debug, Clone)]
-pub struct DraExposed {
+pub(crate) struct DraExposed {
     /// The core (prepared claims).
-    pub driver: Driver,
+    pub(crate) driver: Driver,
     /// How the checkpoint loaded.
-    pub loaded: LoadOutcome,
+    pub(crate) loaded: LoadOutcome,
     /// The kubelet's last registration verdict.
-    pub registration: watch::Receiver<Option<Result<(), String>>>,
+    pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
 }
 
 /// A started driver.

@@ -39,20 +39,20 @@ use crate::state::Store;
 
 /// Settings of the slice publisher.
 #[derive(Debug, Clone)]
-pub struct PublishSettings {
+pub(crate) struct PublishSettings {
     /// Our slices (driver and node) through the API.
-    pub slices: SliceApi,
+    pub(crate) slices: SliceApi,
     /// The Node, for the owner reference's UID.
-    pub node: NodeApi,
+    pub(crate) node: NodeApi,
     /// First retry delay (before jitter).
-    pub backoff_base: Duration,
+    pub(crate) backoff_base: Duration,
     /// Longest retry delay.
-    pub backoff_cap: Duration,
+    pub(crate) backoff_cap: Duration,
 }
 
 impl PublishSettings {
     /// 500 ms doubling to 30 s, as the node watcher.
-    pub fn new(slices: SliceApi, node: NodeApi) -> Self {
+    pub(crate) fn new(slices: SliceApi, node: NodeApi) -> Self {
         Self {
             slices,
             node,
@@ -64,15 +64,15 @@ impl PublishSettings {
 
 /// Where publishing stands.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishStatus {
+pub(crate) struct PublishStatus {
     /// The pool generation last written or found in place (0: none yet).
-    pub generation: i64,
+    pub(crate) generation: i64,
     /// Slices of the pool at that generation.
-    pub slices: usize,
+    pub(crate) slices: usize,
     /// Successful create, update and delete calls so far.
-    pub writes: u64,
+    pub(crate) writes: u64,
     /// The last failure, cleared by the next pass that converges.
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
 }
 
 /// Starts the publisher; the handle exposes its status.

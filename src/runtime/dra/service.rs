@@ -142,11 +142,11 @@ fn refs(claims: impl Iterator<Item = (String, String, String)>) -> Vec<ClaimRef>
 #[derive(Debug, Clone)]
 pub(crate) struct Registrar {
     /// Driver name.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Absolute path of `dra.sock`.
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// The kubelet's last registration verdict (`None` before the first).
-    pub status: Arc<watch::Sender<Option<Result<(), String>>>>,
+    pub(crate) status: Arc<watch::Sender<Option<Result<(), String>>>>,
 }
 
 #[tonic::async_trait]
@@ -186,11 +186,11 @@ impl reg::registration_server::Registration for Registrar {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DeviceHealthItem {
     /// Device name.
-    pub device: String,
+    pub(crate) device: String,
     /// Healthy.
-    pub healthy: bool,
+    pub(crate) healthy: bool,
     /// Why not.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// The complete health list of a snapshot.

@@ -37,7 +37,7 @@ mod guard;
 
 /// Errors of the HTTP endpoint.
 #[derive(Debug, thiserror::Error)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -57,12 +57,12 @@ pub enum HttpError {
 /// expected resource is registered. Embedders that manage readiness themselves may store
 /// the flags directly.
 #[derive(Debug, Default)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     /// Every planned resource is registered with the kubelet.
-    pub registered: AtomicBool,
+    pub(crate) registered: AtomicBool,
     /// The CDI spec for the current plan is on disk; read only when no store is followed
     /// (embedders that manage readiness themselves).
-    pub spec_written: AtomicBool,
+    pub(crate) spec_written: AtomicBool,
     resources: Mutex<ResourceRegistrations>,
     /// The daemon's state: the spec flag is its snapshot's.
     store: Option<Store>,
@@ -82,7 +82,7 @@ impl ResourceRegistrations {
 
 impl Readiness {
     /// A readiness whose spec flag is `store`'s current snapshot's `spec_written`.
-    pub fn following(store: Store) -> Self {
+    pub(crate) fn following(store: Store) -> Self {
         Self {
             store: Some(store),
             ..Self::default()
@@ -97,7 +97,7 @@ impl Readiness {
     }
 
     /// The resources that must be registered for the agent to be ready (the plan's).
-    pub fn expect_resources<I: IntoIterator<Item = String>>(&self, names: I) {
+    pub(crate) fn expect_resources<I: IntoIterator<Item = String>>(&self, names: I) {
         let mut r = self
             .resources
             .lock()
@@ -112,7 +112,7 @@ impl Readiness {
     }
 
     /// A resource task registered with the kubelet (`true`) or stopped serving (`false`).
-    pub fn mark_registered(&self, resource: &str, registered: bool) {
+    pub(crate) fn mark_registered(&self, resource: &str, registered: bool) {
         let mut r = self
             .resources
             .lock()
@@ -126,7 +126,7 @@ impl Readiness {
     }
 
     /// Whether the agent is ready, and if not, why.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let mut missing = Vec::new();
         if !self.spec_written() {
             missing.push("CDI spec not written".to_string());
@@ -177,9 +177,9 @@ pub(crate) async fn bind(addr: &str) -> Result<TcpListener, HttpError> {
 #[derive(Debug)]
 pub(crate) struct HttpPeers {
     /// What `/readyz` reports.
-    pub readiness: Arc<Readiness>,
+    pub(crate) readiness: Arc<Readiness>,
     /// The usage sampler's rounds for `/v1/state` (`None`: 503).
-    pub usage: Option<UsageWatch>,
+    pub(crate) usage: Option<UsageWatch>,
 }
 
 /// Serve on `listener` (bound by [`bind`], so a bad address fails the start) until the

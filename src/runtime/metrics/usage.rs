@@ -23,68 +23,68 @@ type Ratio = Gauge<f64, AtomicU64>;
 
 /// Labels naming a device.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct UuidLabels {
+pub(crate) struct UuidLabels {
     /// GPU UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
 }
 
 /// Labels naming a device and its kind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct DeviceKindLabels {
+pub(crate) struct DeviceKindLabels {
     /// GPU or MIG UUID.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// `gpu` or `mig`.
-    pub kind: String,
+    pub(crate) kind: String,
 }
 
 /// Labels naming a share.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, EncodeLabelSet)]
-pub struct ShareLabels {
+pub(crate) struct ShareLabels {
     /// Pod namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Pod name.
-    pub pod: String,
+    pub(crate) pod: String,
     /// Container name.
-    pub container: String,
+    pub(crate) container: String,
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
 }
 
 /// Labels of `placeable_requests`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct PlaceLabels {
+pub(crate) struct PlaceLabels {
     /// Extended resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Replicas per request.
-    pub size: String,
+    pub(crate) size: String,
 }
 
 /// Labels of `unattributed_processes`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(crate) struct ReasonLabels {
     /// Why (`no-cgroup`, `not-a-pod`, `no-checkpoint-entry`, `ambiguous`, `no-holder`).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The usage families.
 #[derive(Debug, Default)]
-pub struct UsageMetrics {
+pub(crate) struct UsageMetrics {
     /// `gpu_slicer_device_utilization_ratio{uuid}`.
-    pub utilization: Family<UuidLabels, Ratio>,
+    pub(crate) utilization: Family<UuidLabels, Ratio>,
     /// `gpu_slicer_device_memory_used_bytes{uuid,kind}`.
-    pub memory_used: Family<DeviceKindLabels, Gauge>,
+    pub(crate) memory_used: Family<DeviceKindLabels, Gauge>,
     /// `gpu_slicer_device_memory_total_bytes{uuid,kind}`.
-    pub memory_total: Family<DeviceKindLabels, Gauge>,
+    pub(crate) memory_total: Family<DeviceKindLabels, Gauge>,
     /// `gpu_slicer_share_memory_used_bytes{namespace,pod,container,resource}`.
-    pub share_used: Family<ShareLabels, Gauge>,
+    pub(crate) share_used: Family<ShareLabels, Gauge>,
     /// `gpu_slicer_share_memory_granted_bytes{namespace,pod,container,resource}`.
-    pub share_granted: Family<ShareLabels, Gauge>,
+    pub(crate) share_granted: Family<ShareLabels, Gauge>,
     /// `gpu_slicer_idle_shares{resource}`.
-    pub idle_shares: Family<ResourceLabels, Gauge>,
+    pub(crate) idle_shares: Family<ResourceLabels, Gauge>,
     /// `gpu_slicer_placeable_requests{resource,size}`.
-    pub placeable: Family<PlaceLabels, Gauge>,
+    pub(crate) placeable: Family<PlaceLabels, Gauge>,
     /// `gpu_slicer_unattributed_processes{reason}`.
-    pub unattributed: Family<ReasonLabels, Gauge>,
+    pub(crate) unattributed: Family<ReasonLabels, Gauge>,
     published: Mutex<Published>,
 }
 
@@ -163,7 +163,7 @@ impl UsageMetrics {
     }
 
     /// Publish a report: set every series it has, remove the ones it no longer has.
-    pub fn publish(&self, report: &UsageReport) {
+    pub(crate) fn publish(&self, report: &UsageReport) {
         let mut now = Published::default();
         for g in &report.gpus {
             if let Some(u) = g.utilization {

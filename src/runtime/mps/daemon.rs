@@ -89,26 +89,26 @@ const STOP_STEP: Duration = Duration::from_secs(1);
 
 /// Supervisor settings (binary paths and timing; tests shorten the timing).
 #[derive(Debug, Clone)]
-pub struct SupervisorConfig {
+pub(crate) struct SupervisorConfig {
     /// `nvidia-cuda-mps-control` or a stand-in.
-    pub control_bin: PathBuf,
+    pub(crate) control_bin: PathBuf,
     /// `nvidia-smi` for compute-mode changes; `None` or a missing file skips them.
-    pub nvidia_smi: Option<PathBuf>,
+    pub(crate) nvidia_smi: Option<PathBuf>,
     /// First restart delay.
-    pub backoff_base: Duration,
+    pub(crate) backoff_base: Duration,
     /// Longest restart delay; a daemon that stayed up this long restarts at the base delay.
-    pub backoff_max: Duration,
+    pub(crate) backoff_max: Duration,
     /// How long a started daemon may take to answer on its control pipe.
-    pub ready_timeout: Duration,
+    pub(crate) ready_timeout: Duration,
     /// Deadline of one control-client invocation.
-    pub command_timeout: Duration,
+    pub(crate) command_timeout: Duration,
     /// How long a daemon may take to exit after `quit` before it is killed.
-    pub stop_timeout: Duration,
+    pub(crate) stop_timeout: Duration,
     /// Size bound of each daemon's `/dev/shm` tmpfs, bytes.
-    pub shm_size_bytes: u64,
+    pub(crate) shm_size_bytes: u64,
     /// Which task owns each daemon directory; shared by every supervisor started from
     /// clones of this config.
-    pub owners: DirOwners,
+    pub(crate) owners: DirOwners,
 }
 
 /// One owner at a time per daemon directory (keyed by its shm path): a task that replaces
@@ -116,7 +116,7 @@ pub struct SupervisorConfig {
 /// removed its tmpfs, or the old task's clean-up would unmount the new daemon's
 /// `/dev/shm` (and two daemons would fight over one pipe directory).
 #[derive(Debug, Clone, Default)]
-pub struct DirOwners(Arc<std::sync::Mutex<BTreeMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>>);
+pub(crate) struct DirOwners(Arc<std::sync::Mutex<BTreeMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>>);
 
 impl DirOwners {
     fn lock_for(&self, dir: &Path) -> Arc<tokio::sync::Mutex<()>> {

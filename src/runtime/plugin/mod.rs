@@ -44,7 +44,7 @@ const SERVER_STOP_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Errors serving a resource.
 #[derive(Debug, thiserror::Error)]
-pub enum PluginError {
+pub(crate) enum PluginError {
     /// The resource is not in the plan being served.
     #[error("resource {0} is not in the plan")]
     UnknownResource(String),
@@ -72,11 +72,11 @@ pub fn socket_name(resource: &str) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct PluginSettings {
     /// Directory of plugin sockets (the kubelet resolves endpoints relative to it).
-    pub device_plugin_dir: PathBuf,
+    pub(crate) device_plugin_dir: PathBuf,
     /// The kubelet's registration socket.
-    pub kubelet_socket: PathBuf,
+    pub(crate) kubelet_socket: PathBuf,
     /// Registration retry timing.
-    pub backoff: Backoff,
+    pub(crate) backoff: Backoff,
 }
 
 /// Bind a resource's socket: create the directory, remove a stale socket, bind, restrict
@@ -157,28 +157,28 @@ pub(crate) fn remove_socket(path: &Path) -> std::io::Result<()> {
 #[derive(Debug)]
 pub(crate) struct PluginPeers {
     /// Each (re)creation of `kubelet.sock`.
-    pub watch: KubeletWatch,
+    pub(crate) watch: KubeletWatch,
     /// Where Allocate persists what it hands out.
-    pub held: HeldCheckpoint,
+    pub(crate) held: HeldCheckpoint,
     /// Told when a resource is registered (or stops being), for `/readyz`.
-    pub readiness: Arc<crate::runtime::http::Readiness>,
+    pub(crate) readiness: Arc<crate::runtime::http::Readiness>,
 }
 
 /// Everything a resource task needs, shared by all resources.
 #[derive(Debug, Clone)]
 pub(crate) struct PluginContext {
     /// Paths and timing.
-    pub settings: Arc<PluginSettings>,
+    pub(crate) settings: Arc<PluginSettings>,
     /// The state every RPC reads one snapshot of.
-    pub store: Store,
+    pub(crate) store: Store,
     /// Where Allocate persists what it hands out.
-    pub held: HeldCheckpoint,
+    pub(crate) held: HeldCheckpoint,
     /// Owner of every task spawned for serving.
-    pub tracker: TaskTracker,
+    pub(crate) tracker: TaskTracker,
     /// RPC latencies, refusals and registrations are recorded here.
-    pub metrics: Arc<crate::runtime::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::runtime::metrics::Metrics>,
     /// Told when a resource is registered (or stops being), for `/readyz`.
-    pub readiness: Arc<crate::runtime::http::Readiness>,
+    pub(crate) readiness: Arc<crate::runtime::http::Readiness>,
 }
 
 /// Failures of resources, as the plugin manager reports them (the supervisor stops the

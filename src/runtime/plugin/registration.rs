@@ -28,11 +28,11 @@ pub(crate) enum RegistrationError {
 
 /// Retry timing: injected so tests and benchmarks control it.
 #[derive(Debug, Clone, Copy)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// First delay.
-    pub initial: Duration,
+    pub(crate) initial: Duration,
     /// Ceiling.
-    pub max: Duration,
+    pub(crate) max: Duration,
 }
 
 impl Default for Backoff {
@@ -46,7 +46,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The delay after `attempt` failures (doubling from `initial`, capped at `max`).
-    pub fn delay(&self, attempt: u32) -> Duration {
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
         self.initial
             .saturating_mul(1u32 << attempt.min(16))
             .min(self.max)

@@ -13,7 +13,7 @@ use crate::platform::fswatch::{DirWatch, FsKind, Handler};
 
 /// Errors setting up the watch.
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(crate) enum WatchError {
     /// The directory could not be created.
     #[error("cannot create directory {path}: {source}")]
     CreateDir {

@@ -43,8 +43,7 @@ mod store;
 mod watch;
 mod write;
 
-pub use schedule::ShareRequest;
-pub(crate) use schedule::ShareAllocated;
+pub use schedule::{ShareAllocated, ShareRequest};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -116,7 +115,7 @@ pub enum Verb {
 
 impl Verb {
     /// The RBAC spelling (`deletecollection`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verb::Get => "get",
             Verb::List => "list",
@@ -173,18 +172,18 @@ impl User {
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
     pub verb: Verb,
-    pub path: String,
+    pub(crate) path: String,
     /// The raw query string.
     pub query: String,
     /// The authenticated user (empty when refused before authentication).
-    pub user: String,
+    pub(crate) user: String,
     /// The status code answered (200 for a watch that streamed).
     pub code: u16,
 }
 
 /// What an injected fault does.
 #[derive(Debug, Clone)]
-pub enum FaultAction {
+pub(crate) enum FaultAction {
     /// Answer with this status code (a Kubernetes `Status` body).
     Status(u16),
     /// Wait this long, then serve the request.
@@ -194,11 +193,11 @@ pub enum FaultAction {
 /// A fault for requests matching a verb and a path substring.
 #[derive(Debug, Clone)]
 pub struct Fault {
-    pub verb: Option<Verb>,
-    pub path_contains: Option<String>,
-    pub action: FaultAction,
+    pub(crate) verb: Option<Verb>,
+    pub(crate) path_contains: Option<String>,
+    pub(crate) action: FaultAction,
     /// How many requests it hits; `None`: until [`ApiServer::clear_faults`].
-    pub times: Option<usize>,
+    pub(crate) times: Option<usize>,
 }
 
 impl Fault {
@@ -234,7 +233,7 @@ pub struct Admission<'a> {
     pub resource: &'static str,
     /// `status` or empty.
     pub subresource: &'static str,
-    pub namespace: &'a str,
+    pub(crate) namespace: &'a str,
     pub name: &'a str,
     pub user: &'a User,
     pub object: Option<&'a Value>,
@@ -300,12 +299,12 @@ impl ApiServer {
     }
 
     /// `http://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// The port it listens on (kept across [`ApiServer::go_down`] / [`ApiServer::come_up`]).
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
@@ -471,7 +470,7 @@ impl ApiServer {
     }
 
     /// Applies `f` to the stored JSON of `namespace/name` and stores the result (a new version).
-    pub fn modify<K: k8s_openapi::Resource>(
+    pub(crate) fn modify<K: k8s_openapi::Resource>(
         &self,
         namespace: &str,
         name: &str,
@@ -550,13 +549,13 @@ impl ApiServer {
 
     /// What `/version` answers from now on: `major` and `minor` as a server writes them
     /// (`"1"`, `"34"`); the default is 1.36.
-    pub fn set_version(&self, major: &str, minor: &str) {
+    pub(crate) fn set_version(&self, major: &str, minor: &str) {
         self.shared.policy().version = Some((major.to_owned(), minor.to_owned()));
     }
 
     /// Sends bookmarks every `interval` (`None`: only on [`ApiServer::bookmark`]); applies to
     /// watches started afterwards.
-    pub fn set_bookmark_interval(&self, interval: Option<Duration>) {
+    pub(crate) fn set_bookmark_interval(&self, interval: Option<Duration>) {
         self.shared.policy().bookmark_interval = interval;
     }
 
@@ -640,7 +639,7 @@ impl ApiServer {
     }
 
     /// Empties the request log.
-    pub fn clear_requests(&self) {
+    pub(crate) fn clear_requests(&self) {
         self.shared.log().clear();
     }
 

@@ -20,17 +20,17 @@ use crate::domain::dra::model::bytes_quantity;
 #[derive(Debug, Clone, Default)]
 pub struct ShareRequest {
     /// The claim's request name.
-    pub request: String,
+    pub(crate) request: String,
     /// Driver of the device.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Pool (node) of the device.
-    pub pool: String,
+    pub(crate) pool: String,
     /// Device name in the pool.
-    pub device: String,
+    pub(crate) device: String,
     /// Requested capacities (`memory` → `10Gi`, `compute` → `25`).
-    pub capacity: BTreeMap<String, String>,
+    pub(crate) capacity: BTreeMap<String, String>,
     /// Write the allocation even when the device does not have the capacity left.
-    pub overcommit: bool,
+    pub(crate) overcommit: bool,
 }
 
 impl ShareRequest {

@@ -50,7 +50,7 @@ pub struct DraPluginConn {
     /// `GetInfo`'s answer.
     pub info: reg::PluginInfo,
     /// The version picked (the first supported entry).
-    pub version: DraVersion,
+    pub(crate) version: DraVersion,
     channel: Channel,
 }
 
@@ -229,7 +229,7 @@ impl DraPluginConn {
     }
 
     /// Open the v1alpha1 health stream (what the kubelet dials).
-    pub async fn watch_health(
+    pub(crate) async fn watch_health(
         &self,
     ) -> Result<tonic::Streaming<drahealth_v1alpha1::NodeWatchResourcesResponse>, DraKubeletError>
     {

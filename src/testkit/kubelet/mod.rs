@@ -79,27 +79,27 @@ pub struct DeviceInfo {
     /// `Healthy` was reported.
     pub healthy: bool,
     /// NUMA node from the topology, if any.
-    pub numa_node: Option<i64>,
+    pub(crate) numa_node: Option<i64>,
 }
 
 /// Who an allocation is for (PodResources reports it).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PodRef {
+pub(crate) struct PodRef {
     /// Namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Pod name.
-    pub name: String,
+    pub(crate) name: String,
     /// Container name.
-    pub container: String,
+    pub(crate) container: String,
 }
 
 /// One allocation the emulator made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
     /// Owner.
-    pub pod: PodRef,
+    pub(crate) pod: PodRef,
     /// Resource name.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Device IDs allocated.
     pub device_ids: Vec<String>,
     /// The plugin's answer.
@@ -110,15 +110,15 @@ pub struct Allocation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
     /// Socket file name the plugin registered.
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// Options sent at registration.
-    pub get_preferred_allocation_available: bool,
+    pub(crate) get_preferred_allocation_available: bool,
     /// How many times this resource registered and delivered a first ListAndWatch frame.
-    pub count: u64,
+    pub(crate) count: u64,
     /// ListAndWatch frames received over all connections.
-    pub frames: u64,
+    pub(crate) frames: u64,
     /// Whether the latest ListAndWatch stream is still open.
-    pub open: bool,
+    pub(crate) open: bool,
 }
 
 #[derive(Debug)]
@@ -214,12 +214,12 @@ impl KubeletEmulator {
     }
 
     /// The registration socket (`<dir>/kubelet.sock`).
-    pub fn socket_path(&self) -> &Path {
+    pub(crate) fn socket_path(&self) -> &Path {
         &self.inner.socket
     }
 
     /// The device-plugin directory.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.inner.dir
     }
 
@@ -335,7 +335,7 @@ impl KubeletEmulator {
     }
 
     /// As [`allocate`](Self::allocate) for a given pod/container.
-    pub async fn allocate_for(
+    pub(crate) async fn allocate_for(
         &self,
         pod: PodRef,
         resource: &str,
@@ -417,12 +417,12 @@ impl KubeletEmulator {
     }
 
     /// Every allocation made so far.
-    pub fn allocations(&self) -> Vec<Allocation> {
+    pub(crate) fn allocations(&self) -> Vec<Allocation> {
         self.inner.state().allocations.clone()
     }
 
     /// Forget the allocations and claims of a pod (the pod was deleted).
-    pub fn release(&self, namespace: &str, name: &str) {
+    pub(crate) fn release(&self, namespace: &str, name: &str) {
         let mut state = self.inner.state();
         state
             .allocations

@@ -8,28 +8,28 @@ use crate::proto::podresources as pb;
 
 /// One device of a prepared claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimDevice {
+pub(crate) struct ClaimDevice {
     /// Driver.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Pool.
-    pub pool: String,
+    pub(crate) pool: String,
     /// Device name in the pool.
-    pub device: String,
+    pub(crate) device: String,
     /// Its CDI device IDs.
-    pub cdi_ids: Vec<String>,
+    pub(crate) cdi_ids: Vec<String>,
 }
 
 /// A prepared claim a container holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldClaim {
+pub(crate) struct HeldClaim {
     /// The container.
-    pub pod: PodRef,
+    pub(crate) pod: PodRef,
     /// The claim's namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The claim's name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its devices.
-    pub devices: Vec<ClaimDevice>,
+    pub(crate) devices: Vec<ClaimDevice>,
 }
 
 impl HeldClaim {
@@ -59,12 +59,12 @@ impl HeldClaim {
 impl KubeletEmulator {
     /// Report `claim`'s devices for its container in PodResources (until
     /// [`KubeletEmulator::release`] of its pod or [`KubeletEmulator::drop_claim`]).
-    pub fn hold_claim(&self, claim: HeldClaim) {
+    pub(crate) fn hold_claim(&self, claim: HeldClaim) {
         self.inner.state().claims.push(claim);
     }
 
     /// Stop reporting claim `namespace/name` for any container (it was unprepared).
-    pub fn drop_claim(&self, namespace: &str, name: &str) {
+    pub(crate) fn drop_claim(&self, namespace: &str, name: &str) {
         self.inner
             .state()
             .claims
