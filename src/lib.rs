@@ -93,7 +93,6 @@
 // benches onto `Node::run` and `bench` (benches/health.rs and socket.rs also drop their own
 // copies of the fake-NVML loader for testkit::PrivateFake / fake_lib).
 
-#![allow(unused_imports)]
 pub mod bench;
 mod cli;
 mod domain;

@@ -20,7 +20,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use crate::domain::inventory::Health;
-pub(crate) use crate::domain::snapshot::{Computed, Held, HeldDevice, Snapshot};
+pub(crate) use crate::domain::snapshot::{Computed, Held, Snapshot};
 use crate::domain::view::{self, HealthUpdate, Overlay, ResourceView, StateError};
 
 /// The shared handle on the state. Cheap to clone; every clone sees the same state.
@@ -63,6 +63,7 @@ impl Store {
         self.tx.borrow().views.get(resource).cloned()
     }
 
+    #[cfg(test)]
     /// Names of the served resources.
     pub(crate) fn resource_names(&self) -> Vec<String> {
         self.tx.borrow().resource_names()
@@ -77,7 +78,7 @@ impl Store {
         let mut out = None;
         self.tx.send_modify(|current| {
             let generation = current.generation + 1;
-            let views = view::views(&next.plan, &current.overlay, &current.views, generation);
+            let views = view::views(&next.plan, &current.overlay, &current.views);
             let snapshot = Arc::new(Snapshot {
                 generation,
                 overlay: current.overlay.clone(),
@@ -144,7 +145,7 @@ impl Store {
             }
             let generation = current.generation + 1;
             // The views are those of `current.plan`: only their health can change here.
-            let views = view::under_overlay(&current.views, &overlay, key, generation);
+            let views = view::under_overlay(&current.views, &overlay, key);
             let changed = view::changed(&current.views, &views);
             if changed.is_empty() {
                 // Same health as before (a repeated event): keep the overlay in step but

@@ -200,7 +200,10 @@ fn written(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<()> {
 /// `cdi generate`: build, check and write (or print) the spec. Nothing is written when any
 /// check fails, so an existing good spec stays in place.
 /// `cdi generate`: its errors are the spec's ([`CdiError`]) or the driver discovery's.
-pub(crate) fn generate(args: &CdiGenerateArgs, out: &mut dyn Write) -> crate::cli::error::Result<()> {
+pub(crate) fn generate(
+    args: &CdiGenerateArgs,
+    out: &mut dyn Write,
+) -> crate::cli::error::Result<()> {
     let overrides = Overrides {
         cdi_kind: args.kind.clone(),
         driver_root: args.driver_root.clone(),

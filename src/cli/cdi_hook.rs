@@ -88,7 +88,10 @@ pub(crate) struct InstallArgs {
 /// of one. The temp file has a random name and is created exclusively (`tempfile`): the
 /// host directory may be writable by others, and a symlink planted at a predictable name
 /// would make us overwrite and chmod its target as root. Returns the installed path.
-pub(crate) fn install(exe: &std::path::Path, dir: &std::path::Path) -> Result<PathBuf, EnforceError> {
+pub(crate) fn install(
+    exe: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<PathBuf, EnforceError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |action: &'static str, path: &std::path::Path| {
         let path = path.to_path_buf();

@@ -31,7 +31,11 @@ pub(crate) struct FleetArgs {
 impl FleetArgs {
     /// The selection `--config-dir` describes (`None` without it); `state_dir` holds the
     /// name applied before a restart.
-    pub(crate) fn selection(&self, config: &ConfigArgs, state_dir: Option<&Path>) -> Option<Selection> {
+    pub(crate) fn selection(
+        &self,
+        config: &ConfigArgs,
+        state_dir: Option<&Path>,
+    ) -> Option<Selection> {
         let dir = self.config_dir.clone()?;
         let recorded = state_dir.and_then(crate::platform::fleet_state::read);
         let flags = config.clone();

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use crate::domain::inventory::{Gpu, Inventory, MigDevice};
 
 /// Control nodes every CUDA container needs alongside its GPU nodes.
-pub(crate) const CONTROL_NODES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+pub(crate) const CONTROL_NODES: &[&str] =
+    &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
 /// A MIG device without one of its capability minors: it cannot be isolated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -109,7 +109,10 @@ pub(crate) fn choose_config(
 }
 
 /// The MIG layout to apply: the label wins over `flags.migLayouts.layout`.
-pub(crate) fn choose_layout<'a>(label: Option<&'a str>, configured: Option<&'a str>) -> Option<&'a str> {
+pub(crate) fn choose_layout<'a>(
+    label: Option<&'a str>,
+    configured: Option<&'a str>,
+) -> Option<&'a str> {
     label.filter(|v| !v.is_empty()).or(configured)
 }
 

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 /// XIDs NVIDIA's plugin ignores by default: errors caused by the application, not the GPU.
 pub(crate) const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
+#[cfg(test)]
 /// Default quiet period before a re-probe may bring a device back.
 pub(crate) const DEFAULT_QUIET_PERIOD: Duration = Duration::from_secs(60);
 
@@ -165,26 +166,15 @@ impl Tracker {
         }
     }
 
-    /// The XID filter in force.
-    pub(crate) fn filter(&self) -> &XidFilter {
-        &self.filter
-    }
-
     /// Replace the GPU list after a re-scan; state of GPUs that are gone is dropped.
     pub(crate) fn set_gpus(&mut self, gpus: Vec<String>) {
         self.gpus = gpus;
     }
 
+    #[cfg(test)]
     /// The reason a physical device is unhealthy, if it is.
     pub(crate) fn reason(&self, uuid: &str) -> Option<&str> {
         self.sick.get(uuid).map(|s| s.reason.as_str())
-    }
-
-    /// Every unhealthy physical device with its reason.
-    pub(crate) fn unhealthy(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.sick
-            .iter()
-            .map(|(u, s)| (u.as_str(), s.reason.as_str()))
     }
 
     /// Apply an event. Returns the devices that became unhealthy (a repeat event only

@@ -8,8 +8,6 @@ use std::fmt;
 
 use serde::Serialize;
 
-pub(crate) use node_spec::NodeSpec;
-
 /// Errors discovering the inventory.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum InventoryError {

@@ -41,7 +41,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::domain::config::Config;
 use crate::domain::plan::Plan;
@@ -117,8 +116,12 @@ pub(crate) enum MpsError {
     #[error("MPS control daemon for {uuid} exited during start-up: {status}")]
     ExitedEarly { uuid: String, status: String },
     /// Not every daemon came up in time.
+    #[cfg(test)]
     #[error("MPS control daemons not up after {waited:?}: {down}")]
-    NotUp { waited: Duration, down: String },
+    NotUp {
+        waited: std::time::Duration,
+        down: String,
+    },
 }
 
 /// Result alias for this module.

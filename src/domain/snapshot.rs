@@ -77,7 +77,7 @@ impl Snapshot {
     /// transition from the empty snapshot commits, minus the spec. For embedders and tests.
     pub(crate) fn serving(config: Config, inventory: Inventory, plan: Plan) -> Self {
         let overlay = Overlay::default();
-        let views = crate::domain::view::views(&plan, &overlay, &BTreeMap::new(), 1);
+        let views = crate::domain::view::views(&plan, &overlay, &BTreeMap::new());
         Self {
             generation: 1,
             nodes: Arc::new(DeviceNodes::new(&inventory).unwrap_or_default()),

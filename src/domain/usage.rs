@@ -40,16 +40,6 @@ pub(crate) enum DeviceKind {
     Mig,
 }
 
-impl DeviceKind {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Gpu => "gpu",
-            Self::Mig => "mig",
-        }
-    }
-}
-
 /// One device's figures in a sample.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DeviceSample {
@@ -224,7 +214,10 @@ enum RawDeviceIds {
 
 /// Parse the kubelet's `kubelet_internal_checkpoint` (device manager). Entries are sorted
 /// and their device IDs deduplicated; `origin` names the file in errors.
-pub(crate) fn parse_checkpoint(text: &str, origin: &str) -> Result<Vec<CheckpointEntry>, UsageError> {
+pub(crate) fn parse_checkpoint(
+    text: &str,
+    origin: &str,
+) -> Result<Vec<CheckpointEntry>, UsageError> {
     let file: CheckpointFile = serde_json::from_str(text).map_err(|e| UsageError::Checkpoint {
         path: origin.to_string(),
         message: e.to_string(),
@@ -337,11 +330,13 @@ pub(crate) struct ShareUsage {
 }
 
 impl ShareUsage {
+    #[cfg(test)]
     /// Memory used over every device, bytes.
     pub(crate) fn memory_used(&self) -> u64 {
         self.on.values().map(|d| d.memory_used).sum()
     }
 
+    #[cfg(test)]
     /// Memory granted over every device, bytes.
     pub(crate) fn memory_granted(&self) -> u64 {
         self.on.values().map(|d| d.memory_granted).sum()

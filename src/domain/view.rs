@@ -44,8 +44,6 @@ pub(crate) struct ResourceView {
     pub(crate) resource: Arc<Resource>,
     /// Health of `resource.devices[i]` at index `i`.
     pub(crate) health: Vec<DeviceHealth>,
-    /// Bumped on every change, so consumers can tell frames apart.
-    pub(crate) generation: u64,
     /// Which physical group each device belongs to (for preferred allocation).
     pub(crate) grouping: Arc<Grouping>,
 }
@@ -284,12 +282,11 @@ impl Overlay {
 
 /// The views of every resource of `plan` under `overlay`, reusing `previous` views whose
 /// resource and health did not change (same `Arc`), so their ListAndWatch streams stay
-/// quiet. `generation` is stamped on new views only.
+/// quiet.
 pub(crate) fn views(
     plan: &Plan,
     overlay: &Overlay,
     previous: &BTreeMap<String, Arc<ResourceView>>,
-    generation: u64,
 ) -> BTreeMap<String, Arc<ResourceView>> {
     plan.resources
         .iter()
@@ -301,13 +298,11 @@ pub(crate) fn views(
                 Some(old) if *old.resource == *r => Arc::new(ResourceView {
                     resource: old.resource.clone(),
                     health,
-                    generation,
                     grouping: old.grouping.clone(),
                 }),
                 _ => Arc::new(ResourceView {
                     resource: Arc::new(r.clone()),
                     health,
-                    generation,
                     grouping: Arc::new(Grouping::new(r)),
                 }),
             };
@@ -327,7 +322,6 @@ pub(crate) fn under_overlay(
     current: &BTreeMap<String, Arc<ResourceView>>,
     overlay: &Overlay,
     key: &str,
-    generation: u64,
 ) -> BTreeMap<String, Arc<ResourceView>> {
     current
         .iter()
@@ -347,7 +341,6 @@ pub(crate) fn under_overlay(
                 Some(health) => Arc::new(ResourceView {
                     resource: old.resource.clone(),
                     health,
-                    generation,
                     grouping: old.grouping.clone(),
                 }),
             };
@@ -392,7 +385,7 @@ mod tests {
             .map(|d| d.id.clone())
             .expect("a MIG device");
         let mut overlay = Overlay::default();
-        let mut current = views(&plan, &overlay, &BTreeMap::new(), 1);
+        let mut current = views(&plan, &overlay, &BTreeMap::new());
         // (the key the step changes, the step)
         type Step<'a> = (&'a str, &'a dyn Fn(&mut Overlay));
         let steps: [Step; 6] = [
@@ -419,8 +412,8 @@ mod tests {
         ];
         for (generation, (key, step)) in (2..).zip(steps) {
             step(&mut overlay);
-            let expected = views(&plan, &overlay, &current, generation);
-            let derived = under_overlay(&current, &overlay, key, generation);
+            let expected = views(&plan, &overlay, &current);
+            let derived = under_overlay(&current, &overlay, key);
             assert!(derived.keys().eq(expected.keys()));
             for (name, view) in &derived {
                 let want = &expected[name];
@@ -429,7 +422,6 @@ mod tests {
                     view.health, want.health,
                     "{name} at generation {generation}"
                 );
-                assert_eq!(view.generation, want.generation, "{name}");
                 assert_eq!(view.grouping, want.grouping, "{name}");
                 let kept = Arc::ptr_eq(view, &current[name]);
                 assert_eq!(kept, Arc::ptr_eq(want, &current[name]), "{name}");

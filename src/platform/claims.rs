@@ -33,7 +33,8 @@ pub(crate) enum ClaimSourceError {
 }
 
 /// A boxed future of the port.
-pub(crate) type PortFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ClaimSourceError>> + Send + 'a>>;
+pub(crate) type PortFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, ClaimSourceError>> + Send + 'a>>;
 
 /// Where claims are read from: the Kubernetes API in the daemon, a map in tests.
 pub(crate) trait ClaimSource: Send + Sync + std::fmt::Debug {

@@ -109,17 +109,6 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// Device name → UID of the claim it is prepared for.
-    pub(crate) fn devices(&self) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        for (uid, c) in &self.claims {
-            for d in &c.devices {
-                out.insert(d.device.clone(), uid.clone());
-            }
-        }
-        out
-    }
-
     /// Device name → everything prepared on it: a whole-device holding per claim of an
     /// exclusive device, one per share of a shared one.
     pub(crate) fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {

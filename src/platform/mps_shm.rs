@@ -93,6 +93,7 @@ pub(crate) fn unmount(dir: &Path) -> io::Result<()> {
     )))
 }
 
+#[cfg(test)]
 /// Whether a tmpfs of ours is mounted at `dir`, and its size in bytes (from
 /// `/proc/self/mountinfo`; for tests and diagnostics).
 pub(crate) fn mounted_size(dir: &Path) -> io::Result<Option<u64>> {
@@ -125,6 +126,7 @@ pub(crate) fn mounted_size(dir: &Path) -> io::Result<Option<u64>> {
     Ok(found)
 }
 
+#[cfg(test)]
 /// `size=` as mountinfo writes it for tmpfs: a number with an optional `k` suffix.
 fn kib(v: &str) -> Option<u64> {
     match v.strip_suffix('k') {

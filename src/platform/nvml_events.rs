@@ -102,6 +102,8 @@ impl std::fmt::Display for HealthEventKind {
 /// A running watcher. Dropping it stops and joins the thread.
 #[derive(Debug)]
 pub(crate) struct NvmlEventWatcher {
+    /// The library the watcher opened, for [`NvmlEventWatcher::reprobe`].
+    #[cfg(test)]
     lib_path: Option<PathBuf>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -128,6 +130,7 @@ impl NvmlEventWatcher {
             .map_err(NvmlEventsError::Spawn)?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Self {
+                #[cfg(test)]
                 lib_path,
                 stop,
                 thread: Some(thread),
@@ -143,6 +146,7 @@ impl NvmlEventWatcher {
         }
     }
 
+    #[cfg(test)]
     /// Ask the thread to stop and wait for it (at most one wait timeout).
     pub(crate) fn stop(mut self) {
         self.shutdown();
@@ -166,6 +170,7 @@ impl NvmlEventWatcher {
         }
     }
 
+    #[cfg(test)]
     /// Blocking: whether the GPU answers again (see [`reprobe`]).
     pub(crate) fn reprobe(&self, gpu_uuid: &str) -> bool {
         reprobe(self.lib_path.as_deref(), gpu_uuid)

@@ -69,15 +69,6 @@ impl SimBackend {
         })
     }
 
-    /// Wrap an already parsed node description.
-    pub(crate) fn from_spec(spec: NodeSpec, source: impl Into<String>) -> Self {
-        Self {
-            source: source.into(),
-            spec,
-            path: None,
-        }
-    }
-
     /// The node description as first loaded.
     pub(crate) fn spec(&self) -> &NodeSpec {
         &self.spec

@@ -292,13 +292,13 @@ pub(crate) fn spawn(
             dir = %settings.selection.dir().display(),
             "no Kubernetes API: the Node's labels are not followed, the config chosen at start stays"
         );
-        return Handle::new(token, rx);
+        return Handle::new(rx);
     };
     let api = node.api.clone();
     let view = node_watch::spawn(node, ctx).into_inner();
     let actor = Actor::new(settings, api, ctx.store.clone(), tx);
     ctx.tracker.spawn(actor.run(view, peers, token.clone()));
-    Handle::new(token, rx)
+    Handle::new(rx)
 }
 
 /// One Event waiting to be recorded.

@@ -24,9 +24,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::allocate::HealthUpdate;
-use crate::domain::health::{
-    DEFAULT_QUIET_PERIOD, Event, EventKind, Tracker, Transition, XidFilter,
-};
+use crate::domain::health::{Event, EventKind, Tracker, Transition, XidFilter};
 use crate::domain::inventory::{Health, Inventory};
 use crate::platform::nvml_events::{HealthEvent, HealthEventKind, NvmlEventWatcher};
 use crate::runtime::{Context, Handle};
@@ -71,22 +69,10 @@ pub(crate) struct HealthSettings {
     pub(crate) quiet_period: Duration,
 }
 
-impl HealthSettings {
-    /// NVML events with default filter and quiet period.
-    pub(crate) fn nvml(lib_path: Option<PathBuf>) -> Self {
-        Self {
-            source: Source::Nvml {
-                lib_path,
-                wait_timeout: NVML_WAIT_TIMEOUT,
-            },
-            filter: XidFilter::default(),
-            quiet_period: DEFAULT_QUIET_PERIOD,
-        }
-    }
-}
+impl HealthSettings {}
 
 /// Start the health task unless health checks are off or there is no GPU.
-/// Transitions go to the store; the task ends when the daemon or the handle stops.
+/// Transitions go to the store; the task ends when the daemon stops.
 ///
 /// `inventory` follows re-scans: a new inventory (a changed MIG layout) re-maps GPU
 /// instance / compute instance ids to MIG UUIDs without restarting the watcher, and keeps
@@ -98,25 +84,25 @@ pub(crate) fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
         tracing::info!(
             "health checks disabled (DP_DISABLE_HEALTHCHECKS); no health watcher started"
         );
-        return Handle::new(token, ());
+        return Handle::new(());
     }
     if inventory.borrow().inventory.gpus.is_empty() {
         tracing::info!("no GPUs; no health watcher started");
-        return Handle::new(token, ());
+        return Handle::new(());
     }
     ctx.tracker
         .spawn(run(settings, inventory, ctx.store.clone(), token.clone()));
-    Handle::new(token, ())
+    Handle::new(())
 }
 
 /// Apply health events from outside (embedders, tests) with [`Store::set_health`] until
-/// the sender goes away or the daemon or the handle stops; events for unknown devices are
+/// the sender goes away or the daemon stops; events for unknown devices are
 /// logged.
 pub(crate) fn spawn_external(events: mpsc::Receiver<HealthUpdate>, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
         .spawn(apply_external(events, ctx.store.clone(), token.clone()));
-    Handle::new(token, ())
+    Handle::new(())
 }
 
 async fn apply_external(

@@ -25,11 +25,6 @@ impl HeldCheckpoint {
         Self { checkpoint, store }
     }
 
-    /// A writer that persists nothing (tests and embedders without a state directory).
-    pub(crate) fn disabled(store: Store) -> Self {
-        Self::new(None, store)
-    }
-
     /// Write the held set now and wait for it; `Ok` when nothing is persisted. The error
     /// is the reason as text (an I/O error naming the file, or the blocking task's end).
     pub(crate) async fn save(&self) -> Result<(), String> {

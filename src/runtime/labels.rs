@@ -49,12 +49,12 @@ impl LabelsSettings {
     }
 }
 
-/// Start the writer; it stops (and removes the file) when the daemon or the handle stops.
+/// Start the writer; it stops (and removes the file) when the daemon stops.
 pub(crate) fn spawn(settings: LabelsSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
         .spawn(follow(settings, ctx.store.clone(), token.clone()));
-    Handle::new(token, ())
+    Handle::new(())
 }
 
 async fn follow(settings: LabelsSettings, store: Store, token: CancellationToken) {

@@ -145,6 +145,7 @@ impl LedgerSnapshot {
             .unwrap_or_default()
     }
 
+    #[cfg(test)]
     /// Who holds `device` of `resource`, if anyone.
     pub(crate) fn holder(&self, resource: &str, device: &str) -> Option<&Holder> {
         self.allocations.get(resource)?.get(device)
@@ -463,6 +464,7 @@ impl Ledger {
         self.rx.clone()
     }
 
+    #[cfg(test)]
     /// The latest snapshot.
     pub(crate) fn snapshot(&self) -> Arc<LedgerSnapshot> {
         self.rx.borrow().clone()
@@ -524,7 +526,7 @@ pub(crate) fn spawn(settings: LedgerSettings, peers: LedgerPeers, ctx: &Context)
         grace,
         token.clone(),
     ));
-    Handle::new(token, ledger)
+    Handle::new(ledger)
 }
 
 async fn release_held(

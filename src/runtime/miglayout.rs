@@ -74,7 +74,7 @@ pub(crate) struct MigReport {
     pub(crate) detail: Option<String>,
 }
 
-/// Start the actor; it runs until the daemon or the handle stops, and exposes each round's
+/// Start the actor; it runs until the daemon stops, and exposes each round's
 /// [`MigReport`] (`None` while no layout is configured).
 pub(crate) fn spawn(
     settings: MigLayoutSettings,
@@ -90,7 +90,7 @@ pub(crate) fn spawn(
         (ctx.metrics.clone(), tx),
         token.clone(),
     ));
-    Handle::new(token, rx)
+    Handle::new(rx)
 }
 
 /// Run until `token` is cancelled.

@@ -18,10 +18,9 @@
 //!   (flags, paths, intervals).
 //! - `peers`, only for an actor that talks to others, are what the supervisor hands it
 //!   from them: a reload requester, another actor's watch, the held-device checkpoint.
-//! - The returned [`Handle`] carries the actor's own stop token (a child of the
-//!   context's: cancelling the daemon stops every actor, [`Handle::stop`] stops just this
-//!   one) and whatever the actor exposes to others (`T`: a watch receiver, an address;
-//!   `()` when nothing).
+//! - The actor's tasks stop on its own token, a child of the context's: cancelling the
+//!   daemon stops every actor. The returned [`Handle`] carries whatever the actor exposes
+//!   to others (`T`: a watch receiver, an address; `()` when nothing).
 //!
 //! # How to add an actor
 //!
@@ -30,7 +29,7 @@
 //!    and `spawn(settings, &ctx) -> Handle<T>`.
 //! 2. In `spawn`, take `let token = ctx.child_token();`, move what the task needs into an
 //!    `async fn run(...)`, start it with `ctx.tracker.spawn(...)` and return
-//!    `Handle::new(token, exposed)`. Never `tokio::spawn` directly; never `unwrap` inside
+//!    `Handle::new(exposed)`. Never `tokio::spawn` directly; never `unwrap` inside
 //!    the task. Follow the store with `ctx.store.subscribe()` and `select!` on
 //!    `token.cancelled()`; write to it through its commands (`set_health`, `hold`, ...).
 //! 3. Add its settings as an `Option<<Name>Settings>` field of
@@ -93,28 +92,22 @@ impl Context {
         }
     }
 
-    /// A token for one actor: cancelled with the daemon, or alone through its [`Handle`].
+    /// A token for one actor: cancelled with the daemon.
     pub(crate) fn child_token(&self) -> CancellationToken {
         self.token.child_token()
     }
 }
 
-/// A started actor: its own stop token and what it exposes to others.
+/// A started actor: what it exposes to others.
 #[derive(Debug, Clone)]
 pub(crate) struct Handle<T = ()> {
-    token: CancellationToken,
     exposed: T,
 }
 
 impl<T> Handle<T> {
-    /// An actor running until `token` is cancelled, exposing `exposed`.
-    pub(crate) fn new(token: CancellationToken, exposed: T) -> Self {
-        Self { token, exposed }
-    }
-
-    /// Stop this actor (and only it); its tasks end at their next cancellation point.
-    pub(crate) fn stop(&self) {
-        self.token.cancel();
+    /// An actor running until its token is cancelled, exposing `exposed`.
+    pub(crate) fn new(exposed: T) -> Self {
+        Self { exposed }
     }
 
     /// What the actor exposes.

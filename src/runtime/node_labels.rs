@@ -47,12 +47,12 @@ impl NodeLabelsSettings {
     }
 }
 
-/// Start the labeller; it stops when the daemon or the handle stops.
+/// Start the labeller; it stops when the daemon stops.
 pub(crate) fn spawn(settings: NodeLabelsSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
         .spawn(follow(settings, ctx.store.clone(), token.clone()));
-    Handle::new(token, ())
+    Handle::new(())
 }
 
 /// The Node's labels and the keys its annotation says we own, as last read or patched.

@@ -56,7 +56,7 @@ pub(crate) fn spawn(
     let token = ctx.child_token();
     let (tx, rx) = watch::channel(None);
     ctx.tracker.spawn(run(settings, tx, token.clone()));
-    Handle::new(token, rx)
+    Handle::new(rx)
 }
 
 fn view(node: &Node) -> NodeView {

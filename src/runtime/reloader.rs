@@ -104,7 +104,7 @@ pub(crate) struct Reloads {
 }
 
 /// Run the first transition (its errors stop the daemon: nothing is served yet), then
-/// start the triggers and the task serving them until the daemon or the handle stops.
+/// start the triggers and the task serving them until the daemon stops.
 pub(crate) async fn spawn(
     settings: ReloaderSettings,
     peers: ReloaderPeers,
@@ -134,13 +134,10 @@ pub(crate) async fn spawn(
     let triggers = Triggers::start(&settings.triggers, &peers.fs, &ctx.tracker, &token)?;
     let requester = triggers.requester();
     ctx.tracker.spawn(reloader.run(triggers, token.clone()));
-    Ok(Handle::new(
-        token,
-        Reloads {
-            requester,
-            status: status_rx,
-        },
-    ))
+    Ok(Handle::new(Reloads {
+        requester,
+        status: status_rx,
+    }))
 }
 
 /// The reload actor and its dependencies.

@@ -40,7 +40,7 @@ use crate::runtime::miglayout::MigLayoutPeers;
 use crate::runtime::plugin::{self, Backoff, PluginPeers, PluginSettings, WatchError};
 use crate::runtime::reloader::{self, ReloaderPeers, ReloaderSettings, Reloads};
 pub(crate) use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
-use crate::runtime::triggers::{Cause, TriggerSettings};
+use crate::runtime::triggers::TriggerSettings;
 use crate::runtime::usage::UsagePeers;
 use crate::runtime::{Context, Handle};
 use crate::state::Store;
@@ -66,31 +66,34 @@ impl std::fmt::Debug for ReloadSettings {
     }
 }
 
-/// What a started daemon exposes to its embedder (tests, demo).
+/// What a started daemon exposes to its embedder (tests, demo). The fields only tests read
+/// exist only in tests.
 #[derive(Debug, Clone)]
 pub(crate) struct Running {
     /// The state store: read snapshots, send health events (`set_health`).
+    #[cfg(test)]
     pub(crate) store: Store,
     /// The plan served at start (see `reloads` for the current one).
     pub(crate) plan: Arc<Plan>,
     /// The inventory discovered at start.
     pub(crate) inventory: Arc<Inventory>,
     /// Ask for a reload (config and inventory).
-    pub(crate) reload: mpsc::Sender<Cause>,
+    #[cfg(test)]
+    pub(crate) reload: mpsc::Sender<crate::runtime::triggers::Cause>,
     /// Outcome of every reload.
     pub(crate) reloads: tokio::sync::watch::Receiver<ReloadStatus>,
     /// The agent's metrics (the same registry `/metrics` serves).
+    #[cfg(test)]
     pub(crate) metrics: Arc<crate::runtime::metrics::Metrics>,
-    /// What `/readyz` reports.
-    pub(crate) readiness: Arc<crate::runtime::http::Readiness>,
     /// The allocation ledger, when a PodResources socket was configured.
+    #[cfg(test)]
     pub(crate) ledger: Option<crate::runtime::ledger::Ledger>,
     /// Where the HTTP endpoint listens, when enabled.
+    #[cfg(test)]
     pub(crate) http_addr: Option<std::net::SocketAddr>,
     /// The usage sampler's rounds, when sampling is on.
+    #[cfg(test)]
     pub(crate) usage: Option<crate::runtime::usage::UsageWatch>,
-    /// The DRA front-end, in DRA mode.
-    pub(crate) dra: Option<crate::runtime::dra::DraRunning>,
 }
 
 /// Settings of [`run`].
@@ -290,7 +293,7 @@ async fn spawn_actors(
     drop(fs);
     crate::runtime::mps::health::spawn(settings.mps, ctx);
     let readiness = Arc::new(Readiness::following(ctx.store.clone()));
-    let (failures, dra) = match front {
+    let failures = match front {
         FrontEnd::Plugin(watch) => {
             let plugin_settings = PluginSettings {
                 device_plugin_dir: settings.device_plugin_dir,
@@ -302,15 +305,13 @@ async fn spawn_actors(
                 held: held.clone(),
                 readiness: readiness.clone(),
             };
-            (
-                plugin::spawn(plugin_settings, peers, ctx).into_inner(),
-                None,
-            )
+            plugin::spawn(plugin_settings, peers, ctx).into_inner()
         }
         FrontEnd::Dra(dra) => {
+            spawn_dra(*dra, &readiness, ctx).await?;
             // No resource servers, so no resource failures: a closed channel never fires.
             let (_, none) = mpsc::channel(1);
-            (none, Some(spawn_dra(*dra, &readiness, ctx).await?))
+            none
         }
     };
     let followers = Followers {
@@ -325,10 +326,9 @@ async fn spawn_actors(
         mig_layouts: settings.mig_layouts,
         fleet: settings.fleet,
     };
-    let mut running = followers
+    let running = followers
         .spawn(held, readiness, reloads.get().clone(), ctx)
         .await?;
-    running.dra = dra;
     Ok((failures, settings.on_ready, running))
 }
 
@@ -346,7 +346,7 @@ async fn spawn_dra(
     dra: crate::runtime::dra::DraModeSettings,
     readiness: &Arc<Readiness>,
     ctx: &Context,
-) -> Result<crate::runtime::dra::DraRunning, AppError> {
+) -> Result<(), AppError> {
     let name = dra.driver.driver.clone();
     readiness.expect_resources([name.clone()]);
     let handle = crate::runtime::dra::spawn(dra.driver, dra.claims, ctx).await?;
@@ -387,13 +387,10 @@ async fn spawn_dra(
             }
         });
     }
-    let slices = dra
-        .publish
-        .map(|p| crate::runtime::dra::publish::spawn(p, ctx).into_inner());
-    Ok(crate::runtime::dra::DraRunning {
-        driver: handle.into_inner(),
-        slices,
-    })
+    if let Some(p) = dra.publish {
+        crate::runtime::dra::publish::spawn(p, ctx);
+    }
+    Ok(())
 }
 
 /// Remove sockets of resources an earlier run served and this plan does not.
@@ -480,18 +477,25 @@ impl Followers {
             crate::runtime::fleet::spawn(settings, peers, ctx);
         }
         let first = ctx.store.current();
+        // Only tests read where HTTP listens.
+        #[cfg(not(test))]
+        let _ = http_addr;
         Ok(Running {
+            #[cfg(test)]
             store: ctx.store.clone(),
             plan: first.plan.clone(),
             inventory: first.inventory.clone(),
+            #[cfg(test)]
             reload: reloads.requester,
             reloads: reloads.status,
+            #[cfg(test)]
             metrics: ctx.metrics.clone(),
-            readiness,
+            #[cfg(test)]
             ledger,
+            #[cfg(test)]
             http_addr,
+            #[cfg(test)]
             usage,
-            dra: None,
         })
     }
 }
@@ -504,7 +508,7 @@ fn spawn_metrics(ctx: &Context) -> Handle {
         ctx.metrics.clone(),
         token.clone(),
     ));
-    Handle::new(token, ())
+    Handle::new(())
 }
 
 /// The MIG layout actor, when the backend can change MIG instances.

@@ -54,7 +54,8 @@ pub(crate) enum Cause {
     Signal,
     /// The re-scan interval elapsed.
     Rescan,
-    /// An embedder asked (tests, `Running::reload`): config and inventory.
+    /// A test asked (`Running::reload`): config and inventory, as [`Cause::Signal`].
+    #[cfg(test)]
     Request,
     /// Held devices were released: the spec may drop devices kept only for them.
     Released,
@@ -77,10 +78,12 @@ impl Causes {
             Cause::ConfigFile => self.config = true,
             Cause::Rescan => self.inventory = true,
             Cause::Released => self.held = true,
-            Cause::Signal | Cause::Request => {
+            Cause::Signal => {
                 self.config = true;
                 self.inventory = true;
             }
+            #[cfg(test)]
+            Cause::Request => self.add(Cause::Signal),
         }
     }
 

@@ -31,10 +31,6 @@ use crate::runtime::metrics::Metrics;
 use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
-/// Default of `--usage-interval`.
-pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
-/// Default of `--idle-window`.
-pub(crate) const DEFAULT_IDLE_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// How long shutdown waits for a round in progress.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 
@@ -56,7 +52,8 @@ pub(crate) struct UsageSettings {
 /// One published round: the report and its JSON.
 #[derive(Debug)]
 pub(crate) struct StateDocument {
-    /// The report.
+    /// The report (only tests read it; `json` is what is served).
+    #[cfg(test)]
     pub(crate) report: UsageReport,
     /// `report` as JSON, rendered once.
     pub(crate) json: Bytes,
@@ -65,7 +62,11 @@ pub(crate) struct StateDocument {
 impl StateDocument {
     fn new(report: UsageReport) -> Self {
         let json = serde_json::to_vec(&report).map_or_else(|_| Bytes::new(), Bytes::from);
-        Self { report, json }
+        Self {
+            #[cfg(test)]
+            report,
+            json,
+        }
     }
 }
 
@@ -196,7 +197,7 @@ pub(crate) struct UsagePeers {
 }
 
 /// Start the sampler thread (first round at once) and the task that stops it when the
-/// daemon or the handle stops. The handle exposes the sampler's rounds.
+/// daemon stops. The handle exposes the sampler's rounds.
 pub(crate) fn spawn(
     settings: UsageSettings,
     peers: UsagePeers,
@@ -248,7 +249,7 @@ pub(crate) fn spawn(
     ctx.tracker
         .spawn(stop_on_cancel(stop_tx, done_rx, token.clone()));
     tracing::info!(interval_s = interval.as_secs_f64(), "usage sampler started");
-    Ok(Handle::new(token, rx))
+    Ok(Handle::new(rx))
 }
 
 async fn stop_on_cancel(

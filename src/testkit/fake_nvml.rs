@@ -62,6 +62,7 @@ impl PrivateFake {
         self.control(b"fakeNvmlSetNodeJson", text);
     }
 
+    #[cfg(test)]
     /// Set the MIG state (`{"failCreate": {...}}`, ...) the fake's MIG calls act on.
     ///
     /// # Panics
@@ -93,6 +94,7 @@ impl PrivateFake {
         }
     }
 
+    #[cfg(test)]
     /// The loaded copy, for tests that call NVML symbols themselves.
     pub(crate) fn library(&self) -> &libloading::Library {
         &self.lib

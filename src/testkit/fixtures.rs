@@ -3,14 +3,18 @@
 //! `tests/fixtures/cdi/`. One copy for unit tests, integration tests, benches and the demo.
 
 use std::path::{Path, PathBuf};
+#[cfg(test)]
 use std::sync::Arc;
 
 use crate::domain::config::{self, Config, Overrides};
 use crate::domain::inventory::{Backend, Inventory};
 use crate::domain::plan::{self, Plan};
+#[cfg(test)]
 use crate::domain::snapshot::Snapshot;
 use crate::platform::sim::SimBackend;
+#[cfg(test)]
 use crate::runtime::reloader::ConfigLoader;
+#[cfg(test)]
 use crate::state::Store;
 
 /// `mixed-a100`'s whole GPUs time-sliced 4 ways, its MIG devices served one by one.
@@ -42,6 +46,7 @@ pub fn write_pool_configs(dir: &Path) {
     }
 }
 
+#[cfg(test)]
 /// A node file for the fake NVML driver: two A100-40GB with MIG on, GPU 0
 /// (`GPU-40400000-0000-4000-8000-0000000000a0`) with two 3g.20gb (GPU instances 1 and 2),
 /// GPU 1 (`...00a1`) with three 2g.10gb (3 to 5); for the live MIG layout tests.
@@ -98,6 +103,7 @@ pub(crate) fn planned(profile: &str, config_text: &str) -> (Inventory, Config, P
     (inventory, config, plan)
 }
 
+#[cfg(test)]
 /// A config loader reading `file` as `gpu-slicer run --config <file>` does (no flags or
 /// environment), for a daemon whose reloads read the file again.
 pub(crate) fn file_loader(file: &Path) -> ConfigLoader {
@@ -105,11 +111,7 @@ pub(crate) fn file_loader(file: &Path) -> ConfigLoader {
     Arc::new(move || crate::platform::config_file::load(Some(&file), &Overrides::default()))
 }
 
-/// The plan of a profile under a config text.
-pub(crate) fn plan(profile: &str, config_text: &str) -> Plan {
-    planned(profile, config_text).2
-}
-
+#[cfg(test)]
 /// A store serving the plan of a profile under a config text.
 pub(crate) fn store(profile: &str, config_text: &str) -> Store {
     let (inventory, config, plan) = planned(profile, config_text);

@@ -26,12 +26,13 @@ pub use kubelet::{Allocation, DeviceInfo, EmulatorError, KubeletEmulator, Regist
 pub use manifests::{kustomize, node, object, strings, until_labels};
 pub use node::{Node, NodeError, STEP, temp_dir, wait_until, within};
 pub use probe::{free_port, read_cdi_spec, spec_device_names};
+#[cfg(test)]
 pub(crate) use probe::{http, promtool_check, rerun_alone};
 pub use stats::percentile;
 
-/// The socket file name of a resource's plugin server in the device-plugin directory.
-pub use crate::runtime::plugin::socket_name;
 /// The plugin's answer to one container's Allocate ([`Allocation::response`]).
 pub use crate::domain::allocate::response::ContainerAllocation;
+/// The socket file name of a resource's plugin server in the device-plugin directory.
+pub use crate::runtime::plugin::socket_name;
 /// How long `gpu-slicer run` may take to stop after SIGTERM, whatever it is doing.
 pub use crate::runtime::supervisor::SHUTDOWN_DEADLINE;

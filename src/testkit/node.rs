@@ -10,7 +10,9 @@
 //! channel reports.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(test)]
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,9 +23,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::config::Config;
 use crate::domain::inventory::{Backend, InventoryError};
+#[cfg(test)]
 use crate::platform::sim::SimBackend;
 use crate::runtime::plugin::Backoff;
-use crate::runtime::supervisor::{self, AppError, ReloadStatus, RunSettings, Running};
+#[cfg(test)]
+use crate::runtime::supervisor::ReloadStatus;
+use crate::runtime::supervisor::{self, AppError, RunSettings, Running};
 use crate::testkit::kubelet::{EmulatorError, KubeletEmulator};
 
 /// How long a node may take to start or stop before the harness gives up.
@@ -177,6 +182,7 @@ impl Node {
         RunSettings::new(config, dir.join("dp"), dir.join("cdi"))
     }
 
+    #[cfg(test)]
     /// A node on the sim profile (or node file) `profile` with `config`, in a fresh
     /// directory; `configure` may change the settings before the daemon starts.
     pub(crate) async fn start(
@@ -233,6 +239,7 @@ impl Node {
         })
     }
 
+    #[cfg(test)]
     /// The socket directory.
     pub(crate) fn plugin_dir(&self) -> PathBuf {
         self.dir.path().join("dp")
@@ -248,6 +255,7 @@ impl Node {
             .collect()
     }
 
+    #[cfg(test)]
     /// The CDI spec the daemon wrote (kind `gpu-slicer.io/gpu`).
     ///
     /// # Panics
@@ -258,6 +266,7 @@ impl Node {
             .unwrap_or_else(|e| panic!("spec written at {}: {e}", path.display()))
     }
 
+    #[cfg(test)]
     /// Wait until the reload counters move past `before`; the status then.
     ///
     /// # Panics
@@ -276,11 +285,13 @@ impl Node {
             .unwrap_or_else(|_| panic!("the daemon stopped before a reload ended"))
     }
 
-    /// Stop the daemon (within [`STEP`]) and the emulator; the daemon's own result.
+    /// Stop the daemon (within [`STEP`]) and the emulator, then remove the node's directory;
+    /// the daemon's own result.
     pub async fn stop(self) -> Result<(), NodeError> {
         self.shutdown.cancel();
         let ended = bounded("the daemon to stop", self.app).await?;
         self.emulator.shutdown().await;
+        drop(self.dir);
         ended
             .map_err(|e| NodeError(NodeFailure::Join(e.to_string())))?
             .map_err(NodeError::from)

@@ -5,9 +5,11 @@
 //! only a new process takes (the environment the fake driver reads when loaded).
 
 use std::collections::BTreeSet;
+#[cfg(test)]
 use std::net::SocketAddr;
 use std::path::Path;
 
+#[cfg(test)]
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A loopback TCP port free a moment ago, for a child process's `--http-listen` (a port it
@@ -22,6 +24,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+#[cfg(test)]
 /// One HTTP/1.1 request on a fresh connection to the daemon's listener: status and body.
 ///
 /// # Panics
@@ -50,6 +53,7 @@ pub(crate) async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, St
     (status, body)
 }
 
+#[cfg(test)]
 /// `promtool check metrics` on a scrape: the exposition is valid and lint-free.
 ///
 /// # Panics
@@ -97,6 +101,7 @@ pub fn spec_device_names(spec: &str) -> BTreeSet<String> {
         .collect()
 }
 
+#[cfg(test)]
 /// Run this test binary again for the test at `path` alone (its full module path, as
 /// `--exact` wants it), in a fresh process whose environment `configure` sets; the child test
 /// is a no-op unless it finds the variable its parent sets.

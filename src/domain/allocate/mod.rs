@@ -22,13 +22,18 @@ use std::collections::HashSet;
 
 use crate::domain::plan::Device;
 
+#[cfg(test)]
 pub(crate) use crate::domain::devnodes::DeviceNodes;
-pub(crate) use crate::domain::view::{DeviceHealth, HealthUpdate, Overlay, ResourceView, StateError};
-pub(crate) use answer::{Answer, GENERATION_ANNOTATION, Holding, answer};
+pub(crate) use crate::domain::view::{HealthUpdate, ResourceView};
+#[cfg(test)]
+pub(crate) use crate::domain::view::{Overlay, StateError};
+#[cfg(test)]
+pub(crate) use answer::GENERATION_ANNOTATION;
+pub(crate) use answer::answer;
 pub(crate) use preferred::preferred;
-pub(crate) use response::{
-    ContainerAllocation, DeviceSpecEntry, MountEntry, add_device_specs, build_response,
-};
+#[cfg(test)]
+pub(crate) use response::build_response;
+pub(crate) use response::{ContainerAllocation, DeviceSpecEntry, MountEntry, add_device_specs};
 
 /// Why a container request was refused. Every variant names the device and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

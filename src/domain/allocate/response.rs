@@ -67,6 +67,7 @@ pub struct ContainerAllocation {
     pub(crate) device_specs: Vec<DeviceSpecEntry>,
 }
 
+#[cfg(test)]
 /// Build the answer for validated devices of `resource`.
 pub(crate) fn build_response(
     cfg: &Config,

@@ -31,7 +31,7 @@ struct NodeHealth {
 impl NodeHealth {
     fn new(plan: &Plan) -> Self {
         let overlay = Overlay::default();
-        let views = view::views(plan, &overlay, &std::collections::BTreeMap::new(), 0);
+        let views = view::views(plan, &overlay, &std::collections::BTreeMap::new());
         Self {
             plan: plan.clone(),
             overlay,
@@ -44,7 +44,7 @@ impl NodeHealth {
         u: &HealthUpdate,
     ) -> Result<std::collections::BTreeSet<String>, StateError> {
         self.overlay.apply(&self.plan, u)?;
-        let next = view::views(&self.plan, &self.overlay, &self.views, 1);
+        let next = view::views(&self.plan, &self.overlay, &self.views);
         let changed = view::changed(&self.views, &next);
         self.views = next;
         Ok(changed)

@@ -90,7 +90,11 @@ pub(crate) fn mig_index_name(mig: &MigDevice) -> String {
 /// when [`GenerateOptions::driver`] has them. `cdiVersion` is the
 /// lowest version the content needs. Fails (naming the device and rule) instead of
 /// returning a spec a runtime would reject.
-pub(crate) fn generate(inv: &Inventory, opts: &GenerateOptions, probe: &dyn NodeProbe) -> Result<Spec> {
+pub(crate) fn generate(
+    inv: &Inventory,
+    opts: &GenerateOptions,
+    probe: &dyn NodeProbe,
+) -> Result<Spec> {
     crate::domain::cdi_kind::check_syntax(&opts.kind).map_err(|rule| CdiError::Kind {
         kind: opts.kind.clone(),
         rule,

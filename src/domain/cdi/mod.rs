@@ -21,7 +21,7 @@ pub(crate) mod shares;
 pub(crate) mod validate;
 pub(crate) mod yaml;
 
-pub(crate) use generate::{GenerateOptions, NoProbe, NodeInfo, NodeProbe, generate};
+pub(crate) use generate::{GenerateOptions, NoProbe, generate};
 pub(crate) use validate::{minimum_version, validate};
 
 /// Spec versions we write or accept, oldest first. 0.1.0/0.2.0 are pre-release schemas that

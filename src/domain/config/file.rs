@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use super::settings::{FileFlags, FilePluginFlags};
+pub(crate) use super::settings::FileFlags;
 
 /// Top level of a config file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -26,14 +26,15 @@ use file::{
 };
 
 pub(crate) use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
-pub(crate) use origin::{Given, Origin, Refusal};
-pub(crate) use quantity::{parse_quantity, parse_quantity_text};
+pub(crate) use origin::{Given, Origin};
+#[cfg(test)]
+pub(crate) use quantity::parse_quantity;
+pub(crate) use quantity::parse_quantity_text;
 pub(crate) use settings::{Config, Overrides};
-pub(crate) use sharing::{
-    DeviceRef, DeviceSelector, SharedResource, SharingKind, check_resource_name, parse_device_ref,
-    qualify,
+pub(crate) use sharing::{DeviceRef, DeviceSelector, SharedResource, SharingKind};
+pub(crate) use values::{
+    AllocationPolicy, DeviceIdStrategy, DeviceListStrategy, Isolation, MigStrategy,
 };
-pub(crate) use values::{AllocationPolicy, DeviceIdStrategy, DeviceListStrategy, Isolation, MigStrategy};
 
 /// Default prefix of CDI container annotations.
 pub(crate) const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";

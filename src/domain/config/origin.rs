@@ -55,7 +55,11 @@ impl Origin {
     /// The error for a value from here that breaks a rule, naming the value as written: a
     /// file value is blamed on the file and its field, anything else on the flag or variable
     /// that set it.
-    pub(crate) fn invalid(&self, value: impl fmt::Display, message: impl Into<String>) -> ConfigError {
+    pub(crate) fn invalid(
+        &self,
+        value: impl fmt::Display,
+        message: impl Into<String>,
+    ) -> ConfigError {
         let (value, message) = (format!("`{value}`"), message.into());
         match self {
             Self::File { path, field } => ConfigError::Invalid {

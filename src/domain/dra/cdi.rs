@@ -67,6 +67,7 @@ pub(crate) fn resolved_name(claim_uid: &str, d: &ResolvedDevice) -> String {
     }
 }
 
+#[cfg(test)]
 /// Fully qualified CDI ID handed to the kubelet: `k8s.<driver>/claim=<claimUID>-<device>`.
 pub(crate) fn qualified(driver: &str, claim_uid: &str, device: &str) -> String {
     format!("{}={}", claim_kind(driver), device_name(claim_uid, device))
@@ -90,6 +91,7 @@ pub(crate) struct SpecInputs<'a> {
     pub(crate) made: &'a BTreeMap<String, ContainerEdits>,
 }
 
+#[cfg(test)]
 /// The spec of `claim`, from the node's spec `node` only (no hook, daemons or made MIG).
 pub(crate) fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, DraError> {
     let made = BTreeMap::new();

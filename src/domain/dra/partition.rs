@@ -102,7 +102,9 @@ pub(crate) fn selects(selector: &DeviceSelector, gpu: &Gpu) -> bool {
 }
 
 /// Why a GPU the selector names is not dynamic; `Ok`: its product and profiles.
-pub(crate) fn dynamic_product(gpu: &Gpu) -> Result<(&'static Product, &'static [GiProfile]), String> {
+pub(crate) fn dynamic_product(
+    gpu: &Gpu,
+) -> Result<(&'static Product, &'static [GiProfile]), String> {
     if !gpu.mig_mode.current {
         return Err(format!(
             "GPU {} ({}): flags.dra.dynamicMig names it but its MIG mode is off (gpu-slicer never changes MIG mode); published as a whole GPU",

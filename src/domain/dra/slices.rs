@@ -636,6 +636,7 @@ impl SliceFormat {
     }
 }
 
+#[cfg(test)]
 /// The slices of `devices` for `target` in the 1.35+ layout ([`build_for`]).
 pub(crate) fn build(target: &SliceTarget<'_>, devices: &NodeDevices) -> Vec<ResourceSlice> {
     build_for(target, devices, SliceFormat::Split)

@@ -13,7 +13,7 @@ pub(crate) mod parse;
 pub(crate) mod select;
 pub(crate) mod steps;
 
-pub(crate) use parse::{Devices, LayoutEntry, MigPartedFile};
+pub(crate) use parse::MigPartedFile;
 pub(crate) use select::{GpuFacts, Target, select};
 pub(crate) use steps::{Action, GiState, GpuPlan, Kind, PlanStatus, Step, plan_gpu};
 

@@ -22,6 +22,7 @@ pub(crate) struct PlanDiff {
 }
 
 impl PlanDiff {
+    #[cfg(test)]
     /// Whether serving has to change at all.
     pub(crate) fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()

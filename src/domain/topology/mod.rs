@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 
+#[cfg(test)]
 /// Errors reading a topology matrix written as `nvidia-smi topo -m` rows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum TopologyError {
@@ -269,11 +270,6 @@ impl Topology {
         self.gpus.len()
     }
 
-    /// Whether there are no GPUs.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.gpus.is_empty()
-    }
-
     /// Position of a GPU by PCI bus ID.
     pub(crate) fn position(&self, pci_bus_id: &str) -> Option<usize> {
         self.gpus
@@ -329,21 +325,23 @@ pub(crate) struct ResourceLinks {
     pub(crate) slot: Vec<Option<usize>>,
 }
 
+#[cfg(test)]
 /// One matrix cell as written in a node file or by `nvidia-smi topo -m`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cell {
     /// The diagonal.
-    SelfCell,
+    Diagonal,
     /// NVLink-connected with this many links.
     NvLink(u32),
     /// PCIe only.
     Pcie(PcieLevel),
 }
 
+#[cfg(test)]
 /// Parse one cell (`X`, `NV12`, `PIX`, …).
 pub(crate) fn parse_cell(s: &str) -> Option<Cell> {
     Some(match s {
-        "X" => Cell::SelfCell,
+        "X" => Cell::Diagonal,
         "PIX" => Cell::Pcie(PcieLevel::Pix),
         "PXB" => Cell::Pcie(PcieLevel::Pxb),
         "PHB" => Cell::Pcie(PcieLevel::Phb),
@@ -353,6 +351,7 @@ pub(crate) fn parse_cell(s: &str) -> Option<Cell> {
     })
 }
 
+#[cfg(test)]
 /// Parse matrix rows (whitespace-separated cells, rows and columns in GPU index order).
 pub(crate) fn parse_matrix(rows: &[String]) -> Result<Vec<Vec<Cell>>, TopologyError> {
     let n = rows.len();
@@ -434,6 +433,7 @@ pub(crate) fn placement_attributes(t: &Topology) -> Vec<PlacementAttributes> {
         .collect()
 }
 
+#[cfg(test)]
 /// Build a topology from parsed matrix cells (sim backend). `gpus` in index order, matching
 /// the matrix rows. A matrix entry is read from the row's side, so an asymmetric matrix
 /// gives the same warnings NVML's answers would.
@@ -477,6 +477,7 @@ pub(crate) fn fabric_clique(
 
 pub(crate) mod search;
 
+#[cfg(test)]
 pub(crate) mod layouts;
 #[cfg(test)]
 mod tests;

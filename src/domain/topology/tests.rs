@@ -22,7 +22,7 @@ fn node(name: &str) -> (crate::domain::inventory::Inventory, view::ResourceView)
         .and_then(|b| b.discover())
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     let plan = plan::build(&inv, &Config::default()).expect("plan");
-    let views = view::views(&plan, &Overlay::default(), &BTreeMap::new(), 0);
+    let views = view::views(&plan, &Overlay::default(), &BTreeMap::new());
     let v = views.get("nvidia.com/gpu").expect("nvidia.com/gpu view");
     (inv, view::ResourceView::clone(v))
 }

@@ -31,8 +31,10 @@ pub(crate) mod hooks;
 pub(crate) mod inroot;
 pub(crate) mod ldcache;
 
-pub(crate) use discover::{BINARIES, DEFAULT_LDCONFIG, IPC_SOCKETS, STANDARD_LIBRARY_DIRS, discover};
-pub(crate) use edits::{HOOK_TIMEOUT_SECS, MOUNT_OPTIONS, container_edits, symlinks};
+pub(crate) use discover::{DEFAULT_LDCONFIG, discover};
+pub(crate) use edits::container_edits;
+#[cfg(test)]
+pub(crate) use edits::symlinks;
 
 /// Errors of driver discovery and of the driver hooks. Each names the path or argument.
 #[derive(Debug, thiserror::Error)]

@@ -31,9 +31,6 @@ const _: () = assert!(std::mem::size_of::<SetMemoryLimitsV1>() == 24);
 const _: () = assert!(std::mem::offset_of!(SetMemoryLimitsV1, soft_limit) == 8);
 const _: () = assert!(std::mem::offset_of!(SetMemoryLimitsV1, hard_limit) == 16);
 
-/// "No limit" for the hard limit (`NVML_DEVICE_MEMORY_LIMIT_MAX`).
-pub(crate) const NVML_DEVICE_MEMORY_LIMIT_MAX: u64 = u64::MAX;
-
 /// `nvmlDevice_t`: an opaque pointer.
 type Device = *mut c_void;
 type InitFn = unsafe extern "C" fn() -> c_uint;

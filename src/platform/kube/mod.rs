@@ -28,8 +28,8 @@ use std::time::Duration;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub(crate) use claims::KubeClaims;
-pub(crate) use node::{COMPONENT, EventKind, NodeApi};
-pub(crate) use slices::{SliceApi, from_api, to_api};
+pub(crate) use node::{EventKind, NodeApi};
+pub(crate) use slices::{SliceApi, from_api};
 
 /// Where the service-account files are mounted in a pod.
 pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -64,25 +64,6 @@ struct Inner {
 }
 
 impl Driver {
-    /// A driver for `node` serving `store`, with `prepared` as loaded from the checkpoint.
-    pub(crate) fn new(
-        driver: &str,
-        node: &str,
-        store: Store,
-        claims: Arc<dyn ClaimSource>,
-        files: DraFiles,
-        prepared: Prepared,
-    ) -> Self {
-        Self::with_extras(
-            driver,
-            node,
-            store,
-            claims,
-            (files, prepared),
-            DriverExtras::default(),
-        )
-    }
-
     /// [`Driver::new`] with the hook and MIG instance operations shares and dynamic MIG
     /// devices need.
     pub(crate) fn with_extras(
@@ -121,11 +102,6 @@ impl Driver {
         }
     }
 
-    /// Driver name.
-    pub(crate) fn driver(&self) -> &str {
-        &self.inner.driver
-    }
-
     /// Pool (node) name.
     pub(crate) fn pool(&self) -> &str {
         &self.inner.node
@@ -136,6 +112,7 @@ impl Driver {
         &self.inner.store
     }
 
+    #[cfg(test)]
     /// UIDs of the prepared claims.
     pub(crate) async fn prepared_claims(&self) -> Vec<String> {
         self.inner
@@ -286,7 +263,10 @@ impl Driver {
     }
 
     /// Unprepare every claim: remove its spec and its entry. Unknown claims succeed.
-    pub(crate) async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
+    pub(crate) async fn unprepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> BTreeMap<String, Result<(), String>> {
         let mut prepared = self.inner.prepared.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {

@@ -5,7 +5,7 @@
 //!
 //! [`spawn`] loads the prepared-claims checkpoint (`crate::platform::dra_state`), binds both
 //! sockets (stale ones removed) and serves them on the context's `TaskTracker` until the
-//! daemon or the handle stops it. When the registration socket disappears (the kubelet's plugin
+//! daemon stops it. When the registration socket disappears (the kubelet's plugin
 //! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
 //! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
 //! Kubernetes API in the daemon, a map in tests), which also takes their `status.devices`
@@ -95,19 +95,11 @@ pub(crate) struct DraModeSettings {
     pub(crate) publish: Option<publish::PublishSettings>,
 }
 
-/// What the DRA front-end exposes to the embedder.
-#[derive(Debug, Clone)]
-pub(crate) struct DraRunning {
-    /// The kubelet side.
-    pub(crate) driver: DraExposed,
-    /// The publisher's status, when slices are published.
-    pub(crate) slices: Option<watch::Receiver<publish::PublishStatus>>,
-}
-
 /// What a started driver exposes.
 #[derive(Debug, Clone)]
 pub(crate) struct DraExposed {
     /// The core (prepared claims).
+    #[cfg(test)]
     pub(crate) driver: Driver,
     /// How the checkpoint loaded.
     pub(crate) loaded: LoadOutcome,
@@ -119,7 +111,7 @@ pub(crate) struct DraExposed {
 pub(crate) type DraHandle = crate::runtime::Handle<DraExposed>;
 
 /// Start the driver on `ctx` (its store, tracker and a child token): load the checkpoint,
-/// bind and serve both sockets until the daemon or the handle stops it.
+/// bind and serve both sockets until the daemon stops it.
 pub(crate) async fn spawn(
     settings: DraSettings,
     claims: Arc<dyn ClaimSource>,
@@ -135,7 +127,7 @@ pub(crate) async fn spawn(
         stop.clone(),
     )
     .await?;
-    Ok(crate::runtime::Handle::new(stop, exposed))
+    Ok(crate::runtime::Handle::new(exposed))
 }
 
 async fn start(
@@ -228,6 +220,7 @@ async fn start(
         stop,
     ));
     Ok(DraExposed {
+        #[cfg(test)]
         driver,
         loaded,
         registration,

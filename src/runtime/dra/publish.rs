@@ -76,7 +76,10 @@ pub(crate) struct PublishStatus {
 }
 
 /// Starts the publisher; the handle exposes its status.
-pub(crate) fn spawn(settings: PublishSettings, ctx: &Context) -> Handle<watch::Receiver<PublishStatus>> {
+pub(crate) fn spawn(
+    settings: PublishSettings,
+    ctx: &Context,
+) -> Handle<watch::Receiver<PublishStatus>> {
     let token = ctx.child_token();
     let (tx, rx) = watch::channel(PublishStatus::default());
     let publisher = Publisher {
@@ -92,7 +95,7 @@ pub(crate) fn spawn(settings: PublishSettings, ctx: &Context) -> Handle<watch::R
         status: tx,
     };
     ctx.tracker.spawn(publisher.run(token.clone()));
-    Handle::new(token, rx)
+    Handle::new(rx)
 }
 
 type SliceEvents = Pin<Box<dyn Stream<Item = Result<WatchEvent<ApiSlice>, KubeError>> + Send>>;

@@ -183,8 +183,12 @@ pub(crate) struct HttpPeers {
 }
 
 /// Serve on `listener` (bound by [`bind`], so a bad address fails the start) until the
-/// daemon or the handle stops. The handle exposes the address it listens on.
-pub(crate) fn spawn(listener: TcpListener, peers: HttpPeers, ctx: &Context) -> Handle<Option<SocketAddr>> {
+/// daemon stops. The handle exposes the address it listens on.
+pub(crate) fn spawn(
+    listener: TcpListener,
+    peers: HttpPeers,
+    ctx: &Context,
+) -> Handle<Option<SocketAddr>> {
     let token = ctx.child_token();
     let addr = local_addr(&listener);
     ctx.tracker.spawn(serve_with_state(
@@ -194,9 +198,10 @@ pub(crate) fn spawn(listener: TcpListener, peers: HttpPeers, ctx: &Context) -> H
         peers.usage,
         token.clone(),
     ));
-    Handle::new(token, addr)
+    Handle::new(addr)
 }
 
+#[cfg(test)]
 /// Serve until `shutdown` is cancelled; in-flight requests finish first. `/v1/state`
 /// answers 503 (no usage sampler): see [`serve_with_state`].
 pub(crate) async fn serve(

@@ -181,6 +181,7 @@ impl Supervisor {
         self.states.clone()
     }
 
+    #[cfg(test)]
     /// Wait until every daemon is Up, at most `timeout`.
     pub(crate) async fn wait_up(&self, timeout: Duration) -> Result<()> {
         let mut rx = self.states.clone();

@@ -118,7 +118,7 @@ impl Reconciler {
 /// Start the reconciler: the daemons of the store's current snapshot are started (their
 /// replicas marked starting) before this returns, so a resource served after it is never
 /// advertised healthy before its daemon is up; then it follows the store, reconciling on
-/// every change of the MPS daemon set, until the daemon or the handle stops.
+/// every change of the MPS daemon set, until the daemon stops.
 pub(crate) fn spawn(settings: SupervisorConfig, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     let mut reconciler = Reconciler::new(
@@ -141,7 +141,7 @@ pub(crate) fn spawn(settings: SupervisorConfig, ctx: &Context) -> Handle {
             reconciler.reconcile(&snapshot);
         }
     });
-    Handle::new(token, ())
+    Handle::new(())
 }
 
 /// Mirror one supervisor's daemon states onto its replicas until its token is cancelled.

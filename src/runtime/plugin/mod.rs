@@ -32,8 +32,9 @@ use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
-pub(crate) use registration::{Backoff, RegistrationError};
-pub(crate) use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE, plugin_options};
+pub(crate) use registration::Backoff;
+#[cfg(test)]
+pub(crate) use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE};
 pub(crate) use watch::{KubeletWatch, WatchError};
 
 /// Longest unix socket path (`sun_path` is 108 bytes including the terminator).
@@ -189,7 +190,11 @@ pub(crate) type Failures = tokio::sync::mpsc::Receiver<PluginError>;
 /// resource set differs starts servers for added resources and stops (and unlinks)
 /// removed ones. Changed resources keep their server: their streams send the new view.
 /// A resource that fails is reported on the handle's [`Failures`].
-pub(crate) fn spawn(settings: PluginSettings, peers: PluginPeers, ctx: &Context) -> Handle<Failures> {
+pub(crate) fn spawn(
+    settings: PluginSettings,
+    peers: PluginPeers,
+    ctx: &Context,
+) -> Handle<Failures> {
     let PluginPeers {
         watch,
         held,
@@ -207,7 +212,7 @@ pub(crate) fn spawn(settings: PluginSettings, peers: PluginPeers, ctx: &Context)
     let token = ctx.child_token();
     ctx.tracker
         .spawn(manage(shared, watch, failures, token.clone()));
-    Handle::new(token, rx)
+    Handle::new(rx)
 }
 
 async fn manage(

@@ -31,6 +31,7 @@ use crate::state::{Snapshot, Store};
 pub(crate) const MAX_STREAMS_PER_RESOURCE: usize = 16;
 
 /// Annotation naming the state generation an Allocate answer was built from.
+#[cfg(test)]
 pub(crate) use crate::domain::allocate::GENERATION_ANNOTATION;
 
 /// Options this plugin registers with and reports: GetPreferredAllocation only.

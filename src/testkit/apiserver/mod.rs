@@ -233,7 +233,7 @@ pub struct Admission<'a> {
     pub resource: &'static str,
     /// `status` or empty.
     pub subresource: &'static str,
-    pub(crate) namespace: &'a str,
+    pub namespace: &'a str,
     pub name: &'a str,
     pub user: &'a User,
     pub object: Option<&'a Value>,
@@ -301,11 +301,6 @@ impl ApiServer {
     /// `http://127.0.0.1:<port>`.
     pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
-    }
-
-    /// The port it listens on (kept across [`ApiServer::go_down`] / [`ApiServer::come_up`]).
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     /// A kubeconfig naming this server, with `token` as the user's bearer token.
@@ -547,16 +542,11 @@ impl ApiServer {
         self.shared.bookmark.send_modify(|n| *n += 1);
     }
 
+    #[cfg(test)]
     /// What `/version` answers from now on: `major` and `minor` as a server writes them
     /// (`"1"`, `"34"`); the default is 1.36.
     pub(crate) fn set_version(&self, major: &str, minor: &str) {
         self.shared.policy().version = Some((major.to_owned(), minor.to_owned()));
-    }
-
-    /// Sends bookmarks every `interval` (`None`: only on [`ApiServer::bookmark`]); applies to
-    /// watches started afterwards.
-    pub(crate) fn set_bookmark_interval(&self, interval: Option<Duration>) {
-        self.shared.policy().bookmark_interval = interval;
     }
 
     // ---- policy and faults ----
@@ -636,11 +626,6 @@ impl ApiServer {
             .iter()
             .filter(|r| r.verb == verb && r.path.starts_with(path))
             .count()
-    }
-
-    /// Empties the request log.
-    pub(crate) fn clear_requests(&self) {
-        self.shared.log().clear();
     }
 
     /// Cuts every connection and waits for the emulator's tasks to end.

@@ -9,13 +9,17 @@
 //! sockets only.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(test)]
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tonic::transport::{Channel, Endpoint};
 
 use crate::domain::dra::claim::ResourceClaim;
-use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1alpha1, pluginregistration as reg};
+#[cfg(test)]
+use crate::proto::drahealth_v1alpha1;
+use crate::proto::{dra_v1, dra_v1beta1, pluginregistration as reg};
 use crate::runtime::dra::{ClaimSource, ClaimSourceError};
 
 /// Errors of the emulated kubelet.
@@ -75,6 +79,7 @@ fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> DraKubeletError {
     }
 }
 
+#[cfg(test)]
 /// The registration sockets in `registry_dir` (what the plugin watcher would find).
 pub(crate) fn registration_sockets(registry_dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(registry_dir)
@@ -228,6 +233,7 @@ impl DraPluginConn {
             .collect())
     }
 
+    #[cfg(test)]
     /// Open the v1alpha1 health stream (what the kubelet dials).
     pub(crate) async fn watch_health(
         &self,
@@ -271,6 +277,7 @@ impl Claims {
             .insert(key, Ok(c));
     }
 
+    #[cfg(test)]
     /// Make GETs of `namespace/name` fail with `error`.
     pub(crate) fn fail(&self, namespace: &str, name: &str, error: ClaimSourceError) {
         self.map
@@ -279,6 +286,7 @@ impl Claims {
             .insert((namespace.into(), name.into()), Err(error));
     }
 
+    #[cfg(test)]
     /// How many GETs were answered.
     pub(crate) fn gets(&self) -> u64 {
         *self.gets.lock().unwrap_or_else(PoisonError::into_inner)

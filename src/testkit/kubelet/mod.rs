@@ -16,7 +16,9 @@ pub(crate) mod dra;
 mod pod_claims;
 mod pod_resources;
 
-pub(crate) use pod_claims::{ClaimDevice, HeldClaim};
+#[cfg(test)]
+pub(crate) use pod_claims::ClaimDevice;
+pub(crate) use pod_claims::HeldClaim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::FileTypeExt;
@@ -211,16 +213,6 @@ impl KubeletEmulator {
         });
         inner.state().server = Some((token, handle));
         Ok(())
-    }
-
-    /// The registration socket (`<dir>/kubelet.sock`).
-    pub(crate) fn socket_path(&self) -> &Path {
-        &self.inner.socket
-    }
-
-    /// The device-plugin directory.
-    pub(crate) fn dir(&self) -> &Path {
-        &self.inner.dir
     }
 
     /// Registrations by resource; changes when a plugin registers and streams its first

@@ -57,17 +57,10 @@ impl HeldClaim {
 }
 
 impl KubeletEmulator {
+    #[cfg(test)]
     /// Report `claim`'s devices for its container in PodResources (until
     /// [`KubeletEmulator::release`] of its pod or [`KubeletEmulator::drop_claim`]).
     pub(crate) fn hold_claim(&self, claim: HeldClaim) {
         self.inner.state().claims.push(claim);
-    }
-
-    /// Stop reporting claim `namespace/name` for any container (it was unprepared).
-    pub(crate) fn drop_claim(&self, namespace: &str, name: &str) {
-        self.inner
-            .state()
-            .claims
-            .retain(|c| !(c.namespace == namespace && c.name == name));
     }
 }
