@@ -297,7 +297,7 @@ pub(crate) fn spawn(
     let api = node.api.clone();
     let view = node_watch::spawn(node, ctx).into_inner();
     let actor = Actor::new(settings, api, ctx.store.clone(), tx);
-    ctx.tracker.spawn(actor.run(view, peers, token.clone()));
+    ctx.tracker.spawn(actor.run(view, peers, token));
     Handle::new(rx)
 }
 

@@ -78,7 +78,6 @@ impl HealthSettings {}
 /// instance / compute instance ids to MIG UUIDs without restarting the watcher, and keeps
 /// the policy's state (a GPU waiting for its quiet period stays so).
 pub(crate) fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
-    let token = ctx.child_token();
     let inventory = ctx.store.subscribe();
     if !settings.filter.any_enabled() {
         tracing::info!(
@@ -90,8 +89,12 @@ pub(crate) fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
         tracing::info!("no GPUs; no health watcher started");
         return Handle::new(());
     }
-    ctx.tracker
-        .spawn(run(settings, inventory, ctx.store.clone(), token.clone()));
+    ctx.tracker.spawn(run(
+        settings,
+        inventory,
+        ctx.store.clone(),
+        ctx.child_token(),
+    ));
     Handle::new(())
 }
 
@@ -101,7 +104,7 @@ pub(crate) fn spawn(settings: HealthSettings, ctx: &Context) -> Handle {
 pub(crate) fn spawn_external(events: mpsc::Receiver<HealthUpdate>, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
-        .spawn(apply_external(events, ctx.store.clone(), token.clone()));
+        .spawn(apply_external(events, ctx.store.clone(), token));
     Handle::new(())
 }
 

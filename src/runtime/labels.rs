@@ -53,7 +53,7 @@ impl LabelsSettings {
 pub(crate) fn spawn(settings: LabelsSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
-        .spawn(follow(settings, ctx.store.clone(), token.clone()));
+        .spawn(follow(settings, ctx.store.clone(), token));
     Handle::new(())
 }
 

@@ -524,7 +524,7 @@ pub(crate) fn spawn(settings: LedgerSettings, peers: LedgerPeers, ctx: &Context)
         ctx.store.clone(),
         peers,
         grace,
-        token.clone(),
+        token,
     ));
     Handle::new(ledger)
 }

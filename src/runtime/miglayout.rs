@@ -88,7 +88,7 @@ pub(crate) fn spawn(
         ctx.store.clone(),
         peers.rescan,
         (ctx.metrics.clone(), tx),
-        token.clone(),
+        token,
     ));
     Handle::new(rx)
 }

@@ -51,7 +51,7 @@ impl NodeLabelsSettings {
 pub(crate) fn spawn(settings: NodeLabelsSettings, ctx: &Context) -> Handle {
     let token = ctx.child_token();
     ctx.tracker
-        .spawn(follow(settings, ctx.store.clone(), token.clone()));
+        .spawn(follow(settings, ctx.store.clone(), token));
     Handle::new(())
 }
 

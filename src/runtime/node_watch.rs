@@ -55,7 +55,7 @@ pub(crate) fn spawn(
 ) -> Handle<watch::Receiver<Option<NodeView>>> {
     let token = ctx.child_token();
     let (tx, rx) = watch::channel(None);
-    ctx.tracker.spawn(run(settings, tx, token.clone()));
+    ctx.tracker.spawn(run(settings, tx, token));
     Handle::new(rx)
 }
 

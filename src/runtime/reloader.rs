@@ -133,7 +133,7 @@ pub(crate) async fn spawn(
     let token = ctx.child_token();
     let triggers = Triggers::start(&settings.triggers, &peers.fs, &ctx.tracker, &token)?;
     let requester = triggers.requester();
-    ctx.tracker.spawn(reloader.run(triggers, token.clone()));
+    ctx.tracker.spawn(reloader.run(triggers, token));
     Ok(Handle::new(Reloads {
         requester,
         status: status_rx,

@@ -506,7 +506,7 @@ fn spawn_metrics(ctx: &Context) -> Handle {
     ctx.tracker.spawn(crate::runtime::metrics::follow_store(
         ctx.store.clone(),
         ctx.metrics.clone(),
-        token.clone(),
+        token,
     ));
     Handle::new(())
 }

@@ -246,8 +246,7 @@ pub(crate) fn spawn(
             }
             let _ = done_tx.send(());
         })?;
-    ctx.tracker
-        .spawn(stop_on_cancel(stop_tx, done_rx, token.clone()));
+    ctx.tracker.spawn(stop_on_cancel(stop_tx, done_rx, token));
     tracing::info!(interval_s = interval.as_secs_f64(), "usage sampler started");
     Ok(Handle::new(rx))
 }

@@ -94,7 +94,7 @@ pub(crate) fn spawn(
         accepted: BTreeMap::new(),
         status: tx,
     };
-    ctx.tracker.spawn(publisher.run(token.clone()));
+    ctx.tracker.spawn(publisher.run(token));
     Handle::new(rx)
 }
 

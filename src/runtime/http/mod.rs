@@ -196,7 +196,7 @@ pub(crate) fn spawn(
         ctx.metrics.clone(),
         peers.readiness,
         peers.usage,
-        token.clone(),
+        token,
     ));
     Handle::new(addr)
 }

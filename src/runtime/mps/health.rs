@@ -130,11 +130,10 @@ pub(crate) fn spawn(settings: SupervisorConfig, ctx: &Context) -> Handle {
     let mut rx = ctx.store.subscribe();
     let first = rx.borrow_and_update().clone();
     reconciler.reconcile(&first);
-    let stop = token.clone();
     ctx.tracker.spawn(async move {
         loop {
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = token.cancelled() => return,
                 changed = rx.changed() => if changed.is_err() { return },
             }
             let snapshot = rx.borrow_and_update().clone();

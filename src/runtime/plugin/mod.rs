@@ -210,8 +210,7 @@ pub(crate) fn spawn(
     };
     let (failures, rx) = tokio::sync::mpsc::channel(16);
     let token = ctx.child_token();
-    ctx.tracker
-        .spawn(manage(shared, watch, failures, token.clone()));
+    ctx.tracker.spawn(manage(shared, watch, failures, token));
     Handle::new(rx)
 }
 
