@@ -17,6 +17,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["runtime", "state", "domain", "platform", "proto", "testkit"],
     ),
     (
+        "bench",
+        &["testkit", "runtime", "state", "domain", "platform", "proto"],
+    ),
+    (
         "testkit",
         &["runtime", "state", "domain", "platform", "proto"],
     ),

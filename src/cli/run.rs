@@ -331,6 +331,8 @@ pub(crate) async fn run(args: &RunArgs) -> Result<(), RunError> {
     Ok(daemon.await?)
 }
 
+mod node;
+
 #[cfg(test)]
 mod compat_tests;
 #[cfg(test)]

@@ -2,10 +2,11 @@
 //! emulator serving in its `dp/` folder, and the daemon ([`supervisor::run`]) writing its
 //! sockets there and its CDI spec to `cdi/`, all over real unix sockets.
 //!
-//! [`Node::start`] is the common case (a sim profile and a config text);
-//! [`Node::launch`] takes a directory, an emulator and settings prepared by the caller
-//! (a watched config file, a PodResources socket, a checkpoint). Both return once the
-//! daemon is ready and every planned resource has registered. [`within`] bounds a test's
+//! [`Node::run`] starts it from `gpu-slicer run` flags (written in `cli::run`, beside the
+//! flags it parses); [`Node::start`] from a sim profile and a config (unit tests);
+//! [`Node::launch`] takes a directory, an emulator and settings prepared by the caller (a
+//! watched config file, a PodResources socket, a checkpoint). Each returns once the daemon
+//! is ready and every planned resource has registered. [`within`] bounds a test's
 //! wait on a channel or a future; [`wait_until`] is the one bounded poll for conditions no
 //! channel reports.
 
@@ -129,53 +130,6 @@ pub struct Node {
 impl Node {
     /// How long the daemon's config-file watcher lets writes settle before it reloads.
     pub const RELOAD_SETTLE: Duration = crate::runtime::triggers::SETTLE;
-
-    /// `gpu-slicer run <args>` in process, in a fresh directory: sockets in its `dp/` where
-    /// the kubelet emulator serves, the spec in `cdi/`, and, unless `args` say otherwise, no
-    /// state directory, HTTP endpoint, ledger, labels file, usage sampling or re-scan timer
-    /// (`--state-dir "" --http-listen "" --pod-resources-socket "" --labels-file ""
-    /// --usage-interval 0 --rescan-interval 0`). Environment variables count as on the
-    /// command line. Returns once the daemon is ready and every planned resource registered.
-    pub async fn run(args: &[&str]) -> Result<Self, NodeError> {
-        let dir = short_tempdir("gs")?;
-        let emulator = KubeletEmulator::start(dir.path().join("dp")).await?;
-        let dp = dir.path().join("dp").display().to_string();
-        let cdi = dir.path().join("cdi").display().to_string();
-        let defaults: [(&str, &str); 8] = [
-            ("--device-plugin-dir", &dp),
-            ("--cdi-dir", &cdi),
-            ("--state-dir", ""),
-            ("--http-listen", ""),
-            ("--pod-resources-socket", ""),
-            ("--labels-file", ""),
-            ("--usage-interval", "0"),
-            ("--rescan-interval", "0"),
-        ];
-        let given = |flag: &str| {
-            args.iter()
-                .any(|a| *a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
-        };
-        let mut argv: Vec<String> = defaults
-            .iter()
-            .filter(|(flag, _)| !given(flag))
-            .map(|(flag, value)| format!("{flag}={value}"))
-            .collect();
-        argv.extend(args.iter().map(|a| (*a).to_string()));
-        let refused = |message: String| {
-            NodeError(NodeFailure::Flags {
-                args: args.join(" "),
-                message,
-            })
-        };
-        let run = crate::cli::run::RunArgs::parse(&argv).map_err(|e| refused(e.to_string()))?;
-        let mut settings = run.settings().map_err(|e| refused(e.to_string()))?;
-        settings.dra = run
-            .dra_settings(&settings.config)
-            .await
-            .map_err(|e| refused(e.to_string()))?;
-        let backend = crate::cli::backend::open_backend(&run.backend)?;
-        Self::launch(dir, emulator, settings, backend).await
-    }
 
     /// Settings for a node in `dir`: sockets in `dir/dp`, the spec in `dir/cdi`.
     pub(crate) fn settings(dir: &Path, config: Config) -> RunSettings {
