@@ -50,48 +50,49 @@
 //!   once; nothing below `cli` names it). Tests, demo, benches: [`testkit`] (kubelet
 //!   emulator, fixtures). Generated kubelet APIs: [`proto`]. Fuzz targets: [`fuzz`] (one
 //!   entry per target).
-
-// DRAFT of the public façade (issue 19 item 1, phase 2; nothing below is in force yet). Once
-// the other branches are merged, this crate's root becomes the façade and everything else
-// `pub(crate)`, its modules private, `unreachable_pub` clean. What is reachable from outside
-// and who needs it, 59 items counting modules (generated proto messages and clients not
-// counted; methods and fields of the types not counted):
-//
-//   main()                the binary: src/main.rs is `gpu_slicer::main()`                 1
-//   fuzz + 7 entries      cdi_spec, config_parse, event_line, kubelet_usage, mig_parted,
-//                         node_file, oci_state_cgroup: one per cargo-fuzz target          8
-//   proto + deviceplugin, podresources: the kubelet API the socket bench and the
-//                         ListAndWatch flood test speak (HEALTHY: the string "Healthy")   3
-//   testkit + 37, flat (its modules private), one `Error` for the whole kit             38
-//     Node, Error         daemon + kubelet emulator in a temp dir. `Node::run(&[args])`
-//                         starts the daemon from `gpu-slicer run` flags in-process, so no
-//                         caller needs RunSettings (benches reload, scaling, health,
-//                         plugin; any tests/ daemon that needs no child process)
-//     KubeletEmulator, DeviceInfo, PodRef, Allocation, Registered
-//     ApiServer, Verb, Fault, User, Denial, Admission, RequestRecord
-//     DraPluginConn (`::register`), KubeletClaim                    (tests/dra_run.rs)
-//     STEP, within, wait_until, temp_dir, percentile
-//     fake_lib, PrivateFake, fake_driver_root, write_mig_minors
-//     free_port, read_cdi_spec, socket_name, SHUTDOWN_DEADLINE
-//     SHARED_CONFIG, write_pool_configs, cdi_must_reject, file_names
-//     Manifests (what `kustomize` returns: object, strings), kustomize, node, until_labels
-//     pub(crate), unit tests only: http, promtool_check, rerun_alone, spec_device_names,
-//     time_sliced, file_loader, MIG_A100_40GB, labels_of, fixtures::{inventory, config,
-//     plan, planned, store}, pod_uid, checkpoint_json (once bench::usage_* has them)
-//   bench + 8             hot paths prepared, returned as closures to time                 9
-//     cdi_spec(gpus, migs, shares, format) -> impl FnMut() -> usize        (cdi, scaling)
-//     allocate(profile, config, resource) -> impl FnMut(&[String]) -> usize (plugin, socket)
-//     preferred(node, config, resource) -> impl FnMut(&[String], usize) -> Vec<String>
-//                                                                    (plugin, topology)
-//     dra_slices(profile), dra_prepare(profile) -> impl FnMut() -> ...        (dra)
-//     usage_attribution(gpus, slices), usage_sample(&PrivateFake) -> impl FnMut() (usage)
-//     driver_discovery(root) -> impl FnMut()                                 (socket)
-//
-// Phase 2 must: make the layers private and clean `unreachable_pub`; move
-// tests/dra_{kube,kubelet,publish}.rs into runtime::dra / platform::kube unit tests
-// (dra_run.rs and dra_slices.rs drive the binary and stay, through testkit); move the
-// benches onto `Node::run` and `bench` (benches/health.rs and socket.rs also drop their own
-// copies of the fake-NVML loader for testkit::PrivateFake / fake_lib).
+//!
+//! # The public façade
+//!
+//! The layers above are private modules; nothing in them is `pub` but the four items the
+//! façade re-exports (`testkit::{ContainerAllocation, socket_name, SHUTDOWN_DEADLINE}`,
+//! `bench::Format`) and `testkit::Node::run`, written in `cli::run`. What is reachable from outside the crate is what the binary, the
+//! integration tests (`tests/`), the benches (`benches/`) and the fuzz targets (`fuzz/`)
+//! use, and nothing else (`unreachable_pub` is clean): **68 items**, counting the four
+//! modules and every type a public signature names (the generated proto messages and
+//! clients, and methods and fields, not counted).
+//!
+//! | item | who needs it | count |
+//! |---|---|---|
+//! | [`main`] | the binary: `src/main.rs` is `gpu_slicer::main()` | 1 |
+//! | [`fuzz`] + `cdi_spec`, `config_parse`, `event_line`, `kubelet_usage`, `mig_parted`, `node_file`, `oci_state_cgroup` | one per cargo-fuzz target (`fuzz/fuzz_targets/<name>.rs`) | 8 |
+//! | [`proto`] + `deviceplugin`, `HEALTHY` | the kubelet's device-plugin API: bench `socket` (a client of its own), test `http_flood` | 3 |
+//! | [`bench`] + 9 | the benches' in-process hot paths (`Served`, `cdi_spec` with `Format`, `nvml_discovery`, `driver_discovery`, `dra_slices`, `DraPrepare`, `DraDriver`, `Usage`; which bench uses which: its doc) | 10 |
+//! | [`testkit`] + 45 | tests and benches, flat names (its modules are private): | 46 |
+//!
+//! The testkit's 45, by what they serve:
+//! - a node: `Node` (`Node::run`: the daemon from `gpu-slicer run` flags, in process, with
+//!   the kubelet emulator), `NodeError` (benches `health`, `plugin`, `reload`, `scaling`);
+//!   `STEP`, `within`, `wait_until`, `temp_dir` (the tests, through `tests/common`);
+//! - the kubelet emulator: `KubeletEmulator`, `DeviceInfo`, `Allocation`,
+//!   `ContainerAllocation`, `Registered`, `EmulatorError`, `socket_name`,
+//!   `SHUTDOWN_DEADLINE` (tests of a daemon in a child process, bench `health`);
+//! - the DRA kubelet side: `DraPluginConn`, `KubeletClaim`, `DraVersion`, `DraKubeletError`
+//!   (tests `dra_run`, `dra_capacity`, bench `dra`);
+//! - the API-server emulator: `ApiServer`, `ApiServerError`, `Verb`, `Fault`, `User`,
+//!   `Admission`, `Denial`, `RequestRecord`, `ShareRequest`, `ShareAllocated` (tests
+//!   `kube_apiserver`, `label_policy`, `dra_*`, `cli_fleet`, bench `dra`);
+//! - the fake NVML driver: `fake_lib`, `fake_driver_root`, `write_mig_minors`,
+//!   `PrivateFake` (the tests through `tests/common`, benches `health`, `socket`,
+//!   `topology`);
+//! - `deploy/` and Kubernetes objects: `kustomize`, `object`, `strings`, `node`,
+//!   `until_labels` (tests `deploy_args`, `kube_apiserver`, `cli_fleet`);
+//! - fixtures and readers: `SHARED_CONFIG`, `write_pool_configs`, `cdi_must_reject`,
+//!   `file_names`, `read_cdi_spec`, `spec_device_names`, `free_port`, `percentile` (the
+//!   benches' one percentile).
+//!
+//! The types a public method returns are named too (`Allocation`, `Registered`,
+//! `ContainerAllocation`, the four error types, ...), so that no reachable type is
+//! unnameable. What only unit tests use stays `pub(crate)` or `#[cfg(test)]`.
 
 pub mod bench;
 mod cli;

@@ -59,7 +59,7 @@ impl HeldClaim {
 impl KubeletEmulator {
     #[cfg(test)]
     /// Report `claim`'s devices for its container in PodResources (until
-    /// [`KubeletEmulator::release`] of its pod or [`KubeletEmulator::drop_claim`]).
+    /// [`KubeletEmulator::release`] of its pod).
     pub(crate) fn hold_claim(&self, claim: HeldClaim) {
         self.inner.state().claims.push(claim);
     }
