@@ -55,7 +55,8 @@
 //!
 //! The layers above are private modules; nothing in them is `pub` but the four items the
 //! façade re-exports (`testkit::{ContainerAllocation, socket_name, SHUTDOWN_DEADLINE}`,
-//! `bench::Format`) and `testkit::Node::run`, written in `cli::run`. What is reachable from outside the crate is what the binary, the
+//! `bench::Format`), `ContainerAllocation::cdi_devices` and `testkit::Node::run`, written in
+//! `cli::run`. What is reachable from outside the crate is what the binary, the
 //! integration tests (`tests/`), the benches (`benches/`) and the fuzz targets (`fuzz/`)
 //! use, and nothing else (`unreachable_pub` is clean): **68 items**, counting the four
 //! modules and every type a public signature names (the generated proto messages and
