@@ -65,7 +65,7 @@ fn slices_bench(what: &str, inv: &Inventory, config: &str, format: SliceFormat) 
     let (mut bytes, mut count, mut devices) = (0, 0, 0);
     for _ in 0..RUNS {
         let t = Instant::now();
-        let health = slices::health_map(&plan, &Overlay::default());
+        let health = slices::health_map(inv, &plan, &Overlay::default());
         let devs = slices::node_devices_with(inv, &plan, &health, dynamic);
         let built = slices::build_for(&target, &devs, format);
         let out = serde_json::to_vec(&built).expect("json");

@@ -232,7 +232,7 @@ pub(crate) fn dra_assigned(
     if ours.is_empty() {
         return Vec::new();
     }
-    let health = slices::health_map(&snapshot.plan, &snapshot.overlay);
+    let health = slices::health_map(&snapshot.inventory, &snapshot.plan, &snapshot.overlay);
     let devices = slices::node_devices(&snapshot.inventory, &snapshot.plan, &health);
     let mut by_uuid: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
     for view in snapshot.views.values() {

@@ -122,14 +122,22 @@ impl NodeDevices {
 }
 
 /// Unhealthy physical devices (UUID → reason) from the plan and the health overlay: a
-/// device is unhealthy when any planned device it backs is.
-pub fn health_map(plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
+/// device is unhealthy when any planned device it backs is, and a GPU when the overlay
+/// says so of the GPU itself, whether or not the plan serves any of its devices (what a
+/// dynamic MIG GPU publishes is planned by no one: its placements read their GPU's entry).
+pub fn health_map(inv: &Inventory, plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (_, d) in plan.devices() {
         let h = overlay.health_of(d);
         if h.health == Health::Unhealthy {
             let reason = h.reason.as_deref().unwrap_or("unhealthy").to_string();
             out.entry(d.physical.uuid.clone()).or_insert(reason);
+        }
+    }
+    for gpu in &inv.gpus {
+        if let Some(reason) = overlay.gpu_health(&gpu.uuid) {
+            out.entry(gpu.uuid.clone())
+                .or_insert_with(|| reason.to_string());
         }
     }
     out
@@ -147,7 +155,7 @@ pub fn node_devices(
 
 /// The devices of a snapshot, with its health and its config's `flags.dra.dynamicMig`.
 pub fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> NodeDevices {
-    let health = health_map(&snapshot.plan, &snapshot.overlay);
+    let health = health_map(&snapshot.inventory, &snapshot.plan, &snapshot.overlay);
     node_devices_with(
         &snapshot.inventory,
         &snapshot.plan,
