@@ -416,3 +416,62 @@ async fn a_prepared_claim_says_in_its_status_which_devices_it_holds() {
     ctx.tracker.wait().await;
     server.stop().await;
 }
+
+/// A crash between a prepare's answer and its status write (here: the write refused once)
+/// loses nothing: the kubelet does not prepare a running pod's claim again, so the agent
+/// that starts from the checkpoint writes the status of every claim it recovers.
+#[tokio::test]
+async fn a_recovered_claim_gets_its_status_written_after_a_restart() {
+    gpu_slicer::platform::kube::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServer::start().await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(server.client().unwrap(), "ml");
+    let uid = create(&claims, "train").await;
+    server
+        .allocate_claim("ml", "train", &allocation("gpu-2"))
+        .unwrap();
+    let status_path = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/train/status";
+    server.inject(Fault::status(Verb::Update, "/resourceclaims/train/status", 403).times(1));
+
+    let start = || async {
+        let ctx = Context::new(store());
+        let handle = spawn(
+            settings(dir.path()),
+            Arc::new(KubeClaims::new(server.client().unwrap())),
+            &ctx,
+        )
+        .await
+        .unwrap();
+        (ctx, handle)
+    };
+    let (ctx, handle) = start().await;
+    let kubelet = register(&dir.path().join(format!("reg/{DRIVER}-reg.sock")))
+        .await
+        .unwrap();
+    let answer = kubelet.prepare(&[k("train", &uid)], None).await.unwrap();
+    assert!(answer[&uid].is_ok(), "{answer:?}");
+    // The one write was refused (a 403 is not tried again): no status yet.
+    let refused = gpu_slicer::testkit::wait_until(gpu_slicer::testkit::STEP, || async {
+        (server.count(Verb::Update, status_path) == 1).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "{:#?}", server.requests());
+    assert!(our_entries(&server, "train").is_empty());
+    ctx.token.cancel();
+    ctx.tracker.close();
+    ctx.tracker.wait().await;
+    drop((handle, kubelet));
+
+    let (ctx, _handle) = start().await;
+    let written = server
+        .wait_for::<ResourceClaim, _>(Duration::from_secs(10), |_| {
+            our_entries(&server, "train").len() == 1
+        })
+        .await;
+    assert!(written, "{:#?}", server.requests());
+    assert_eq!(our_entries(&server, "train")[0]["device"], "gpu-2");
+    ctx.token.cancel();
+    ctx.tracker.close();
+    ctx.tracker.wait().await;
+    server.stop().await;
+}
