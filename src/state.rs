@@ -113,7 +113,9 @@ impl Store {
             health,
             reason: reason.to_string(),
         };
-        self.change_overlay(key, |overlay, plan| overlay.apply(plan, &update))
+        self.change_overlay(key, |overlay, now| {
+            overlay.apply(&now.plan, &now.inventory, &update)
+        })
     }
 
     /// Take a GPU out of service (`Some(code)`: its devices are Unhealthy with that reason
@@ -124,22 +126,22 @@ impl Store {
         gpu_uuid: &str,
         code: Option<&str>,
     ) -> Result<BTreeSet<String>, StateError> {
-        self.change_overlay(gpu_uuid, |overlay, plan| {
-            overlay.drain(plan, gpu_uuid, code)
+        self.change_overlay(gpu_uuid, |overlay, now| {
+            overlay.drain(&now.plan, gpu_uuid, code)
         })
     }
 
-    /// Change what the overlay says about `key` and publish the views it changed (none
-    /// changed: nobody wakes).
+    /// Change what the overlay says about `key` and publish the views it changed (the
+    /// overlay unchanged: nobody wakes).
     fn change_overlay(
         &self,
         key: &str,
-        change: impl FnOnce(&mut Overlay, &crate::domain::plan::Plan) -> Result<(), StateError>,
+        change: impl FnOnce(&mut Overlay, &Snapshot) -> Result<(), StateError>,
     ) -> Result<BTreeSet<String>, StateError> {
         let mut result = Ok(BTreeSet::new());
         self.tx.send_if_modified(|current| {
             let mut overlay = Overlay::clone(&current.overlay);
-            if let Err(e) = change(&mut overlay, &current.plan) {
+            if let Err(e) = change(&mut overlay, current) {
                 result = Err(e);
                 return false;
             }
@@ -147,12 +149,10 @@ impl Store {
             // The views are those of `current.plan`: only their health can change here.
             let views = view::under_overlay(&current.views, &overlay, key);
             let changed = view::changed(&current.views, &views);
-            if changed.is_empty() {
-                // Same health as before (a repeated event): keep the overlay in step but
-                // wake nobody.
-                let mut next = Snapshot::clone(current);
-                next.overlay = Arc::new(overlay);
-                *current = Arc::new(next);
+            // An event on a GPU the plan serves nothing of (a dynamic MIG GPU, DRA) changes
+            // no view but what the DRA slices publish: it wakes the store's readers.
+            if changed.is_empty() && overlay == *current.overlay {
+                // Same health as before (a repeated event): wake nobody.
                 return false;
             }
             let mut next = Snapshot::clone(current);
@@ -283,6 +283,65 @@ mod tests {
         assert!(
             store
                 .drain("GPU-nope", Some("mig-layout-applying"))
+                .is_err()
+        );
+    }
+
+    /// A GPU whose MIG devices DRA claims make serves nothing until a claim comes; an XID on
+    /// it is still recorded, wakes the store's readers (the slice publisher) and taints
+    /// every device the GPU publishes, and its recovery clears them. A key that names no
+    /// GPU and nothing served is still refused.
+    #[test]
+    fn an_event_on_a_gpu_that_serves_nothing_taints_what_dra_publishes_for_it() {
+        use crate::domain::dra::slices;
+        let (mut inventory, _, _) = crate::testkit::fixtures::planned("dgx-h100", "version: v1\n");
+        for g in &mut inventory.gpus {
+            g.mig_mode.current = true;
+        }
+        let config = crate::testkit::fixtures::config(
+            "version: v1\nflags: {migStrategy: mixed, dra: {dynamicMig: all}}\n",
+        );
+        let plan = crate::domain::plan::build(&inventory, &config).unwrap();
+        assert_eq!(
+            plan.devices().count(),
+            0,
+            "MIG on, no instances: nothing served"
+        );
+        let gpu = inventory.gpus[3].uuid.clone();
+        let store = Store::new(Snapshot::serving(config, inventory, plan));
+        let tainted = |store: &Store| -> Vec<String> {
+            let devices = slices::snapshot_devices(&store.current());
+            devices
+                .devices
+                .values()
+                .filter(|d| !d.device.taints.is_empty())
+                .map(|d| d.name.clone())
+                .collect()
+        };
+        assert!(tainted(&store).is_empty());
+        let mut readers = store.subscribe();
+        readers.borrow_and_update();
+
+        store.set_health(&gpu, Health::Unhealthy, "xid-79").unwrap();
+        assert!(readers.has_changed().unwrap(), "the publisher is woken");
+        let sick = tainted(&store);
+        // The whole GPU and its 25 placements, nothing of another GPU.
+        assert_eq!(sick.len(), 26, "{sick:?}");
+        assert!(
+            sick.iter()
+                .all(|n| n == "gpu-3" || n.starts_with("gpu-3-mig-"))
+        );
+        readers.borrow_and_update();
+        // The same event again changes nothing and wakes nobody.
+        store.set_health(&gpu, Health::Unhealthy, "xid-79").unwrap();
+        assert!(!readers.has_changed().unwrap());
+
+        store.set_health(&gpu, Health::Healthy, "").unwrap();
+        assert!(readers.has_changed().unwrap());
+        assert!(tainted(&store).is_empty());
+        assert!(
+            store
+                .set_health("GPU-nope", Health::Unhealthy, "xid-79")
                 .is_err()
         );
     }

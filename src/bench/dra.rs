@@ -70,7 +70,7 @@ pub fn dra_slices(
             generation: 1,
         };
         let start = Instant::now();
-        let health = slices::health_map(&plan, &Overlay::default());
+        let health = slices::health_map(&inv, &plan, &Overlay::default());
         let devs = slices::node_devices_with(&inv, &plan, &health, cfg.dra.dynamic_mig.as_ref());
         let built = slices::build_for(&target, &devs, format);
         let out = serde_json::to_vec(&built).unwrap_or_else(|e| panic!("json: {e}"));

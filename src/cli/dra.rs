@@ -93,7 +93,7 @@ fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
     let format = server_format(&args.server_version)?;
     let plan = plan::build(&inventory, &config)?;
     // Offline there are no health events: only what discovery found unhealthy is tainted.
-    let health = slices::health_map(&plan, &Overlay::default());
+    let health = slices::health_map(&inventory, &plan, &Overlay::default());
     let devices =
         slices::node_devices_with(&inventory, &plan, &health, config.dra.dynamic_mig.as_ref());
     for w in &devices.warnings {

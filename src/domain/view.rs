@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use crate::domain::inventory::Health;
+use crate::domain::inventory::{Health, Inventory};
 use crate::domain::plan::{Device, Plan, Resource};
 
 /// Errors updating device state.
@@ -194,9 +194,17 @@ impl Overlay {
     }
 
     /// Record an event. Unknown keys are refused: an event must name something `plan`
-    /// serves, or it would linger and mark a device that appears later.
-    pub(crate) fn apply(&mut self, plan: &Plan, update: &HealthUpdate) -> Result<(), StateError> {
-        if !Self::knows(plan, &update.key) {
+    /// serves, or it would linger and mark a device that appears later. A GPU of
+    /// `inventory` is known even when the plan serves none of its devices: a GPU whose MIG
+    /// devices DRA claims make (`flags.dra.dynamicMig`) serves nothing until a claim comes,
+    /// and its health must still taint the devices it publishes ([`Overlay::gpu_health`]).
+    pub(crate) fn apply(
+        &mut self,
+        plan: &Plan,
+        inventory: &Inventory,
+        update: &HealthUpdate,
+    ) -> Result<(), StateError> {
+        if !Self::knows(plan, &update.key) && inventory.gpu(&update.key).is_none() {
             return Err(StateError::UnknownKey {
                 key: update.key.clone(),
             });
@@ -237,6 +245,15 @@ impl Overlay {
             }
         }
         Ok(())
+    }
+
+    /// What the overlay says about the GPU `gpu_uuid` itself (an event on its UUID first,
+    /// then a drain), whether or not the plan serves any of its devices.
+    pub(crate) fn gpu_health(&self, gpu_uuid: &str) -> Option<Arc<str>> {
+        match self.overrides.get(gpu_uuid) {
+            Some((Health::Unhealthy, reason)) => Some(reason.clone()),
+            _ => self.drains.get(gpu_uuid).cloned(),
+        }
     }
 
     /// Current health of one device: unhealthy if the plan says so, any override on its
@@ -372,7 +389,7 @@ mod tests {
     /// views computed from the plan (same health, same identities where nothing changed).
     #[test]
     fn views_under_a_new_overlay_equal_views_of_the_plan() {
-        let (_, _, plan) = crate::testkit::fixtures::planned(
+        let (inv, _, plan) = crate::testkit::fixtures::planned(
             "mixed-a100",
             "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
         );
@@ -390,23 +407,24 @@ mod tests {
         type Step<'a> = (&'a str, &'a dyn Fn(&mut Overlay));
         let steps: [Step; 6] = [
             (&gpu, &|o| {
-                o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-79"))
+                o.apply(&plan, &inv, &update(&gpu, Health::Unhealthy, "xid-79"))
                     .unwrap()
             }),
             // Still unhealthy, for another reason: the reason is part of the health.
             (&gpu, &|o| {
-                o.apply(&plan, &update(&gpu, Health::Unhealthy, "xid-94"))
+                o.apply(&plan, &inv, &update(&gpu, Health::Unhealthy, "xid-94"))
                     .unwrap()
             }),
             (&mig, &|o| {
-                o.apply(&plan, &update(&mig, Health::Unhealthy, "xid-48"))
+                o.apply(&plan, &inv, &update(&mig, Health::Unhealthy, "xid-48"))
                     .unwrap()
             }),
             (&gpu, &|o| {
                 o.drain(&plan, &gpu, Some("mig-layout-applying")).unwrap()
             }),
             (&gpu, &|o| {
-                o.apply(&plan, &update(&gpu, Health::Healthy, "")).unwrap()
+                o.apply(&plan, &inv, &update(&gpu, Health::Healthy, ""))
+                    .unwrap()
             }),
             (&gpu, &|o| o.drain(&plan, &gpu, None).unwrap()),
         ];

@@ -19,7 +19,9 @@
 //! Other GPUs are never touched. A GPU that is busy, whose MIG mode differs from the
 //! layout's (changing it needs a reset, which is never done) or whose steps failed is
 //! pending: logged when its reason changes, `gpu_slicer_mig_layout_pending{gpu}` = 1, and
-//! retried next round. `/readyz` is not affected.
+//! retried next round. `/readyz` is not affected. A GPU whose MIG devices DRA claims make
+//! (`flags.dra.dynamicMig`) is never repartitioned: it stays pending while the layout wants
+//! it changed.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -191,11 +193,21 @@ async fn round(
     })
     .await
     .map_err(|e| e.to_string())??;
+    // GPUs whose instances DRA claims make and destroy (`flags.dra.dynamicMig`) are theirs:
+    // the layout would destroy a claim's instance under its container.
+    let dynamic = store.current().config.dra.dynamic_mig.clone();
     let mut out = Vec::new();
     for (gpu, plan) in gpus.into_iter().zip(plans) {
         let uuid = gpu.facts.uuid.clone();
+        let on_demand = dynamic
+            .as_ref()
+            .is_some_and(|d| d.selects_gpu(gpu.facts.index, &uuid));
         let reason = match plan.status {
             PlanStatus::Unchanged => None,
+            _ if on_demand => Some(format!(
+                "its MIG devices are made per DRA claim (flags.dra.dynamicMig selects GPU {}): the layout leaves it as it is",
+                gpu.facts.index
+            )),
             PlanStatus::Pending => plan.reason.clone(),
             PlanStatus::Changed => repartition(&nvml, store, rescan, gpu, plan).await.err(),
         };

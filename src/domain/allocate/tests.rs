@@ -43,7 +43,11 @@ impl NodeHealth {
         &mut self,
         u: &HealthUpdate,
     ) -> Result<std::collections::BTreeSet<String>, StateError> {
-        self.overlay.apply(&self.plan, u)?;
+        self.overlay.apply(
+            &self.plan,
+            &crate::domain::inventory::Inventory::default(),
+            u,
+        )?;
         let next = view::views(&self.plan, &self.overlay, &self.views);
         let changed = view::changed(&self.views, &next);
         self.views = next;

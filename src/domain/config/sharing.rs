@@ -78,6 +78,21 @@ impl std::fmt::Display for DeviceSelector {
     }
 }
 
+impl DeviceSelector {
+    /// Whether the GPU with this index and UUID is selected (a MIG reference selects no GPU).
+    pub(crate) fn selects_gpu(&self, index: u32, uuid: &str) -> bool {
+        match self {
+            DeviceSelector::All => true,
+            DeviceSelector::Count(n) => index < *n,
+            DeviceSelector::List(refs) => refs.iter().any(|r| match r {
+                DeviceRef::Index(i) => index == *i,
+                DeviceRef::Uuid(u) => uuid == u,
+                DeviceRef::MigIndex(..) => false,
+            }),
+        }
+    }
+}
+
 /// One validated `sharing.*.resources[]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use node_spec::{GiProfile, Product};
 
 use super::model::{Counter, CounterConsumption, CounterSet};
-use crate::domain::config::{DeviceRef, DeviceSelector};
+use crate::domain::config::DeviceSelector;
 use crate::domain::inventory::Gpu;
 
 /// Attribute of every published device: `true` when Prepare makes it (a dynamic MIG
@@ -90,15 +90,7 @@ pub(crate) struct MadeInstance {
 
 /// Whether `selector` (`flags.dra.dynamicMig`) names `gpu`.
 pub(crate) fn selects(selector: &DeviceSelector, gpu: &Gpu) -> bool {
-    match selector {
-        DeviceSelector::All => true,
-        DeviceSelector::Count(n) => gpu.index < *n,
-        DeviceSelector::List(refs) => refs.iter().any(|r| match r {
-            DeviceRef::Index(i) => gpu.index == *i,
-            DeviceRef::Uuid(u) => gpu.uuid == *u,
-            DeviceRef::MigIndex(..) => false,
-        }),
-    }
+    selector.selects_gpu(gpu.index, &gpu.uuid)
 }
 
 /// Why a GPU the selector names is not dynamic; `Ok`: its product and profiles.
@@ -206,6 +198,7 @@ fn one(n: u32) -> Counter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::config::DeviceRef;
 
     fn a100() -> Gpu {
         Gpu {

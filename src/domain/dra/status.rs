@@ -80,7 +80,7 @@ mod tests {
             "mixed-a100",
             "version: v1\nflags:\n  migStrategy: mixed\n",
         );
-        let health = slices::health_map(&plan, &Overlay::default());
+        let health = slices::health_map(&inv, &plan, &Overlay::default());
         let devices = slices::node_devices(&inv, &plan, &health);
         let mig = devices.get("gpu-0-mig-1g10gb-19-1").expect("a MIG device");
         let s = device_status("node-a", mig, &["k8s.gpu-slicer.io/claim=u-x".into()]);

@@ -2,6 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::domain::inventory::Inventory;
 use crate::domain::snapshot::Snapshot;
 use crate::testkit::fixtures;
 

@@ -88,9 +88,46 @@ impl Driver {
         }
     }
 
-    /// Report prepared claims in their `status.devices` through `queue` (set once).
-    pub(crate) fn write_status_with(&self, queue: StatusQueue) {
-        let _ = self.inner.status.set(queue);
+    /// Report prepared claims in their `status.devices` through `queue` (set once). The
+    /// claims recovered from the checkpoint are queued at once: a crash may have come between
+    /// a prepare's answer and its status write, and the kubelet does not prepare a running
+    /// pod's claims again. The writer leaves alone a status that already says the same.
+    pub(crate) async fn write_status_with(&self, queue: StatusQueue) {
+        if self.inner.status.set(queue).is_err() {
+            return;
+        }
+        let prepared = self.inner.prepared.lock().await;
+        if prepared.claims.is_empty() {
+            return;
+        }
+        let devices = slices::snapshot_devices(&self.inner.store.current());
+        for (uid, claim) in &prepared.claims {
+            let want = ClaimRef {
+                namespace: claim.namespace.clone(),
+                uid: uid.clone(),
+                name: claim.name.clone(),
+            };
+            self.queue_status(&want, self.statuses(&devices, &claim.devices));
+        }
+    }
+
+    /// What `status.devices` says of the devices `answer` prepared.
+    fn statuses(
+        &self,
+        devices: &slices::NodeDevices,
+        answer: &[PreparedDevice],
+    ) -> Vec<DeviceStatus> {
+        answer
+            .iter()
+            .filter_map(|a| {
+                let d = devices.get(&a.device)?;
+                let made = a.made.as_ref().map(|m| m.uuid.as_str());
+                Some(
+                    device_status(&self.inner.node, d, &a.cdi_ids)
+                        .prepared_as(a.share_id.clone(), made),
+                )
+            })
+            .collect()
     }
 
     fn queue_status(&self, claim: &ClaimRef, devices: Vec<DeviceStatus>) {
@@ -224,18 +261,7 @@ impl Driver {
         }
         *prepared = next;
         tracing::info!(claim = %want, devices = answer.len(), "claim prepared");
-        let status = answer
-            .iter()
-            .filter_map(|a| {
-                let d = devices.get(&a.device)?;
-                let made = a.made.as_ref().map(|m| m.uuid.as_str());
-                Some(
-                    device_status(&self.inner.node, d, &a.cdi_ids)
-                        .prepared_as(a.share_id.clone(), made),
-                )
-            })
-            .collect();
-        self.queue_status(want, status);
+        self.queue_status(want, self.statuses(&devices, &answer));
         Ok(answer)
     }
 

@@ -414,3 +414,125 @@ async fn a_prepared_claim_says_in_its_status_which_devices_it_holds() {
     ctx.tracker.wait().await;
     server.stop().await;
 }
+
+/// A crash between a prepare's answer and its status write (here: the write refused once)
+/// loses nothing: the kubelet does not prepare a running pod's claim again, so the agent
+/// that starts from the checkpoint writes the status of every claim it recovers.
+#[tokio::test]
+async fn a_recovered_claim_gets_its_status_written_after_a_restart() {
+    crate::platform::kube::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServer::start().await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(server.client().unwrap(), "ml");
+    let uid = create(&claims, "train").await;
+    server
+        .allocate_claim("ml", "train", &allocation("gpu-2"))
+        .unwrap();
+    let status_path = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/train/status";
+    server.inject(Fault::status(Verb::Update, "/resourceclaims/train/status", 403).times(1));
+
+    let start = || async {
+        let ctx = Context::new(store());
+        let handle = spawn(
+            settings(dir.path()),
+            Arc::new(KubeClaims::new(server.client().unwrap())),
+            &ctx,
+        )
+        .await
+        .unwrap();
+        (ctx, handle)
+    };
+    let (ctx, handle) = start().await;
+    let kubelet = register(&dir.path().join(format!("reg/{DRIVER}-reg.sock")))
+        .await
+        .unwrap();
+    let answer = kubelet.prepare(&[k("train", &uid)], None).await.unwrap();
+    assert!(answer[&uid].is_ok(), "{answer:?}");
+    // The one write was refused (a 403 is not tried again): no status yet.
+    let refused = crate::testkit::wait_until(crate::testkit::STEP, || async {
+        (server.count(Verb::Update, status_path) == 1).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "{:#?}", server.requests());
+    assert!(our_entries(&server, "train").is_empty());
+    ctx.token.cancel();
+    ctx.tracker.close();
+    ctx.tracker.wait().await;
+    drop((handle, kubelet));
+
+    let (ctx, _handle) = start().await;
+    let written = server
+        .wait_for::<ResourceClaim, _>(Duration::from_secs(10), |_| {
+            our_entries(&server, "train").len() == 1
+        })
+        .await;
+    assert!(written, "{:#?}", server.requests());
+    assert_eq!(our_entries(&server, "train")[0]["device"], "gpu-2");
+    ctx.token.cancel();
+    ctx.tracker.close();
+    ctx.tracker.wait().await;
+    server.stop().await;
+}
+
+/// `limits: {nvidia.com/gpu: 1}` on a DRA node (KEP-5004): the scheduler writes a special
+/// claim for the pod (its annotation, the pod as owner, one request per container and
+/// resource, allocated from the class whose `extendedResourceName` is `nvidia.com/gpu`), and
+/// the kubelet prepares it like any claim.
+#[tokio::test]
+async fn the_schedulers_claim_for_an_extended_resource_is_prepared_like_any_claim() {
+    crate::platform::kube::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServer::start().await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(server.client().unwrap(), "ml");
+    let special: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {
+            "name": "trainer-extended-resources-x7k2p", "namespace": "ml",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "trainer",
+                                 "uid": "00000000-0000-4000-8000-00000000f00d", "controller": true}]
+        },
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+            "deviceClassName": "gpu.gpu-slicer.io", "allocationMode": "ExactCount", "count": 1}}]}}
+    }))
+    .unwrap();
+    let created = claims
+        .create(&PostParams::default(), &special)
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let mut allocated = allocation("gpu-3");
+    if let Some(results) = allocated.devices.as_mut().and_then(|d| d.results.as_mut()) {
+        results[0].request = "container-0-request-0".into();
+    }
+    server
+        .allocate_claim("ml", "trainer-extended-resources-x7k2p", &allocated)
+        .unwrap();
+
+    let ctx = Context::new(store());
+    let _handle = spawn(
+        settings(dir.path()),
+        Arc::new(KubeClaims::new(server.client().unwrap())),
+        &ctx,
+    )
+    .await
+    .unwrap();
+    let kubelet = register(&dir.path().join(format!("reg/{DRIVER}-reg.sock")))
+        .await
+        .unwrap();
+    let answer = kubelet
+        .prepare(&[k("trainer-extended-resources-x7k2p", &uid)], None)
+        .await
+        .unwrap();
+    let devices = answer[&uid].clone().unwrap();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0].1, [format!("k8s.{DRIVER}/claim={uid}-gpu-3")]);
+    let spec = dir
+        .path()
+        .join(format!("cdi/k8s.{DRIVER}-claim_{uid}.json"));
+    let text = std::fs::read_to_string(&spec).unwrap();
+    assert!(text.contains("/dev/nvidia3"), "{text}");
+    ctx.token.cancel();
+    ctx.tracker.close();
+    ctx.tracker.wait().await;
+    server.stop().await;
+}

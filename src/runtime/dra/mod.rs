@@ -163,7 +163,7 @@ async fn start(
         (files, prepared),
         settings.extras.clone(),
     );
-    driver.write_status_with(queue);
+    driver.write_status_with(queue).await;
     let service_path = settings.service_socket();
     let listener = bind(&service_path)?;
     let router = tonic::transport::Server::builder()

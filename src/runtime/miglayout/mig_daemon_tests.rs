@@ -2,7 +2,7 @@
 //! driver (crates/fake-nvml) and the kubelet emulator: an idle GPU is repartitioned and its
 //! new MIG resources advertised without a restart while another GPU keeps serving; a GPU with
 //! an allocated slice stays pending until the emulator releases it; a failing create rolls
-//! the GPU back.
+//! the GPU back; a GPU left to DRA claims (`flags.dra.dynamicMig`) is never repartitioned.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -259,6 +259,37 @@ async fn failing_create_rolls_the_gpu_back_and_keeps_it_pending() {
             .plan
             .resource("nvidia.com/mig-1g.5gb")
             .is_none()
+    );
+    d.h.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_whose_mig_devices_dra_claims_make_is_left_alone() {
+    let d = start(MIXED, None).await;
+    d.wait_listed("nvidia.com/mig-2g.10gb", 3).await;
+    let config = format!("{}  dra: {{dynamicMig: [1]}}\n", d.with_layout("all-small"));
+    write(&d.config, &config);
+    // GPU 0 takes the layout; GPU 1, made on demand, is pending in the same round ...
+    d.wait_devices("nvidia.com/mig-1g.5gb", 7).await;
+    wait_until(STEP, || async {
+        (d.pending(GPU0).as_deref() == Some("0") && d.pending(GPU1).as_deref() == Some("1"))
+            .then_some(())
+    })
+    .await
+    .expect("gpu 0 converged, gpu 1 pending");
+    // ... and keeps its instances: the round that set its metric has passed over it.
+    let now = d.h.running.store.current();
+    assert_eq!(
+        now.plan
+            .resource("nvidia.com/mig-2g.10gb")
+            .map(|r| r.devices.len()),
+        Some(3)
+    );
+    assert_eq!(
+        now.inventory.gpu(GPU1).map(|g| g.mig_devices.len()),
+        Some(3),
+        "{:?}",
+        now.inventory.gpu(GPU1)
     );
     d.h.stop().await.expect("clean stop");
 }

@@ -350,31 +350,10 @@ async fn authorize_and_serve(
             ),
         );
     }
-    let (user, authorize, admit) = {
-        let policy = shared.policy();
-        let user = match (&policy.tokens, token) {
-            (None, _) => User::admin(),
-            (Some(tokens), Some(t)) => match tokens.get(&t) {
-                Some(u) => u.clone(),
-                None => return status(401, "Unauthorized", "Unauthorized"),
-            },
-            (Some(_), None) => return status(401, "Unauthorized", "Unauthorized"),
-        };
-        (user, policy.authorize.clone(), policy.admit.clone())
+    let (user, admit) = match authorize(shared, route, token, record) {
+        Ok(allowed) => allowed,
+        Err(Refusal(code, reason, message)) => return status(code, reason, &message),
     };
-    record.user = user.username.clone();
-    if let Some(authorize) = authorize
-        && !authorize(&user, record)
-    {
-        let message = format!(
-            "{} cannot {} resource {:?} at {}",
-            user.username,
-            record.verb.as_str(),
-            route.kind.plural,
-            record.path
-        );
-        return status(403, "Forbidden", &message);
-    }
     let sel = match Selectors::parse(
         params.get("fieldSelector").map(String::as_str),
         params.get("labelSelector").map(String::as_str),
@@ -382,17 +361,9 @@ async fn authorize_and_serve(
         Ok(s) => s,
         Err(message) => return status(400, "BadRequest", &message),
     };
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return status(400, "BadRequest", &format!("reading the body: {e}")),
-    };
-    let parsed: Option<Value> = if body.is_empty() {
-        None
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => Some(v),
-            Err(e) => return status(400, "BadRequest", &format!("the body is not JSON: {e}")),
-        }
+    let parsed = match json_body(body).await {
+        Ok(v) => v,
+        Err(Refusal(code, reason, message)) => return status(code, reason, &message),
     };
     let ns = route.namespace.as_deref();
     match record.verb {
@@ -410,26 +381,7 @@ async fn authorize_and_serve(
             sel,
             params,
         ),
-        Verb::DeleteCollection => {
-            let mut store = shared.store();
-            let items = store.list(route.kind, ns, &sel);
-            for item in &items {
-                let name = item
-                    .pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let key = Key {
-                    kind: route.kind,
-                    namespace: ns.unwrap_or("").to_owned(),
-                    name: name.to_owned(),
-                };
-                store.remove(&key);
-            }
-            let rv = store.rv;
-            drop(store);
-            shared.notify(rv);
-            respond(200, &list_body(route.kind, rv, items))
-        }
+        Verb::DeleteCollection => delete_collection(shared, route, &sel),
         verb => {
             let req = WriteRequest {
                 verb,
@@ -446,6 +398,82 @@ async fn authorize_and_serve(
             }
         }
     }
+}
+
+/// An error answer before the request is served: status code, reason, message.
+struct Refusal(u16, &'static str, String);
+
+/// Who asks (by bearer token when the policy has tokens) and whether the policy lets them;
+/// `Ok`: the user and the admission hook writes go through. `Err`: the 401 or 403.
+fn authorize(
+    shared: &Shared,
+    route: &Route,
+    token: Option<String>,
+    record: &mut RequestRecord,
+) -> Result<(User, Option<Arc<AdmitFn>>), Refusal> {
+    let (user, authorize, admit) = {
+        let policy = shared.policy();
+        let user = match (&policy.tokens, token) {
+            (None, _) => User::admin(),
+            (Some(tokens), Some(t)) => match tokens.get(&t) {
+                Some(u) => u.clone(),
+                None => return Err(Refusal(401, "Unauthorized", "Unauthorized".into())),
+            },
+            (Some(_), None) => return Err(Refusal(401, "Unauthorized", "Unauthorized".into())),
+        };
+        (user, policy.authorize.clone(), policy.admit.clone())
+    };
+    record.user = user.username.clone();
+    if let Some(authorize) = authorize
+        && !authorize(&user, record)
+    {
+        let message = format!(
+            "{} cannot {} resource {:?} at {}",
+            user.username,
+            record.verb.as_str(),
+            route.kind.plural,
+            record.path
+        );
+        return Err(Refusal(403, "Forbidden", message));
+    }
+    Ok((user, admit))
+}
+
+/// The request body as JSON (`None`: empty); `Err`: the 400.
+async fn json_body(body: Incoming) -> Result<Option<Value>, Refusal> {
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Err(Refusal(400, "BadRequest", format!("reading the body: {e}"))),
+    };
+    if body.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|e| Refusal(400, "BadRequest", format!("the body is not JSON: {e}")))
+}
+
+/// DELETE of a collection: every object the selectors match, answered as a list of them.
+fn delete_collection(shared: &Shared, route: &Route, sel: &Selectors) -> Response<Body> {
+    let ns = route.namespace.as_deref();
+    let mut store = shared.store();
+    let items = store.list(route.kind, ns, sel);
+    for item in &items {
+        let name = item
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let key = Key {
+            kind: route.kind,
+            namespace: ns.unwrap_or("").to_owned(),
+            name: name.to_owned(),
+        };
+        store.remove(&key);
+    }
+    let rv = store.rv;
+    drop(store);
+    shared.notify(rv);
+    respond(200, &list_body(route.kind, rv, items))
 }
 
 fn list_body(kind: Kind, rv: u64, items: Vec<Value>) -> Value {

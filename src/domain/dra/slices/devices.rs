@@ -1,38 +1,22 @@
-//! Inventory × Plan × health → the node's ResourceSlices.
-//!
-//! One device per physical device the plan serves (a whole GPU, or a MIG device): replicas
-//! of the device-plugin path are not devices here, sharing is a claim's opaque config. Names
-//! are DNS labels that stay the same across restarts and reloads: `gpu-<index>` and
-//! `gpu-<index>-mig-<profile>-<giProfileId>-<placementStart>` (NVIDIA's form; the profile with
-//! its dots dropped and `+` as `-`). Unhealthy devices stay listed and carry a NoSchedule
-//! taint (`gpu-slicer.io/xid`, `gpu-slicer.io/gpu-lost`, `gpu-slicer.io/unhealthy`), so a
-//! recovered device keeps its name and claims. The pool is split at 128 devices per slice,
-//! 64 once any device carries taints. Pure; [`super::claim`] resolves claim results against
-//! the same [`NodeDevices`].
+//! The devices a node publishes: one per physical device the plan serves (a whole GPU or a
+//! MIG device), and for a dynamic MIG GPU the whole GPU and every placement; their
+//! attributes, capacities, sharing and taints, from the inventory, the plan and health.
+//! Pure; the parent module packs them into ResourceSlices, [`crate::domain::dra::claim`]
+//! resolves claim results against them.
 
 use std::collections::BTreeMap;
 
-use super::capacity::{self, ATTR_ISOLATION};
-use super::model::{
-    Attribute, Capacity, CounterSet, Device, ObjectMeta, OwnerReference, ResourcePool,
-    ResourceSlice, ResourceSliceSpec, Taint, bytes_quantity, semver,
-};
-use super::partition::{self, Placement};
 use crate::domain::config::{DeviceSelector, Isolation};
+use crate::domain::dra::capacity::{self, ATTR_ISOLATION};
+use crate::domain::dra::model::{
+    Attribute, Capacity, CounterSet, Device, Taint, bytes_quantity, semver,
+};
+use crate::domain::dra::partition::{self, Placement};
 use crate::domain::inventory::{Gpu, Health, Inventory, MigDevice};
 use crate::domain::plan::Plan;
 use crate::domain::topology::{PlacementAttributes, placement_attributes};
 use crate::domain::view::Overlay;
 
-/// Most devices in one slice.
-pub(crate) const MAX_DEVICES: usize = 128;
-/// Most devices in one slice when any device has taints or consumes counters (1.35+).
-pub(crate) const MAX_DEVICES_WITH_TAINTS: usize = 64;
-/// Most counter sets in one slice.
-pub(crate) const MAX_COUNTER_SETS: usize = 8;
-/// Most counters in one slice, all its sets together (the 1.34 rule; kept on 1.35+ too,
-/// where it is the limit of one set, so no server refuses what is published).
-pub(crate) const MAX_COUNTERS: usize = 32;
 /// Taint key of a device with a critical XID.
 pub(crate) const TAINT_XID: &str = "gpu-slicer.io/xid";
 /// Taint key of a device that fell off the bus.
@@ -122,14 +106,26 @@ impl NodeDevices {
 }
 
 /// Unhealthy physical devices (UUID → reason) from the plan and the health overlay: a
-/// device is unhealthy when any planned device it backs is.
-pub(crate) fn health_map(plan: &Plan, overlay: &Overlay) -> BTreeMap<String, String> {
+/// device is unhealthy when any planned device it backs is, and a GPU when the overlay
+/// says so of the GPU itself, whether or not the plan serves any of its devices (what a
+/// dynamic MIG GPU publishes is planned by no one: its placements read their GPU's entry).
+pub(crate) fn health_map(
+    inv: &Inventory,
+    plan: &Plan,
+    overlay: &Overlay,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (_, d) in plan.devices() {
         let h = overlay.health_of(d);
         if h.health == Health::Unhealthy {
             let reason = h.reason.as_deref().unwrap_or("unhealthy").to_string();
             out.entry(d.physical.uuid.clone()).or_insert(reason);
+        }
+    }
+    for gpu in &inv.gpus {
+        if let Some(reason) = overlay.gpu_health(&gpu.uuid) {
+            out.entry(gpu.uuid.clone())
+                .or_insert_with(|| reason.to_string());
         }
     }
     out
@@ -147,7 +143,7 @@ pub(crate) fn node_devices(
 
 /// The devices of a snapshot, with its health and its config's `flags.dra.dynamicMig`.
 pub(crate) fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> NodeDevices {
-    let health = health_map(&snapshot.plan, &snapshot.overlay);
+    let health = health_map(&snapshot.inventory, &snapshot.plan, &snapshot.overlay);
     node_devices_with(
         &snapshot.inventory,
         &snapshot.plan,
@@ -600,188 +596,3 @@ fn brand(product: &str) -> Option<&'static str> {
         None
     }
 }
-
-/// What a slice set is built for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SliceTarget<'a> {
-    /// Driver name.
-    pub(crate) driver: &'a str,
-    /// Node name (also the pool name).
-    pub(crate) node_name: &'a str,
-    /// The Node's UID, for the owner reference (`None`: no owner reference, e.g. offline).
-    pub(crate) node_uid: Option<&'a str>,
-    /// Pool generation.
-    pub(crate) generation: i64,
-}
-
-/// How a pool with counter sets is laid out: the API changed between 1.34 and 1.35.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum SliceFormat {
-    /// 1.34: a slice holds counter sets and the devices consuming them together.
-    Combined,
-    /// 1.35 and later: a slice holds devices or counter sets, never both.
-    #[default]
-    Split,
-}
-
-impl SliceFormat {
-    /// The format of an API server of version `major.minor` (`minor` as `/version` says it,
-    /// `35+` on some providers): combined up to 1.34.
-    pub(crate) fn for_server(major: &str, minor: &str) -> Self {
-        let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
-        match (major.trim(), digits.parse::<u32>()) {
-            ("1", Ok(m)) if m <= 34 => SliceFormat::Combined,
-            _ => SliceFormat::Split,
-        }
-    }
-}
-
-#[cfg(test)]
-/// The slices of `devices` for `target` in the 1.35+ layout ([`build_for`]).
-pub(crate) fn build(target: &SliceTarget<'_>, devices: &NodeDevices) -> Vec<ResourceSlice> {
-    build_for(target, devices, SliceFormat::Split)
-}
-
-/// The slices of `devices` for `target`. Devices that consume no counters are split at
-/// [`MAX_DEVICES`], or [`MAX_DEVICES_WITH_TAINTS`] once any has taints. Dynamic MIG GPUs'
-/// devices (64 per slice) and counter sets ([`MAX_COUNTER_SETS`], [`MAX_COUNTERS`] per
-/// slice) go in slices of their own ([`SliceFormat::Split`]), or together, whole GPUs per
-/// slice ([`SliceFormat::Combined`]). An empty pool still gets one (empty) slice, so
-/// consumers see that the node has nothing rather than nothing known.
-pub(crate) fn build_for(
-    target: &SliceTarget<'_>,
-    devices: &NodeDevices,
-    format: SliceFormat,
-) -> Vec<ResourceSlice> {
-    let (plain, counted): (Vec<&Device>, Vec<&Device>) = devices
-        .devices
-        .values()
-        .map(|d| &d.device)
-        .partition(|d| d.consumes_counters.is_empty());
-    let per = if plain.iter().any(|d| !d.taints.is_empty()) {
-        MAX_DEVICES_WITH_TAINTS
-    } else {
-        MAX_DEVICES
-    };
-    let mut contents: Vec<(Vec<&Device>, Vec<&CounterSet>)> = plain
-        .chunks(per)
-        .map(|c| (c.to_vec(), Vec::new()))
-        .collect();
-    match format {
-        SliceFormat::Split => {
-            contents.extend(
-                counted
-                    .chunks(MAX_DEVICES_WITH_TAINTS)
-                    .map(|c| (c.to_vec(), Vec::new())),
-            );
-            let groups: Vec<(Vec<&Device>, &CounterSet)> = devices
-                .counter_sets
-                .iter()
-                .map(|s| (Vec::new(), s))
-                .collect();
-            contents.extend(pack(groups));
-        }
-        SliceFormat::Combined => {
-            let groups: Vec<(Vec<&Device>, &CounterSet)> = devices
-                .counter_sets
-                .iter()
-                .map(|s| {
-                    let of_set = counted
-                        .iter()
-                        .copied()
-                        .filter(|d| d.consumes_counters.iter().any(|c| c.counter_set == s.name))
-                        .collect();
-                    (of_set, s)
-                })
-                .collect();
-            contents.extend(pack(groups));
-        }
-    }
-    if contents.is_empty() {
-        contents.push((Vec::new(), Vec::new()));
-    }
-    let count = i64::try_from(contents.len()).unwrap_or(i64::MAX);
-    contents
-        .into_iter()
-        .enumerate()
-        .map(|(i, (devices, sets))| slice(target, i, count, &devices, &sets))
-        .collect()
-}
-
-/// Counter sets, each with the devices that go with it, packed into as few slices as the
-/// limits allow (in order; a group is never split).
-fn pack<'a>(
-    groups: Vec<(Vec<&'a Device>, &'a CounterSet)>,
-) -> Vec<(Vec<&'a Device>, Vec<&'a CounterSet>)> {
-    let mut out: Vec<(Vec<&Device>, Vec<&CounterSet>)> = Vec::new();
-    for (devices, set) in groups {
-        let fits = out.last().is_some_and(|(d, s)| {
-            let counters: usize = s.iter().map(|s| s.counters.len()).sum();
-            s.len() < MAX_COUNTER_SETS
-                && counters + set.counters.len() <= MAX_COUNTERS
-                && d.len() + devices.len() <= MAX_DEVICES_WITH_TAINTS
-        });
-        match out.last_mut() {
-            Some((d, s)) if fits => {
-                d.extend(devices);
-                s.push(set);
-            }
-            _ => out.push((devices, vec![set])),
-        }
-    }
-    out
-}
-
-fn slice(
-    target: &SliceTarget<'_>,
-    i: usize,
-    count: i64,
-    devices: &[&Device],
-    sets: &[&CounterSet],
-) -> ResourceSlice {
-    let mut metadata = ObjectMeta {
-        name: slice_name(target, i),
-        ..ObjectMeta::default()
-    };
-    metadata
-        .labels
-        .insert("app.kubernetes.io/managed-by".into(), "gpu-slicer".into());
-    if let Some(uid) = target.node_uid {
-        metadata.owner_references.push(OwnerReference {
-            api_version: "v1".into(),
-            kind: "Node".into(),
-            name: target.node_name.into(),
-            uid: uid.into(),
-            controller: true,
-        });
-    }
-    ResourceSlice {
-        api_version: super::API_VERSION.into(),
-        kind: "ResourceSlice".into(),
-        metadata,
-        spec: ResourceSliceSpec {
-            driver: target.driver.into(),
-            pool: ResourcePool {
-                name: target.node_name.into(),
-                generation: target.generation,
-                resource_slice_count: count,
-            },
-            node_name: target.node_name.into(),
-            devices: devices.iter().map(|d| (*d).clone()).collect(),
-            shared_counters: sets.iter().map(|s| (*s).clone()).collect(),
-        },
-    }
-}
-
-/// `<node>-<driver>-<i>`, cut to the 253 characters of a name (node names are
-/// subdomains, so the result is one).
-pub(crate) fn slice_name(target: &SliceTarget<'_>, i: usize) -> String {
-    let suffix = format!("-{}-{i}", target.driver);
-    let keep = 253usize.saturating_sub(suffix.len());
-    let node: String = target.node_name.chars().take(keep).collect();
-    format!("{}{suffix}", node.trim_end_matches(['-', '.']))
-}
-
-#[cfg(test)]
-#[path = "slices_tests.rs"]
-mod tests;

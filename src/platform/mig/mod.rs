@@ -3,7 +3,7 @@
 //!
 //! nvml-wrapper 0.13 wraps only `nvmlDeviceGetGpuInstanceProfileInfo` (and
 //! `possible_placements`, which always returns an empty list: its Vec's length is never set).
-//! Every other call here (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`,
+//! Every other call (in `raw`: `nvmlDeviceGetGpuInstancePossiblePlacements_v2`,
 //! `nvmlDeviceCreateGpuInstanceWithPlacement`, `nvmlDeviceGetGpuInstances`,
 //! `nvmlGpuInstanceGetInfo`, `nvmlGpuInstanceDestroy`,
 //! `nvmlGpuInstanceGetComputeInstanceProfileInfo`, `nvmlGpuInstanceCreateComputeInstance`,
@@ -19,20 +19,21 @@
 //!
 //! Every call blocks: callers run this on a blocking thread.
 
-use std::ffi::c_uint;
-
 use node_spec::{GiProfile, Product};
-use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
-use nvml_wrapper_sys::bindings::{
-    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t,
-    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_t,
-};
+use nvml_wrapper_sys::bindings::{nvmlGpuInstance_t, nvmlGpuInstanceProfileInfo_t};
 
 use crate::domain::miglayout::steps::CiState;
 use crate::domain::miglayout::{
     Action, GiState, GpuFacts, GpuPlan, Kind, MigLayoutError, MigPartedFile, Step,
+};
+
+mod raw;
+
+use raw::{
+    ci_create, ci_destroy, compute_instances, full_ci_profile, gi_create, gi_destroy, gi_info,
+    gi_profile_info, gpu_instances, placements,
 };
 
 /// Errors reading or changing MIG instances.
@@ -452,182 +453,4 @@ pub(crate) fn destroy_at(
         compute_instance_id: None,
     });
     apply(nvml, &gpu, &steps).map_err(|f| format!("GPU {index} ({}): {f}", gpu.facts.uuid))
-}
-
-// ---------------------------------------------------------------- raw calls
-//
-// Each takes handles from the same `Nvml` and uses the `Result` symbol fields (the generated
-// methods panic on a missing symbol), so an old driver gives `FailedToLoadSymbol`.
-
-/// `NVML_COMPUTE_INSTANCE_PROFILE_*` indices of the compute-slice counts MIG GPUs offer.
-const CI_PROFILE_INDICES: [u32; 5] = [0, 1, 2, 3, 4];
-
-fn gi_profile_info(
-    dev: &Device<'_>,
-    index: u32,
-) -> Result<nvmlGpuInstanceProfileInfo_t, NvmlError> {
-    // The wrapper's `profile_info` is this call; it returns its own struct, the raw one is kept
-    // for its `id`.
-    let info = dev.profile_info(index)?;
-    Ok(nvmlGpuInstanceProfileInfo_t {
-        id: info.id,
-        isP2pSupported: u32::from(info.is_p2p_supported),
-        sliceCount: info.slice_count,
-        instanceCount: info.instance_count,
-        multiprocessorCount: info.multiprocessor_count,
-        copyEngineCount: info.copy_engine_count,
-        decoderCount: info.decoder_count,
-        encoderCount: info.encoder_count,
-        jpegCount: info.jpeg_count,
-        ofaCount: info.ofa_count,
-        memorySizeMB: info.memory_size_mb,
-    })
-}
-
-fn raw(dev: &Device<'_>) -> nvmlDevice_t {
-    // SAFETY: the handle stays owned by `dev` (borrowed from a live `Nvml`) and is only passed
-    // back into the same library while `dev` is alive.
-    unsafe { dev.handle() }
-}
-
-fn placements(
-    nvml: &Nvml,
-    dev: &Device<'_>,
-    profile_id: u32,
-) -> Result<Vec<(u32, u32)>, NvmlError> {
-    let sym = nvml_sym(
-        nvml.lib()
-            .nvmlDeviceGetGpuInstancePossiblePlacements_v2
-            .as_ref(),
-    )?;
-    let mut count: c_uint = 0;
-    // SAFETY: nvml.h signature; a null array with a count pointer asks for the count.
-    nvml_try(unsafe { sym(raw(dev), profile_id, std::ptr::null_mut(), &mut count) })?;
-    let mut buf = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count.min(64) as usize];
-    let mut n = buf.len() as c_uint;
-    // SAFETY: `buf` holds `n` entries and outlives the call; the driver writes at most `n`.
-    nvml_try(unsafe { sym(raw(dev), profile_id, buf.as_mut_ptr(), &mut n) })?;
-    buf.truncate(n as usize);
-    Ok(buf.iter().map(|p| (p.start, p.size)).collect())
-}
-
-fn gpu_instances(
-    nvml: &Nvml,
-    dev: &Device<'_>,
-    profile_id: u32,
-    capacity: u32,
-) -> Result<Vec<nvmlGpuInstance_t>, NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstances.as_ref())?;
-    // nvml.h: the buffer must hold the profile's `instanceCount`; one spare for safety.
-    let mut buf: Vec<nvmlGpuInstance_t> = vec![std::ptr::null_mut(); capacity as usize + 1];
-    let mut n: c_uint = 0;
-    // SAFETY: `buf` holds more than `instanceCount` handles and outlives the call.
-    nvml_try(unsafe { sym(raw(dev), profile_id, buf.as_mut_ptr(), &mut n) })?;
-    buf.truncate((n as usize).min(capacity as usize + 1));
-    Ok(buf)
-}
-
-fn gi_info(nvml: &Nvml, gi: nvmlGpuInstance_t) -> Result<nvmlGpuInstanceInfo_t, NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceGetInfo.as_ref())?;
-    // SAFETY: plain-data struct; all-zero is a valid bit pattern (null pointers, zero ints).
-    let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `gi` came from this library; `info` is a valid out-pointer for the call.
-    nvml_try(unsafe { sym(gi, &mut info) })?;
-    Ok(info)
-}
-
-/// The compute-instance profile spanning a GPU instance of `slices` compute slices.
-fn full_ci_profile(
-    nvml: &Nvml,
-    gi: nvmlGpuInstance_t,
-    slices: u32,
-) -> Result<Option<nvmlComputeInstanceProfileInfo_t>, NvmlError> {
-    Ok(ci_profiles(nvml, gi)?
-        .into_iter()
-        .find(|p| p.sliceCount == slices))
-}
-
-fn ci_profiles(
-    nvml: &Nvml,
-    gi: nvmlGpuInstance_t,
-) -> Result<Vec<nvmlComputeInstanceProfileInfo_t>, NvmlError> {
-    let sym = nvml_sym(
-        nvml.lib()
-            .nvmlGpuInstanceGetComputeInstanceProfileInfo
-            .as_ref(),
-    )?;
-    let mut out = Vec::new();
-    for idx in CI_PROFILE_INDICES {
-        // SAFETY: plain-data struct; zero is valid.
-        let mut info: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `gi` came from this library; engine profile 0 is SHARED; `info` is valid.
-        match nvml_try(unsafe { sym(gi, idx, 0, &mut info) }) {
-            Ok(()) => out.push(info),
-            // Profiles larger than the GPU instance do not exist for it.
-            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
-}
-
-/// Compute instances of a GPU instance: (id, spans the GPU instance, handle).
-fn compute_instances(
-    nvml: &Nvml,
-    gi: nvmlGpuInstance_t,
-    gi_slices: u32,
-) -> Result<Vec<(u32, bool, nvmlComputeInstance_t)>, NvmlError> {
-    let list = nvml_sym(nvml.lib().nvmlGpuInstanceGetComputeInstances.as_ref())?;
-    let info_sym = nvml_sym(nvml.lib().nvmlComputeInstanceGetInfo_v2.as_ref())?;
-    let mut out = Vec::new();
-    for p in ci_profiles(nvml, gi)? {
-        let mut buf: Vec<nvmlComputeInstance_t> =
-            vec![std::ptr::null_mut(); p.instanceCount as usize + 1];
-        let mut n: c_uint = 0;
-        // SAFETY: `buf` holds more than the profile's `instanceCount` handles.
-        nvml_try(unsafe { list(gi, p.id, buf.as_mut_ptr(), &mut n) })?;
-        buf.truncate((n as usize).min(buf.len()));
-        for ci in buf {
-            // SAFETY: plain-data struct; zero is valid.
-            let mut info: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: `ci` came from this library; `info` is a valid out-pointer.
-            nvml_try(unsafe { info_sym(ci, &mut info) })?;
-            out.push((info.id, p.sliceCount == gi_slices, ci));
-        }
-    }
-    out.sort_by_key(|(id, _, _)| *id);
-    Ok(out)
-}
-
-fn gi_create(
-    nvml: &Nvml,
-    dev: &Device<'_>,
-    profile_id: u32,
-    start: u32,
-    size: u32,
-) -> Result<(), NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlDeviceCreateGpuInstanceWithPlacement.as_ref())?;
-    let placement = nvmlGpuInstancePlacement_t { start, size };
-    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
-    // SAFETY: nvml.h signature; `placement` and `gi` outlive the call.
-    nvml_try(unsafe { sym(raw(dev), profile_id, &placement, &mut gi) })
-}
-
-fn gi_destroy(nvml: &Nvml, gi: nvmlGpuInstance_t) -> Result<(), NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceDestroy.as_ref())?;
-    // SAFETY: `gi` came from this library and is not used after a successful destroy.
-    nvml_try(unsafe { sym(gi) })
-}
-
-fn ci_create(nvml: &Nvml, gi: nvmlGpuInstance_t, profile_id: u32) -> Result<(), NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlGpuInstanceCreateComputeInstance.as_ref())?;
-    let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
-    // SAFETY: `gi` came from this library; `ci` is a valid out-pointer.
-    nvml_try(unsafe { sym(gi, profile_id, &mut ci) })
-}
-
-fn ci_destroy(nvml: &Nvml, ci: nvmlComputeInstance_t) -> Result<(), NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlComputeInstanceDestroy.as_ref())?;
-    // SAFETY: `ci` came from this library and is not used after a successful destroy.
-    nvml_try(unsafe { sym(ci) })
 }
