@@ -8,19 +8,14 @@
 //! allocation.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::domain::cdi::{GenerateOptions, NoProbe, generate};
-use crate::domain::snapshot::Snapshot;
 use crate::platform::kube::KubeClaims;
 use crate::runtime::Context;
-use crate::runtime::dra::{DraSettings, spawn};
-use crate::state::Store;
+use crate::runtime::dra::spawn;
 use crate::testkit::apiserver::{Admission, ApiServer, Denial, Fault, RequestRecord, User, Verb};
-use crate::testkit::fixtures;
 use crate::testkit::kubelet::dra::{KubeletClaim, register};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -31,29 +26,7 @@ use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu-slicer.io";
 
-fn store() -> Store {
-    let (inv, cfg, plan) =
-        fixtures::planned("mixed-a100", "version: v1\nflags:\n  migStrategy: mixed\n");
-    let spec = generate(&inv, &GenerateOptions::new("nvidia.com/gpu"), &NoProbe).unwrap();
-    let mut snap = Snapshot::serving(cfg, inv, plan);
-    snap.spec = Some(Arc::new(spec));
-    Store::new(snap)
-}
-
-fn settings(root: &Path) -> DraSettings {
-    DraSettings {
-        driver: DRIVER.into(),
-        node: "node-a".into(),
-        registry_dir: root.join("reg"),
-        plugins_dir: root.join("plugins"),
-        cdi_dir: root.join("cdi"),
-        state_dir: root.join("state"),
-        proc_root: root.join("proc"),
-        health_resend: Duration::from_secs(20),
-        socket_check: Duration::from_millis(20),
-        extras: Default::default(),
-    }
-}
+use super::kubelet_tests::{settings, store};
 
 async fn create(api: &Api<ResourceClaim>, name: &str) -> String {
     let claim: ResourceClaim = serde_json::from_value(serde_json::json!({

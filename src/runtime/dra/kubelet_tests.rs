@@ -27,7 +27,8 @@ const DRIVER: &str = "gpu-slicer.io";
 const UID_A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
 const UID_B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
 
-fn store() -> Store {
+/// A mixed-a100 node's store with its CDI spec written (shared with the other DRA unit tests).
+pub(super) fn store() -> Store {
     let (inv, cfg, plan) =
         fixtures::planned("mixed-a100", "version: v1\nflags:\n  migStrategy: mixed\n");
     let spec = generate(&inv, &GenerateOptions::new("nvidia.com/gpu"), &NoProbe).unwrap();
@@ -36,7 +37,8 @@ fn store() -> Store {
     Store::new(snap)
 }
 
-fn settings(root: &Path) -> DraSettings {
+/// DRA settings with every directory under `root`.
+pub(super) fn settings(root: &Path) -> DraSettings {
     DraSettings {
         driver: DRIVER.into(),
         node: "node-a".into(),
