@@ -258,6 +258,8 @@ impl RunArgs {
             instances,
             kill_after_mig_create: std::env::var("GPU_SLICER_FAULT")
                 .is_ok_and(|v| v == "dra-after-mig-create"),
+            #[cfg(test)]
+            gate: None,
         })
     }
 

@@ -91,3 +91,90 @@ pub(crate) fn remove_if_present(path: &Path) -> Result<bool, IoAt> {
         Err(e) => Err(at(path)(e)),
     }
 }
+
+/// Length of the random part `tempfile` puts in a temp file's name (its default).
+const TEMP_RANDOM_LEN: usize = 6;
+
+/// Whether `name` is one of [`replace`]'s temp files: `.<target>.<6 random>.tmp`. Nothing
+/// else in a directory we share with others matches, so only our own litter is removed.
+pub(crate) fn is_temp_name(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    let Some((target, random)) = inner.rsplit_once('.') else {
+        return false;
+    };
+    !target.is_empty()
+        && random.len() == TEMP_RANDOM_LEN
+        && random.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Remove the temp files a killed [`replace`] left in `dir` (regular files whose names
+/// [`is_temp_name`] accepts; symlinks and anything else are left alone) and make that
+/// durable; the paths removed. A missing `dir` has none.
+pub(crate) fn remove_temps(dir: &Path) -> Result<Vec<PathBuf>, IoAt> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(at(dir)(e)),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(at(dir))?;
+        let name = entry.file_name();
+        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if is_file && is_temp_name(&name.to_string_lossy()) {
+            let path = entry.path();
+            if remove_if_present(&path)? {
+                removed.push(path);
+            }
+        }
+    }
+    if !removed.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_write_leaves_a_temp_that_is_recognised_and_removed_and_nothing_else_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("k8s.gpu-slicer.io-claim_x.json");
+        // What a write killed before its rename leaves: the temp file `replace` creates.
+        let tmp = tempfile::Builder::new()
+            .prefix(".k8s.gpu-slicer.io-claim_x.json.")
+            .suffix(".tmp")
+            .tempfile_in(dir.path())
+            .unwrap();
+        let (_, left) = tmp.keep().unwrap();
+        replace(dir.path(), &target, b"{}", 0o644).unwrap();
+        // Look-alikes that are not ours, and a symlink named like ours.
+        let others = [
+            ".k8s.json.12345.tmp",
+            "k8s.json.abcdef.tmp",
+            ".hidden.tmp",
+            ".x.abcdef.tmp.json",
+            ".x.abc-ef.tmp",
+        ];
+        for o in others {
+            fs::write(dir.path().join(o), "keep").unwrap();
+        }
+        std::os::unix::fs::symlink(&target, dir.path().join(".link.json.abcdef.tmp")).unwrap();
+        let removed = remove_temps(dir.path()).unwrap();
+        assert_eq!(removed, std::slice::from_ref(&left));
+        assert!(!left.exists() && target.exists());
+        for o in others {
+            assert!(dir.path().join(o).exists(), "{o}");
+        }
+        assert!(dir.path().join(".link.json.abcdef.tmp").is_symlink());
+        assert!(
+            remove_temps(&dir.path().join("missing"))
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

@@ -108,24 +108,24 @@ pub(crate) struct Prepared {
     pub(crate) claims: BTreeMap<String, PreparedClaim>,
 }
 
-impl Prepared {
-    /// Device name → everything prepared on it: a whole-device holding per claim of an
-    /// exclusive device, one per share of a shared one.
-    pub(crate) fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
-        let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
-        for (uid, c) in &self.claims {
-            for d in &c.devices {
-                out.entry(d.device.clone()).or_default().push(
-                    crate::domain::dra::capacity::Holding {
-                        claim: uid.clone(),
-                        share_id: d.share_id.clone(),
-                        consumed: d.consumed,
-                    },
-                );
-            }
+/// Device name → everything `claims` (UID and claim) hold on it: a whole-device holding per
+/// claim of an exclusive device, one per share of a shared one.
+pub(crate) fn holdings<'a>(
+    claims: impl Iterator<Item = (&'a String, &'a PreparedClaim)>,
+) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
+    let mut out: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for (uid, c) in claims {
+        for d in &c.devices {
+            out.entry(d.device.clone())
+                .or_default()
+                .push(crate::domain::dra::capacity::Holding {
+                    claim: uid.clone(),
+                    share_id: d.share_id.clone(),
+                    consumed: d.consumed,
+                });
         }
-        out
     }
+    out
 }
 
 /// A claim's record (see the module header): the checkpoint entry with the boot it
@@ -151,6 +151,64 @@ pub(crate) enum LoadOutcome {
     Corrupt { kept_as: PathBuf },
 }
 
+/// What a start found half-done on disk and completed or removed (one log line each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Repair {
+    /// Spec and record without a checkpoint entry (a Prepare cut before its commit, or a
+    /// lost checkpoint): adopted.
+    Adopted { claim: String },
+    /// A checkpoint entry without its spec (an Unprepare cut before its commit): finished.
+    UnprepareFinished { claim: String },
+    /// A spec with neither record nor entry: removed.
+    StraySpecRemoved { claim: String },
+    /// A record with neither spec nor entry: removed.
+    StrayRecordRemoved { claim: String },
+    /// A checkpoint entry and its spec without the record: the record written again.
+    RecordRewritten { claim: String },
+    /// Temp files of killed atomic writes: removed.
+    TempFilesRemoved { dir: PathBuf, count: usize },
+}
+
+impl std::fmt::Display for Repair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Repair::Adopted { claim } => {
+                write!(
+                    f,
+                    "claim {claim}: spec and record without a checkpoint entry, adopted"
+                )
+            }
+            Repair::UnprepareFinished { claim } => write!(
+                f,
+                "claim {claim}: checkpoint entry without its spec (an unprepare cut short), removed"
+            ),
+            Repair::StraySpecRemoved { claim } => {
+                write!(
+                    f,
+                    "claim {claim}: spec without record or checkpoint entry, removed"
+                )
+            }
+            Repair::StrayRecordRemoved { claim } => {
+                write!(
+                    f,
+                    "claim {claim}: record without spec or checkpoint entry, removed"
+                )
+            }
+            Repair::RecordRewritten { claim } => {
+                write!(
+                    f,
+                    "claim {claim}: entry and spec without a record, record written"
+                )
+            }
+            Repair::TempFilesRemoved { dir, count } => write!(
+                f,
+                "{count} temp file(s) of killed writes removed from {}",
+                dir.display()
+            ),
+        }
+    }
+}
+
 /// The checkpoint and spec files of one driver.
 #[derive(Debug, Clone)]
 pub(crate) struct DraFiles {
@@ -171,20 +229,58 @@ impl DraFiles {
         ))
     }
 
-    /// Load the checkpoint for `boot_id` and adopt the claims whose specs it lacks (see the
-    /// module header).
+    /// [`DraFiles::load_reconciled`] without the list of repairs.
+    #[cfg(test)]
     pub(crate) fn load(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
+        self.load_reconciled(boot_id).map(|(p, o, _)| (p, o))
+    }
+
+    /// Load the checkpoint for `boot_id`, remove what killed writes left, and make the
+    /// checkpoint, the records and the specs agree (see the module header): every repair is
+    /// logged once and returned. A repaired checkpoint is written back at once (the corrupt
+    /// case is the caller's, who reports it), so the next start has nothing to repair; not
+    /// fatal: the next prepare or unprepare writes it too.
+    pub(crate) fn load_reconciled(
+        &self,
+        boot_id: &str,
+    ) -> Result<(Prepared, LoadOutcome, Vec<Repair>), DraStateError> {
+        let mut repairs = self.remove_temps();
         let (mut prepared, outcome) = self.read_checkpoint(boot_id)?;
         let corrupt = matches!(outcome, LoadOutcome::Corrupt { .. });
-        if self.adopt_specs(&mut prepared, corrupt) > 0 && !corrupt {
-            // Written back at once (the corrupt case is the caller's, who reports it): the
-            // next start reads the adopted claims from the checkpoint. Not fatal: the next
-            // prepare or unprepare writes it too.
-            if let Err(error) = self.save(&prepared) {
-                tracing::warn!(%error, "checkpoint with the adopted DRA claims not written");
-            }
+        let before = prepared.claims.len();
+        let claims = self.reconcile(&mut prepared, corrupt);
+        let changed = !claims.is_empty() || prepared.claims.len() != before;
+        repairs.extend(claims);
+        for r in &repairs {
+            tracing::warn!(repair = %r, "DRA state repaired at start");
         }
-        Ok((prepared, outcome))
+        if changed
+            && !corrupt
+            && let Err(error) = self.save(&prepared)
+        {
+            tracing::warn!(%error, "checkpoint with the repaired DRA claims not written");
+        }
+        Ok((prepared, outcome, repairs))
+    }
+
+    /// Remove the temp files of killed atomic writes from the state dir, the CDI dir and the
+    /// records folder (only names our writer makes), one repair per folder that had any.
+    fn remove_temps(&self) -> Vec<Repair> {
+        let state = self.checkpoint.parent().unwrap_or(Path::new("."));
+        [state.to_path_buf(), self.cdi_dir.clone(), self.records_dir()]
+            .into_iter()
+            .filter_map(|dir| match atomic_file::remove_temps(&dir) {
+                Ok(removed) if removed.is_empty() => None,
+                Ok(removed) => Some(Repair::TempFilesRemoved {
+                    dir,
+                    count: removed.len(),
+                }),
+                Err(e) => {
+                    tracing::warn!(dir = %e.path.display(), error = %e.source, "temp files of killed writes not removed");
+                    None
+                }
+            })
+            .collect()
     }
 
     fn read_checkpoint(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
@@ -302,7 +398,8 @@ impl DraFiles {
             .join(format!("{}.json", claim_uid.replace('/', "_")))
     }
 
-    /// Write a claim's record atomically (before its spec: see the module header).
+    /// Write a claim's record atomically (before its spec: see the module header); durable
+    /// once [`DraFiles::sync_records`] has run.
     pub(crate) fn write_record(
         &self,
         claim_uid: &str,
@@ -319,13 +416,34 @@ impl DraFiles {
             message: e.to_string(),
         })?;
         let dir = self.records_dir();
-        std::fs::create_dir_all(&dir).map_err(|source| DraStateError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(&dir).map_err(|source| DraStateError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            // The folder's own entry must be durable before any record in it counts.
+            atomic_file::sync_dir(&self.cdi_dir)?;
+        }
         atomic_file::replace(&dir, &path, &bytes, 0o600)?;
-        atomic_file::sync_dir(&dir)?;
         Ok(())
+    }
+
+    /// Make the records written or removed so far durable (one directory fsync for a whole
+    /// batch of [`DraFiles::write_record`] / [`DraFiles::remove_record`]).
+    pub(crate) fn sync_records(&self) -> Result<(), DraStateError> {
+        match atomic_file::sync_dir(&self.records_dir()) {
+            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    /// Make the specs written or removed so far durable (one directory fsync for a whole
+    /// batch of [`DraFiles::write_spec`] / [`DraFiles::remove_spec`]).
+    pub(crate) fn sync_specs(&self) -> Result<(), DraStateError> {
+        match atomic_file::sync_dir(&self.cdi_dir) {
+            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => Ok(other?),
+        }
     }
 
     /// Remove a claim's record (absent is fine).
@@ -350,17 +468,32 @@ impl DraFiles {
             .collect()
     }
 
-    /// Adopt the claims whose specs are on disk but not in `prepared` (module header), and
-    /// remove what an earlier boot left; how many were adopted. Best effort: a file that
-    /// cannot be read is left out, one that cannot be removed stays.
-    fn adopt_specs(&self, prepared: &mut Prepared, corrupt: bool) -> usize {
-        let mut adopted = 0;
+    /// Make `prepared` (the checkpoint as read), the records and the specs agree (module
+    /// header), and remove what an earlier boot left; the repairs made. Best effort: a file
+    /// that cannot be read is left out, one that cannot be removed stays.
+    fn reconcile(&self, prepared: &mut Prepared, corrupt: bool) -> Vec<Repair> {
+        let mut repairs = Vec::new();
         let boot = prepared.boot_id.clone();
         // An unreadable boot ID on either side: no reboot can be told, nothing is void.
         let earlier =
             |r: &ClaimRecord| !boot.is_empty() && !r.boot_id.is_empty() && r.boot_id != boot;
         let specs = self.claim_specs();
         let records = self.records();
+        // A checkpoint entry whose spec is gone: an Unprepare removes the spec before the
+        // entry, so it was cut in between; finish it (its record goes below, and a MIG
+        // instance only it owned is destroyed by the caller's orphan sweep).
+        if !corrupt {
+            let unprepared: Vec<String> = prepared
+                .claims
+                .keys()
+                .filter(|uid| !specs.contains_key(*uid))
+                .cloned()
+                .collect();
+            for uid in unprepared {
+                prepared.claims.remove(&uid);
+                repairs.push(Repair::UnprepareFinished { claim: uid });
+            }
+        }
         for (uid, path) in &specs {
             if prepared.claims.contains_key(uid) {
                 continue;
@@ -372,22 +505,43 @@ impl DraFiles {
                 }
                 Some(r) => Some(r.claim.clone()),
                 None if corrupt => self.claim_from_spec(uid, path),
-                None => None,
+                None => {
+                    // A spec with neither record nor entry: a Prepare writes the record
+                    // first and an Unprepare removes it last, so nothing holds it.
+                    if atomic_file::remove_if_present(path).unwrap_or(false) {
+                        repairs.push(Repair::StraySpecRemoved { claim: uid.clone() });
+                    }
+                    None
+                }
             };
             if let Some(claim) = claim {
-                tracing::warn!(claim = %uid, spec = %path.display(), "prepared DRA claim adopted from its spec on disk");
                 prepared.claims.insert(uid.clone(), claim);
-                adopted += 1;
+                repairs.push(Repair::Adopted { claim: uid.clone() });
             }
+        }
+        // An entry with its spec but no record (a record removed by hand, or a checkpoint
+        // from before records existed): the record is written again.
+        for (uid, claim) in &prepared.claims {
+            if !records.contains_key(uid) && specs.contains_key(uid) && !corrupt {
+                match self.write_record(uid, &boot, claim) {
+                    Ok(()) => repairs.push(Repair::RecordRewritten { claim: uid.clone() }),
+                    Err(error) => tracing::warn!(claim = %uid, %error, "record not written again"),
+                }
+            }
+        }
+        if repairs
+            .iter()
+            .any(|r| matches!(r, Repair::RecordRewritten { .. }))
+        {
+            self.sync_records().ok();
         }
         for (uid, r) in &records {
-            let stale =
-                earlier(r) || (!specs.contains_key(uid) && !prepared.claims.contains_key(uid));
-            if stale {
-                self.remove_record(uid).ok();
+            let stale = earlier(r) || !prepared.claims.contains_key(uid);
+            if stale && self.remove_record(uid).is_ok() && !earlier(r) {
+                repairs.push(Repair::StrayRecordRemoved { claim: uid.clone() });
             }
         }
-        adopted
+        repairs
     }
 
     /// Write the checkpoint atomically.
@@ -406,7 +560,7 @@ impl DraFiles {
         Ok(())
     }
 
-    /// Write a claim's spec atomically.
+    /// Write a claim's spec atomically; durable once [`DraFiles::sync_specs`] has run.
     pub(crate) fn write_spec(
         &self,
         claim_uid: &str,
@@ -422,7 +576,6 @@ impl DraFiles {
             source,
         })?;
         atomic_file::replace(&self.cdi_dir, &path, &bytes, 0o644)?;
-        atomic_file::sync_dir(&self.cdi_dir)?;
         Ok(())
     }
 
@@ -591,11 +744,12 @@ mod tests {
         assert!(prepared.claims.is_empty());
         assert!(!f.record_path(UID).exists());
 
-        // A spec with no record, and no corrupt checkpoint to recover: left alone.
+        // A spec with no record, and no corrupt checkpoint to recover: nothing holds it (a
+        // prepare writes the record first, an unprepare removes it last), so it goes.
         prepared_on_disk(&f, "boot-1");
         f.remove_record(UID).unwrap();
         let (prepared, _) = f.load("boot-1").unwrap();
         assert!(prepared.claims.is_empty());
-        assert!(f.spec_path(UID).exists());
+        assert!(!f.spec_path(UID).exists());
     }
 }

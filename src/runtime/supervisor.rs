@@ -362,35 +362,64 @@ async fn spawn_dra(
             }
         }
     });
-    if let (crate::platform::dra_state::LoadOutcome::Corrupt { kept_as }, Some(p)) =
-        (&handle.get().loaded, &dra.publish)
-    {
-        // Told once on the Node too, so an operator sees it without the agent's logs; the API
-        // may be down, then the log line and the counter are all there is.
-        let (node, token) = (p.node.clone(), ctx.child_token());
-        let message = format!(
-            "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from their records and CDI specs",
-            kept_as.display()
-        );
-        ctx.tracker.spawn(async move {
-            let sent = tokio::select! {
-                () = token.cancelled() => return,
-                sent = node.event(
-                    None,
-                    crate::platform::kube::EventKind::Warning,
-                    "DraCheckpointRecovered",
-                    &message,
-                ) => sent,
+    if let Some(p) = &dra.publish {
+        let exposed = handle.get();
+        let mut messages = Vec::new();
+        if let crate::platform::dra_state::LoadOutcome::Corrupt { kept_as } = &exposed.loaded {
+            messages.push(format!(
+                "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from their records and CDI specs",
+                kept_as.display()
+            ));
+        }
+        if !exposed.repairs.is_empty() {
+            // Bounded: a node with thousands of strays gets a count, not a huge Event.
+            let shown: Vec<String> = exposed
+                .repairs
+                .iter()
+                .take(5)
+                .map(ToString::to_string)
+                .collect();
+            let more = exposed.repairs.len().saturating_sub(shown.len());
+            let tail = if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
             };
-            if let Err(e) = sent {
-                tracing::warn!(error = %e, "DRA checkpoint recovery Event not recorded");
-            }
-        });
+            messages.push(format!(
+                "DRA state repaired at start ({} repairs): {}{tail}",
+                exposed.repairs.len(),
+                shown.join("; ")
+            ));
+        }
+        if !messages.is_empty() {
+            recovery_event(p.node.clone(), messages.join(". "), ctx);
+        }
     }
     if let Some(p) = dra.publish {
         crate::runtime::dra::publish::spawn(p, ctx);
     }
     Ok(())
+}
+
+/// Tell the Node once what the DRA driver's start recovered or repaired, so an operator sees
+/// it without the agent's logs; the API may be down, then the log lines and the counter are
+/// all there is.
+fn recovery_event(node: crate::platform::kube::NodeApi, message: String, ctx: &Context) {
+    let token = ctx.child_token();
+    ctx.tracker.spawn(async move {
+        let sent = tokio::select! {
+            () = token.cancelled() => return,
+            sent = node.event(
+                None,
+                crate::platform::kube::EventKind::Warning,
+                "DraCheckpointRecovered",
+                &message,
+            ) => sent,
+        };
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "DRA checkpoint recovery Event not recorded");
+        }
+    });
 }
 
 /// Remove sockets of resources an earlier run served and this plan does not.

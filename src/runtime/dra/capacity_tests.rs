@@ -152,7 +152,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let all: Vec<ClaimRef> = (0..6).map(claim_ref).collect();
     rt.block_on(driver.unprepare(&all));
     prop_assert_eq!(held(dir.path()), (0, 0, 0));
-    prop_assert!(rt.block_on(driver.prepared_claims()).is_empty());
+    prop_assert!(driver.prepared_claims().is_empty());
     // No spec and no claim record (in the records folder beside the specs) is left.
     let files = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
         std::fs::read_dir(d)

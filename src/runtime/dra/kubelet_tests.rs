@@ -13,7 +13,7 @@ use crate::domain::inventory::Health;
 use crate::domain::snapshot::Snapshot;
 use crate::platform::dra_state::LoadOutcome;
 use crate::runtime::Context;
-use crate::runtime::dra::{ClaimSourceError, DraExposed, DraSettings, spawn};
+use crate::runtime::dra::{ClaimSourceError, DraExposed, DraSettings, DriverExtras, spawn};
 use crate::state::Store;
 use crate::testkit::fixtures;
 use crate::testkit::kubelet::dra::{
@@ -53,13 +53,13 @@ pub(super) fn settings(root: &Path) -> DraSettings {
     }
 }
 
-fn claim_json(name: &str, uid: &str, device: &str, pool: &str) -> serde_json::Value {
+pub(super) fn claim_json(name: &str, uid: &str, device: &str, pool: &str) -> serde_json::Value {
     json!({"metadata": {"namespace": "ml", "name": name, "uid": uid},
            "status": {"allocation": {"devices": {"results": [
                {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]}}}})
 }
 
-fn k(name: &str, uid: &str) -> KubeletClaim {
+pub(super) fn k(name: &str, uid: &str) -> KubeletClaim {
     KubeletClaim {
         namespace: "ml".into(),
         uid: uid.into(),
@@ -67,20 +67,32 @@ fn k(name: &str, uid: &str) -> KubeletClaim {
     }
 }
 
-struct Running {
-    handle: DraExposed,
+pub(super) struct Running {
+    pub(super) handle: DraExposed,
     metrics: Arc<crate::runtime::metrics::Metrics>,
     tracker: TaskTracker,
     stop: CancellationToken,
 }
 
 async fn run(root: &Path, store: Store, claims: Arc<Claims>) -> Running {
+    run_with(root, store, claims, DriverExtras::default()).await
+}
+
+/// [`run`] with the driver's `extras` (a test gate, MIG instance operations).
+pub(super) async fn run_with(
+    root: &Path,
+    store: Store,
+    claims: Arc<Claims>,
+    extras: DriverExtras,
+) -> Running {
     std::fs::create_dir_all(root.join("proc/sys/kernel/random")).unwrap();
     if !root.join("proc/sys/kernel/random/boot_id").exists() {
         std::fs::write(root.join("proc/sys/kernel/random/boot_id"), "boot-1\n").unwrap();
     }
     let ctx = Context::new(store);
-    let handle = spawn(settings(root), claims, &ctx).await.unwrap();
+    let mut settings = settings(root);
+    settings.extras = extras;
+    let handle = spawn(settings, claims, &ctx).await.unwrap();
     Running {
         handle: handle.into_inner(),
         metrics: ctx.metrics.clone(),
@@ -90,7 +102,7 @@ async fn run(root: &Path, store: Store, claims: Arc<Claims>) -> Running {
 }
 
 impl Running {
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.stop.cancel();
         self.tracker.close();
         tokio::time::timeout(Duration::from_secs(10), self.tracker.wait())
@@ -99,11 +111,11 @@ impl Running {
     }
 }
 
-fn reg_socket(root: &Path) -> PathBuf {
+pub(super) fn reg_socket(root: &Path) -> PathBuf {
     root.join("reg").join(format!("{DRIVER}-reg.sock"))
 }
 
-fn spec_path(root: &Path, uid: &str) -> PathBuf {
+pub(super) fn spec_path(root: &Path, uid: &str) -> PathBuf {
     root.join("cdi")
         .join(format!("k8s.{DRIVER}-claim_{uid}.json"))
 }
@@ -288,10 +300,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     // SIGKILL-like restart: the checkpoint keeps the holder; the loser is still refused.
     let r = run(dir.path(), store(), claims.clone()).await;
     assert_eq!(r.handle.loaded, LoadOutcome::Loaded);
-    assert_eq!(
-        r.handle.driver.prepared_claims().await,
-        [holder.1.to_string()]
-    );
+    assert_eq!(r.handle.driver.prepared_claims(), [holder.1.to_string()]);
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
     assert!(
@@ -313,10 +322,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
         panic!("{:?}", r.handle.loaded)
     };
     assert!(kept_as.exists());
-    assert_eq!(
-        r.handle.driver.prepared_claims().await,
-        [holder.1.to_string()]
-    );
+    assert_eq!(r.handle.driver.prepared_claims(), [holder.1.to_string()]);
     // Counted, and declared from the start (a fresh registry shows it at 0).
     let recoveries = "gpu_slicer_dra_checkpoint_recoveries_total";
     assert!(
@@ -360,7 +366,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     .unwrap();
     let r = run(dir.path(), store(), claims).await;
     assert_eq!(r.handle.loaded, LoadOutcome::OtherBoot);
-    assert!(r.handle.driver.prepared_claims().await.is_empty());
+    assert!(r.handle.driver.prepared_claims().is_empty());
     assert!(
         !spec_path(dir.path(), loser.1).exists(),
         "the spec of a claim of an earlier boot is removed"

@@ -103,6 +103,8 @@ pub(crate) struct DraExposed {
     pub(crate) driver: Driver,
     /// How the checkpoint loaded.
     pub(crate) loaded: LoadOutcome,
+    /// What the start found half-done on disk and completed or removed.
+    pub(crate) repairs: Vec<crate::platform::dra_state::Repair>,
     /// The kubelet's last registration verdict.
     pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
 }
@@ -145,7 +147,7 @@ async fn start(
         cdi_dir: settings.cdi_dir.clone(),
         driver: settings.driver.clone(),
     };
-    let (prepared, loaded) = load(&settings, &files, metrics).await?;
+    let (prepared, loaded, repairs) = load(&settings, &files, metrics).await?;
     let queue = status::spawn(
         claims.clone(),
         settings.driver.clone(),
@@ -163,7 +165,15 @@ async fn start(
         (files, prepared),
         settings.extras.clone(),
     );
-    driver.write_status_with(queue).await;
+    driver.write_status_with(queue);
+    // A stop waits for the Prepares and Unprepares under way (they outlive their RPCs) and
+    // never cuts one in half; each is bounded by its file writes and MIG calls.
+    let (tasks, tasks_stop) = (driver.tasks().clone(), stop.clone());
+    tracker.spawn(async move {
+        tasks_stop.cancelled().await;
+        tasks.close();
+        tasks.wait().await;
+    });
     let service_path = settings.service_socket();
     let listener = bind(&service_path)?;
     let router = tonic::transport::Server::builder()
@@ -223,6 +233,7 @@ async fn start(
         #[cfg(test)]
         driver,
         loaded,
+        repairs,
         registration,
     })
 }
@@ -233,15 +244,23 @@ async fn load(
     settings: &DraSettings,
     files: &DraFiles,
     metrics: &crate::runtime::metrics::Metrics,
-) -> Result<(crate::platform::dra_state::Prepared, LoadOutcome), DraRuntimeError> {
+) -> Result<
+    (
+        crate::platform::dra_state::Prepared,
+        LoadOutcome,
+        Vec<crate::platform::dra_state::Repair>,
+    ),
+    DraRuntimeError,
+> {
     let boot = crate::platform::dra_state::boot_id(&settings.proc_root);
     let load_files = files.clone();
-    let (mut prepared, loaded) = tokio::task::spawn_blocking(move || load_files.load(&boot))
-        .await
-        .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
-            path: files.checkpoint.clone(),
-            message: format!("load task failed: {e}"),
-        })??;
+    let (mut prepared, loaded, repairs) =
+        tokio::task::spawn_blocking(move || load_files.load_reconciled(&boot))
+            .await
+            .map_err(|e| crate::platform::dra_state::DraStateError::Encode {
+                path: files.checkpoint.clone(),
+                message: format!("load task failed: {e}"),
+            })??;
     // A claim recovered from its spec alone has no pool: it can only be this node's.
     for d in prepared
         .claims
@@ -276,7 +295,7 @@ async fn load(
         }
         _ => tracing::debug!(claims = prepared.claims.len(), "DRA checkpoint loaded"),
     }
-    Ok((prepared, loaded))
+    Ok((prepared, loaded, repairs))
 }
 
 /// Destroy the MIG instances on dynamic GPUs that no claim of the checkpoint owns (made by a
@@ -384,6 +403,8 @@ async fn registration_loop(
     crate::runtime::plugin::remove_socket(&path).ok();
 }
 
+#[cfg(test)]
+mod cancel_tests;
 #[cfg(test)]
 mod capacity_tests;
 #[cfg(test)]

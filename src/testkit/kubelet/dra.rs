@@ -256,6 +256,8 @@ impl DraPluginConn {
 pub(crate) struct Claims {
     map: Mutex<BTreeMap<(String, String), Result<ResourceClaim, ClaimSourceError>>>,
     gets: Mutex<u64>,
+    /// How long each GET takes (a slow API server).
+    delay: Mutex<std::time::Duration>,
 }
 
 impl Claims {
@@ -286,6 +288,12 @@ impl Claims {
             .insert((namespace.into(), name.into()), Err(error));
     }
 
+    /// Make every GET take `delay` from now on, as a slow API server's.
+    #[cfg(test)]
+    pub(crate) fn slow(&self, delay: std::time::Duration) {
+        *self.delay.lock().unwrap_or_else(PoisonError::into_inner) = delay;
+    }
+
     #[cfg(test)]
     /// How many GETs were answered.
     pub(crate) fn gets(&self) -> u64 {
@@ -302,6 +310,10 @@ impl ClaimSource for Claims {
         Box<dyn std::future::Future<Output = Result<ResourceClaim, ClaimSourceError>> + Send + 'a>,
     > {
         Box::pin(async move {
+            let delay = *self.delay.lock().unwrap_or_else(PoisonError::into_inner);
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             *self.gets.lock().unwrap_or_else(PoisonError::into_inner) += 1;
             self.map
                 .lock()
