@@ -9,7 +9,9 @@
 //! - discovery through NVML on the fake library and of the host's user-space driver:
 //!   [`nvml_discovery`], [`driver_discovery`] (benches `health`, `topology`, `socket`);
 //! - the DRA driver: ResourceSlices ([`dra_slices`]), NodePrepareResources without the API
-//!   ([`DraPrepare`]) and through the kubelet's socket ([`DraDriver`]) (bench `dra`);
+//!   ([`DraPrepare`]) and through the kubelet's socket ([`DraDriver`]) (bench `dra`), and
+//!   under a kubelet's load: batches, concurrent clients, slow claim reads ([`DraClaims`],
+//!   bench `dra_claims`);
 //! - a usage round as the sampler runs it: [`Usage`] (bench `usage`).
 //!
 //! Where what a call makes is large (a spec, an inventory, slices), the call reads the clock
@@ -20,12 +22,14 @@
 mod cdi;
 mod discovery;
 mod dra;
+mod dra_claims;
 mod served;
 mod usage;
 
 pub use cdi::cdi_spec;
 pub use discovery::{driver_discovery, nvml_discovery};
 pub use dra::{DraDriver, DraPrepare, dra_slices};
+pub use dra_claims::DraClaims;
 pub use served::Served;
 pub use usage::Usage;
 
