@@ -22,4 +22,5 @@ pub(crate) mod nvml;
 pub(crate) mod nvml_events;
 pub(crate) mod nvml_topology;
 pub(crate) mod sim;
+pub(crate) mod uds_authority;
 pub(crate) mod usage;

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -205,7 +204,7 @@ async fn start(
     tracker.spawn(async move {
         let served = router
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(listener),
+                crate::platform::uds_authority::incoming(listener),
                 service_stop.cancelled(),
             )
             .await;
@@ -370,7 +369,7 @@ async fn registration_loop(
                 pluginregistration::registration_server::RegistrationServer::new(registrar.clone()),
             )
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(l),
+                crate::platform::uds_authority::incoming(l),
                 gone.clone().cancelled_owned(),
             );
         let watch_path = path.clone();

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -301,7 +300,7 @@ pub(crate) async fn run_resource(
         let mut server = ctx.tracker.spawn(async move {
             let served = tonic::transport::Server::builder()
                 .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+                .serve_with_incoming_shutdown(crate::platform::uds_authority::incoming(listener), stop)
                 .await;
             if let Err(e) = served {
                 tracing::error!(resource = %server_resource, error = %e, "device plugin server failed");

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::domain::dra::claim::ResourceClaim;
+use crate::platform::uds_authority::{AuthorityFix, Lenient};
 #[cfg(test)]
 use crate::proto::drahealth_v1alpha1;
 use crate::proto::{dra_v1, dra_v1beta1, pluginregistration as reg};
@@ -72,6 +73,30 @@ async fn dial(path: &Path) -> Result<Channel, DraKubeletError> {
         })
 }
 
+/// Dial a registration socket as the kubelet's plugin watcher does: grpc-go given the bare
+/// path with a unix context dialer, so the socket path goes out as the HTTP/2 `:authority`
+/// (tonic cannot send such an authority itself; the rewriter puts it in on the way out).
+async fn dial_as_plugin_watcher(path: &Path) -> Result<Channel, DraKubeletError> {
+    let connect_err = |message: String| DraKubeletError::Connect {
+        path: path.display().to_string(),
+        message,
+    };
+    let socket = path.to_path_buf();
+    let authority = path.as_os_str().as_encoded_bytes().to_vec();
+    let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        let (socket, authority) = (socket.clone(), authority.clone());
+        async move {
+            let stream = tokio::net::UnixStream::connect(&socket).await?;
+            let fix: AuthorityFix = Box::new(move |_| Some(authority.clone()));
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Lenient::client(stream, fix)))
+        }
+    });
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| connect_err(e.to_string()))
+}
+
 fn rpc(rpc: &'static str) -> impl FnOnce(tonic::Status) -> DraKubeletError {
     move |status| DraKubeletError::Rpc {
         rpc,
@@ -95,7 +120,8 @@ pub(crate) fn registration_sockets(registry_dir: &Path) -> Vec<PathBuf> {
 
 /// Register the plugin behind `socket` as the kubelet's plugin watcher does.
 pub(crate) async fn register(socket: &Path) -> Result<DraPluginConn, DraKubeletError> {
-    let mut client = reg::registration_client::RegistrationClient::new(dial(socket).await?);
+    let mut client =
+        reg::registration_client::RegistrationClient::new(dial_as_plugin_watcher(socket).await?);
     let info = client
         .get_info(reg::InfoRequest {})
         .await

@@ -1,0 +1,18 @@
+// The kubelet's own gRPC client code, to dial gpu-slicer's sockets exactly as the kubelet does
+// (hack/e2e-kubelet-dial.sh). A module of its own: never part of the Rust workspace.
+module gpu-slicer.io/hack/kubelet-dial
+
+go 1.26.0
+
+require (
+	google.golang.org/grpc v1.85.0
+	k8s.io/kubelet v0.37.2
+)
+
+require (
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
