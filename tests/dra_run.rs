@@ -199,9 +199,10 @@ async fn run_dra_publishes_prepares_and_keeps_claims_across_a_restart() {
 
     // SIGKILL again, the checkpoint cut short: the claim comes back whole from its record
     // and spec (namespace, name, request, pool: the entry as prepared), still without the API.
+    // (The checkpoint is a schema-2 envelope, `platform::versioned`: the claims under `data`.)
     let checkpoint = dir.path().join("state/dra-prepared.json");
     let entry = |path: &Path| -> serde_json::Value {
-        serde_json::from_slice::<serde_json::Value>(&std::fs::read(path).unwrap()).unwrap()
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(path).unwrap()).unwrap()["data"]
             ["claims"][&uid]
             .clone()
     };

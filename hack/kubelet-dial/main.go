@@ -3,7 +3,7 @@
 // socket dialled with its bare path and a unix context dialer (what the plugin watcher does, so
 // grpc-go sends the path as the HTTP/2 :authority), GetInfo checked, NotifyRegistrationStatus
 // sent, then the endpoint GetInfo named dialled the same way for NodePrepareResources and
-// NodeUnprepareResources of one claim. One line per step on stdout; exit 1 on the first failure.
+// NodeUnprepareResources of one claim (-keep: prepare only). One line per step on stdout; exit 1 on the first failure.
 package main
 
 import (
@@ -44,6 +44,7 @@ func main() {
 	ns := flag.String("namespace", "", "claim namespace (no claim: registration only)")
 	name := flag.String("name", "", "claim name")
 	uid := flag.String("uid", "", "claim UID")
+	keep := flag.Bool("keep", false, "leave the claim prepared (no NodeUnprepareResources)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -87,6 +88,9 @@ func main() {
 	}
 	for _, d := range answer.Devices {
 		fmt.Printf("ok NodePrepareResources pool=%s device=%s cdi=%s\n", d.PoolName, d.DeviceName, strings.Join(d.CdiDeviceIds, ","))
+	}
+	if *keep {
+		return
 	}
 	unprepared, err := dra.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claim}})
 	if err != nil {

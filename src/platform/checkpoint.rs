@@ -5,7 +5,9 @@
 //! default `/var/lib/gpu-slicer`): not the device-plugin directory, whose other files the
 //! kubelet deletes when it restarts. Written atomically (an unpredictable temp name created
 //! exclusively in the same directory, fsync'ed, renamed over the file, directory fsync'ed)
-//! and only read back at start. Writes are serialised, and each one writes the store's
+//! and only read back at start. The file is a `platform::versioned` envelope (kind, schema
+//! version, SHA-256): a file of the release before is read and written back by the caller, a
+//! newer schema or a failed checksum is refused. Writes are serialised, and each one writes the store's
 //! held set as it is when the write starts, so a later write never loses a newer record.
 
 use std::io::ErrorKind;
@@ -16,6 +18,8 @@ use crate::domain::snapshot::Held;
 
 /// File name of the checkpoint inside the state directory.
 pub(crate) const FILE_NAME: &str = "held.json";
+/// Its kind in the state-file envelope (`platform::versioned`).
+const KIND: &str = "gpu-slicer.io/held-devices";
 
 /// Errors reading or writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -27,12 +31,12 @@ pub(crate) enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not a checkpoint.
+    /// The file is not a checkpoint this release reads (damaged, or a newer schema).
     #[error("held-device checkpoint {path}: {source}")]
-    Parse {
+    Format {
         path: PathBuf,
         #[source]
-        source: serde_json::Error,
+        source: super::versioned::VersionedError,
     },
 }
 
@@ -59,15 +63,18 @@ impl Checkpoint {
     }
 
     /// Read the held set; an absent file is an empty set. A symlink in its place is
-    /// refused, not followed.
-    pub(crate) fn load(&self) -> Result<Held, CheckpointError> {
+    /// refused, not followed. [`Decoded::Legacy`](super::versioned::Decoded): written by the
+    /// release before versioned state, for the caller to write back in this schema.
+    pub(crate) fn load(&self) -> Result<super::versioned::Decoded<Held>, CheckpointError> {
         let path = self.path();
         let io = |source| CheckpointError::Io {
             path: path.clone(),
             source,
         };
         match std::fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Held::default()),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Ok(super::versioned::Decoded::Current(Held::default()));
+            }
             Err(e) => return Err(io(e)),
             Ok(m) if !m.file_type().is_file() => {
                 return Err(io(std::io::Error::new(
@@ -77,8 +84,8 @@ impl Checkpoint {
             }
             Ok(_) => {}
         }
-        let text = std::fs::read_to_string(&path).map_err(io)?;
-        serde_json::from_str(&text).map_err(|source| CheckpointError::Parse {
+        let bytes = std::fs::read(&path).map_err(io)?;
+        super::versioned::decode(KIND, &bytes).map_err(|source| CheckpointError::Format {
             path: path.clone(),
             source,
         })
@@ -94,10 +101,11 @@ impl Checkpoint {
             move |source| CheckpointError::Io { path: p, source }
         };
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        let bytes = serde_json::to_vec_pretty(&held).map_err(|source| CheckpointError::Parse {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes =
+            super::versioned::encode(KIND, &held).map_err(|source| CheckpointError::Format {
+                path: path.clone(),
+                source: source.into(),
+            })?;
         let from_io = |e: super::atomic_file::IoAt| CheckpointError::Io {
             path: e.path,
             source: e.source,
@@ -119,14 +127,38 @@ mod tests {
     fn round_trip_and_absent_file() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("state"));
-        assert!(cp.load().unwrap().is_empty(), "absent file: nothing held");
+        assert!(
+            cp.load().unwrap().into_inner().is_empty(),
+            "absent file: nothing held"
+        );
         let mut held = Held::default();
         let cdi: BTreeSet<String> = ["GPU-1-share-3".to_string()].into();
         held.record("nvidia.com/gpu.shared", ["GPU-1::0"], &cdi, Instant::now());
         cp.save_with(|| held.clone()).unwrap();
         let back = cp.load().unwrap();
+        let super::super::versioned::Decoded::Current(back) = back else {
+            panic!("written in this schema: {back:?}");
+        };
         assert_eq!(back.cdi_names(), cdi);
         assert_eq!(back.ids(), held.ids());
+    }
+
+    /// The file the release before versioned state wrote reads as what it held.
+    #[test]
+    fn the_release_befores_file_is_read_as_legacy() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/upgrade/v1/dp/state/held.json");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(&fixture, dir.path().join(FILE_NAME)).unwrap();
+        let loaded = Checkpoint::new(dir.path()).load().unwrap();
+        let super::super::versioned::Decoded::Legacy(held) = loaded else {
+            panic!("schema 1 read as {loaded:?}");
+        };
+        assert_eq!(held.len(), 5, "{held:?}");
+        assert!(
+            held.cdi_names()
+                .contains("GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e03-share-3")
+        );
     }
 
     #[test]

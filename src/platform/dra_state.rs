@@ -13,14 +13,19 @@
 //! prepare. CDI runtimes read only `*.json` / `*.yaml` files directly in the directory, never
 //! a subdirectory.
 //!
-//! On load, a checkpoint that does not parse is kept aside as
+//! The checkpoint is a `platform::versioned` envelope (kind, schema version, SHA-256 of the
+//! data). On load, the release before's bare file is read and written back in this schema; a
+//! newer schema is an error (the driver does not start rather than forget its claims); a
+//! checkpoint that does not parse or fails its checksum is kept aside as
 //! `dra-prepared.json.corrupt-<unix seconds>[.<n>]` (never over an earlier one), so a bad
 //! file never turns into a crash loop; then every per-claim spec on disk that the checkpoint
 //! lacks is adopted from its record of this boot (a crash between the spec and the
 //! checkpoint write, or the lost checkpoint), or, after a corrupt checkpoint and without a
 //! record, from the spec alone (device names `<claimUID>-<device>`, request unknown).
-//! Records and specs of an earlier boot are removed: their claims are void. Used by
-//! `crate::runtime::dra`.
+//! Records and specs of an earlier boot are removed: their claims are void. Then the
+//! checkpoint, records and specs are reconciled (an Unprepare cut short finished, strays
+//! removed, a missing record written again) and the temp files of killed writes removed, each
+//! a [`Repair`] logged once. Used by `crate::runtime::dra`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,9 +33,13 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::atomic_file::{self, IoAt};
+use super::versioned::{self, Decoded};
 
 /// File name of the checkpoint inside `--state-dir`.
 pub(crate) const CHECKPOINT_FILE: &str = "dra-prepared.json";
+
+/// The checkpoint's kind in the state-file envelope (`platform::versioned`).
+const KIND: &str = "gpu-slicer.io/dra-prepared-claims";
 
 /// Suffix of the per-claim records' folder in the CDI directory, after `k8s.<driver>-claim`
 /// (`<claimUID>.json` each).
@@ -49,6 +58,14 @@ pub(crate) enum DraStateError {
     /// Encoding failed.
     #[error("cannot encode {path}: {message}")]
     Encode { path: PathBuf, message: String },
+    /// The checkpoint is intact but not one this release reads (a newer schema): the driver
+    /// does not start rather than forget the claims it names.
+    #[error("DRA checkpoint {path}: {source}")]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: versioned::VersionedError,
+    },
 }
 
 impl From<IoAt> for DraStateError {
@@ -106,6 +123,15 @@ pub(crate) struct Prepared {
     pub(crate) boot_id: String,
     /// Claims by UID.
     pub(crate) claims: BTreeMap<String, PreparedClaim>,
+}
+
+/// The checkpoint at `path` as this release reads it (tests look at what was written).
+#[cfg(test)]
+pub(crate) fn read_checkpoint_file(path: &Path) -> Option<Prepared> {
+    let bytes = std::fs::read(path).ok()?;
+    versioned::decode(KIND, &bytes)
+        .ok()
+        .map(Decoded::into_inner)
 }
 
 /// Device name → everything `claims` (UID and claim) hold on it: a whole-device holding per
@@ -245,11 +271,19 @@ impl DraFiles {
         boot_id: &str,
     ) -> Result<(Prepared, LoadOutcome, Vec<Repair>), DraStateError> {
         let mut repairs = self.remove_temps();
-        let (mut prepared, outcome) = self.read_checkpoint(boot_id)?;
+        let (mut prepared, outcome, legacy) = self.read_checkpoint(boot_id)?;
         let corrupt = matches!(outcome, LoadOutcome::Corrupt { .. });
         let before = prepared.claims.len();
         let claims = self.reconcile(&mut prepared, corrupt);
-        let changed = !claims.is_empty() || prepared.claims.len() != before;
+        if legacy {
+            tracing::info!(
+                from = 1,
+                to = versioned::SCHEMA,
+                claims = prepared.claims.len(),
+                "DRA checkpoint rewritten in this release's schema"
+            );
+        }
+        let changed = legacy || !claims.is_empty() || prepared.claims.len() != before;
         repairs.extend(claims);
         for r in &repairs {
             tracing::warn!(repair = %r, "DRA state repaired at start");
@@ -283,7 +317,11 @@ impl DraFiles {
             .collect()
     }
 
-    fn read_checkpoint(&self, boot_id: &str) -> Result<(Prepared, LoadOutcome), DraStateError> {
+    /// The checkpoint for `boot_id`, and whether it was in the release before's schema.
+    fn read_checkpoint(
+        &self,
+        boot_id: &str,
+    ) -> Result<(Prepared, LoadOutcome, bool), DraStateError> {
         let fresh = || Prepared {
             boot_id: boot_id.to_string(),
             claims: BTreeMap::new(),
@@ -291,7 +329,7 @@ impl DraFiles {
         let bytes = match std::fs::read(&self.checkpoint) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok((fresh(), LoadOutcome::Fresh));
+                return Ok((fresh(), LoadOutcome::Fresh, false));
             }
             Err(source) => {
                 return Err(DraStateError::Io {
@@ -300,35 +338,50 @@ impl DraFiles {
                 });
             }
         };
-        match serde_json::from_slice::<Prepared>(&bytes) {
-            Ok(p) if p.boot_id == boot_id => Ok((p, LoadOutcome::Loaded)),
-            Ok(_) => Ok((fresh(), LoadOutcome::OtherBoot)),
-            Err(_) => {
-                let secs = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                // Never over an earlier aside file (two bad starts in one second).
-                let kept_as = (0u32..)
-                    .map(|n| {
-                        let tail = if n == 0 {
-                            String::new()
-                        } else {
-                            format!(".{n}")
-                        };
-                        self.checkpoint
-                            .with_extension(format!("json.corrupt-{secs}{tail}"))
-                    })
-                    .find(|p| !p.exists())
-                    .unwrap_or_else(|| self.checkpoint.with_extension("json.corrupt"));
-                std::fs::rename(&self.checkpoint, &kept_as).map_err(|source| {
-                    DraStateError::Io {
-                        path: self.checkpoint.clone(),
-                        source,
-                    }
-                })?;
-                Ok((fresh(), LoadOutcome::Corrupt { kept_as }))
+        let (prepared, legacy) = match versioned::decode::<Prepared>(KIND, &bytes) {
+            Ok(Decoded::Current(p)) => (p, false),
+            Ok(Decoded::Legacy(p)) => (p, true),
+            Err(e) if !e.is_damage() => {
+                return Err(DraStateError::Format {
+                    path: self.checkpoint.clone(),
+                    source: e,
+                });
             }
+            Err(e) => {
+                tracing::error!(path = %self.checkpoint.display(), error = %e, "DRA checkpoint damaged");
+                return self.keep_aside(fresh());
+            }
+        };
+        if prepared.boot_id == boot_id {
+            Ok((prepared, LoadOutcome::Loaded, legacy))
+        } else {
+            Ok((fresh(), LoadOutcome::OtherBoot, legacy))
         }
+    }
+
+    /// Move a damaged checkpoint aside (never over an earlier aside file) and start `fresh`.
+    fn keep_aside(&self, fresh: Prepared) -> Result<(Prepared, LoadOutcome, bool), DraStateError> {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        // Never over an earlier aside file (two bad starts in one second).
+        let kept_as = (0u32..)
+            .map(|n| {
+                let tail = if n == 0 {
+                    String::new()
+                } else {
+                    format!(".{n}")
+                };
+                self.checkpoint
+                    .with_extension(format!("json.corrupt-{secs}{tail}"))
+            })
+            .find(|p| !p.exists())
+            .unwrap_or_else(|| self.checkpoint.with_extension("json.corrupt"));
+        std::fs::rename(&self.checkpoint, &kept_as).map_err(|source| DraStateError::Io {
+            path: self.checkpoint.clone(),
+            source,
+        })?;
+        Ok((fresh, LoadOutcome::Corrupt { kept_as }, false))
     }
 
     /// The per-claim specs in the CDI directory: claim UID → path.
@@ -546,7 +599,7 @@ impl DraFiles {
 
     /// Write the checkpoint atomically.
     pub(crate) fn save(&self, prepared: &Prepared) -> Result<(), DraStateError> {
-        let bytes = serde_json::to_vec_pretty(prepared).map_err(|e| DraStateError::Encode {
+        let bytes = versioned::encode(KIND, prepared).map_err(|e| DraStateError::Encode {
             path: self.checkpoint.clone(),
             message: e.to_string(),
         })?;
@@ -661,6 +714,33 @@ mod tests {
         }
     }
 
+    /// A checkpoint that still parses but whose data was changed after its write (an edit by
+    /// hand, bits gone bad) is damaged like a cut one: kept aside, the claim recovered whole
+    /// from its record and spec.
+    #[test]
+    fn a_checkpoint_whose_checksum_fails_is_kept_aside_and_its_claims_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path());
+        prepared_on_disk(&f, "boot-1");
+        let mut prepared = Prepared {
+            boot_id: "boot-1".into(),
+            claims: BTreeMap::from([(UID.to_string(), claim())]),
+        };
+        f.save(&prepared).unwrap();
+        let text = std::fs::read_to_string(&f.checkpoint).unwrap();
+        // Still valid JSON of the right shape: only the checksum tells.
+        let edited = text.replacen("\"train\"", "\"other\"", 1);
+        assert_ne!(edited, text);
+        std::fs::write(&f.checkpoint, &edited).unwrap();
+        let (loaded, outcome) = f.load("boot-1").unwrap();
+        let LoadOutcome::Corrupt { kept_as } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(std::fs::read_to_string(kept_as).unwrap(), edited);
+        prepared.claims.get_mut(UID).unwrap().name = "train".into();
+        assert_eq!(loaded, prepared, "recovered from the record, not the edit");
+    }
+
     /// What a prepare leaves on disk before its checkpoint write: the record and the spec.
     fn prepared_on_disk(f: &DraFiles, boot: &str) {
         f.write_record(UID, boot, &claim()).unwrap();
@@ -693,8 +773,7 @@ mod tests {
         assert_eq!(outcome, LoadOutcome::Loaded);
         assert_eq!(prepared.claims[UID], claim());
         // The checkpoint now holds it: the next load needs no adoption.
-        let saved: Prepared =
-            serde_json::from_slice(&std::fs::read(&f.checkpoint).unwrap()).unwrap();
+        let saved = read_checkpoint_file(&f.checkpoint).unwrap();
         assert_eq!(saved, prepared);
     }
 

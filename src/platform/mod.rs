@@ -24,3 +24,4 @@ pub(crate) mod nvml_topology;
 pub(crate) mod sim;
 pub(crate) mod uds_authority;
 pub(crate) mod usage;
+pub(crate) mod versioned;

@@ -31,6 +31,7 @@ use crate::domain::config::Config;
 use crate::domain::inventory::{Backend, Inventory};
 use crate::domain::plan::Plan;
 use crate::platform::checkpoint::Checkpoint;
+use crate::platform::versioned::Decoded;
 pub(crate) use crate::runtime::error::AppError;
 use crate::runtime::error::blocking;
 use crate::runtime::held::HeldCheckpoint;
@@ -233,11 +234,24 @@ async fn load_state(
 ) -> Result<crate::state::Snapshot, AppError> {
     let (cdi_dir, kind) = (cdi_dir.to_path_buf(), config.cdi_kind.clone());
     blocking("state loading", move || {
-        let held = checkpoint
-            .as_deref()
-            .map(Checkpoint::load)
-            .transpose()?
-            .unwrap_or_default();
+        let held = match checkpoint.as_deref().map(|c| (c, c.load())) {
+            None => crate::domain::snapshot::Held::default(),
+            Some((c, loaded)) => match loaded? {
+                Decoded::Current(held) => held,
+                Decoded::Legacy(held) => {
+                    // Written back now, so a crash before the first Allocate cannot leave
+                    // the old schema behind for a newer release to meet.
+                    c.save_with(|| held.clone())?;
+                    tracing::info!(
+                        from = 1,
+                        to = crate::platform::versioned::SCHEMA,
+                        held = held.len(),
+                        "held-device checkpoint rewritten in this release's schema"
+                    );
+                    held
+                }
+            },
+        };
         if !held.is_empty() {
             tracing::info!(held = held.len(), "held devices read from the checkpoint");
         }

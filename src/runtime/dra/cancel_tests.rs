@@ -26,8 +26,8 @@ fn gated(stage: Stage) -> (Arc<Gate>, DriverExtras) {
 }
 
 fn checkpoint(root: &Path) -> Prepared {
-    let text = std::fs::read_to_string(root.join("state/dra-prepared.json")).unwrap_or_default();
-    serde_json::from_str(&text).unwrap_or_default()
+    crate::platform::dra_state::read_checkpoint_file(&root.join("state/dra-prepared.json"))
+        .unwrap_or_default()
 }
 
 fn record_path(root: &Path, uid: &str) -> std::path::PathBuf {

@@ -54,8 +54,9 @@ fn claim_ref(i: usize) -> ClaimRef {
 
 /// Memory and compute the checkpoint holds on gpu-2.
 fn held(dir: &std::path::Path) -> (u64, u32, usize) {
-    let text = std::fs::read_to_string(dir.join("state/dra-prepared.json")).unwrap_or_default();
-    let p: Prepared = serde_json::from_str(&text).unwrap_or_default();
+    let p: Prepared =
+        crate::platform::dra_state::read_checkpoint_file(&dir.join("state/dra-prepared.json"))
+            .unwrap_or_default();
     let shares: Vec<_> = p
         .claims
         .values()

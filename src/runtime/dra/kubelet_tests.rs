@@ -165,12 +165,12 @@ async fn registers_with_the_plugin_watcher_and_prepares_through_both_versions() 
             .unwrap();
     assert_eq!(spec["kind"], format!("k8s.{DRIVER}/claim"));
     assert_eq!(spec["devices"][0]["name"], format!("{UID_A}-gpu-2"));
-    let cp: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("state/dra-prepared.json")).unwrap(),
+    let cp = crate::platform::dra_state::read_checkpoint_file(
+        &dir.path().join("state/dra-prepared.json"),
     )
     .unwrap();
-    assert_eq!(cp["bootId"], "boot-1");
-    assert_eq!(cp["claims"][UID_A]["devices"][0]["device"], "gpu-2");
+    assert_eq!(cp.boot_id, "boot-1");
+    assert_eq!(cp.claims[UID_A].devices[0].device, "gpu-2");
 
     // The kubelet repeats calls: the same answer, from the checkpoint, no second GET.
     let gets = claims.gets();
@@ -338,10 +338,11 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
             .contains(&format!("{recoveries} 0"))
     );
     // The recovered claims are written back: a new, readable checkpoint holds the holder.
-    let rewritten: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("state/dra-prepared.json")).unwrap())
-            .unwrap();
-    assert!(rewritten.to_string().contains(holder.1), "{rewritten}");
+    let rewritten = crate::platform::dra_state::read_checkpoint_file(
+        &dir.path().join("state/dra-prepared.json"),
+    )
+    .unwrap();
+    assert!(rewritten.claims.contains_key(holder.1), "{rewritten:?}");
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
     assert!(
