@@ -297,8 +297,12 @@ fn spec_files(paths: &[PathBuf], skip_missing: bool) -> Result<(Vec<PathBuf>, Ve
     let mut ignored = Vec::new();
     for p in paths {
         if !p.is_dir() {
-            if skip_missing && !p.exists() {
-                continue;
+            if !p.exists() {
+                // Said before the name rules: `/var/run/cdi` missing is not a bad extension.
+                if skip_missing {
+                    continue;
+                }
+                return Err(CdiError::NotFound { path: p.clone() });
             }
             files.push(p.clone());
             continue;

@@ -9,6 +9,7 @@ pub(crate) mod demo;
 pub(crate) mod dra;
 pub(crate) mod dra_args;
 pub(crate) mod emulate;
+pub(crate) mod env_errors;
 pub(crate) mod error;
 pub(crate) mod fleet_args;
 pub(crate) mod given;
@@ -87,6 +88,23 @@ pub(crate) enum Command {
     /// Test support: the API-server and kubelet DRA emulators, driven from stdin.
     #[command(hide = true)]
     Emulate(emulate::EmulateArgs),
+}
+
+/// Parse the process's command line, or exit as clap does (2 for a usage error, 0 for
+/// `--help`), a bad value from an environment variable blamed on that variable.
+pub(crate) fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cmd = Cli::command();
+    let parsed = cmd
+        .try_get_matches_from_mut(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e) => {
+            env_errors::blame_env(e.format(&mut cmd), &cmd, &argv, |v| std::env::var_os(v)).exit()
+        }
+    }
 }
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the
