@@ -265,6 +265,12 @@ pub(crate) fn generate(
         WriteOutcome::Written => "wrote",
         WriteOutcome::Unchanged => "unchanged",
     };
+    crate::platform::cdi_host::warn_same_kind_specs(
+        &dir,
+        &spec.kind,
+        &name,
+        Some(&spec.qualified_names()),
+    );
     let driver_note = match &driver {
         Some((d, _)) => format!(
             "; driver {} from {}: {} libraries, {} firmware, {} binaries, {} sockets",
