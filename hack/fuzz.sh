@@ -30,13 +30,36 @@ if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir fuzz)
 fi
 work=$(mktemp -d /tmp/gpu-slicer-fuzz.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+build=
+trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 
-# One build for all targets (optimised, debug assertions on: cargo-fuzz's default).
-cargo +nightly fuzz build --fuzz-dir fuzz >/dev/null 2>"$work/build.log" || {
+# One build for all targets (optimised, debug assertions on: cargo-fuzz's default). On a
+# fresh machine this is most of the smoke's time (it builds the crate again with nightly
+# and sanitizer flags), so it reports its progress every FUZZ_PROGRESS_SECONDS (30).
+every=${FUZZ_PROGRESS_SECONDS:-30}
+echo "fuzz: building ${#targets[@]} targets (cargo +nightly fuzz build; the long part on a fresh machine, seconds once built)"
+t0=$(date +%s)
+cargo +nightly fuzz build --fuzz-dir fuzz >/dev/null 2>"$work/build.log" &
+build=$!
+next=$((t0 + every))
+while kill -0 "$build" 2>/dev/null; do
+  sleep 1
+  now=$(date +%s)
+  if [ "$now" -ge "$next" ]; then
+    crates=$(grep -c '^ *Compiling ' "$work/build.log" || true)
+    last=$(grep '^ *Compiling ' "$work/build.log" | tail -1 | sed 's/^ *Compiling //' || true)
+    echo "fuzz: building for $((now - t0))s: $crates crates compiled${last:+, now $last}"
+    next=$((now + every))
+  fi
+done
+rc=0
+wait "$build" || rc=$?
+build=
+if [ "$rc" -ne 0 ]; then
   cat "$work/build.log" >&2
   exit 1
-}
+fi
+echo "fuzz: built in $(($(date +%s) - t0))s; running each target for ${secs}s"
 pass=0
 fail=0
 for t in "${targets[@]}"; do

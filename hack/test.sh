@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
 # The project's test command (README and CI run exactly this): install what is missing,
 # run every Rust test in the workspace, then the end-to-end scripts against real runtimes.
+# Each step is a named phase (hack/phase.sh) that prints its start, its time and the
+# running total; the table of all phases ends the output, even when one fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/phase.sh
+trap phase_summary EXIT
 
-hack/install-deps.sh
+phase "install dependencies" hack/install-deps.sh
 . hack/env.sh
-cargo test --workspace 2>&1
+phase "cargo test --workspace" cargo test --workspace 2>&1
 # The end-to-end scripts take the binaries built with the tests' feature set: a plain
 # `cargo build` resolves features without the dev-dependencies (rustls gains aws-lc-rs, syn
 # more features through them) and would build a second copy of most of the tree.
-cargo build --workspace --lib --bins --tests --quiet
+phase "build binaries for the scripts" cargo build --workspace --lib --bins --tests --quiet
 export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/debug/libnvidia_ml.so \
   FAKE_CUDA_LIB=$PWD/target/debug/libcuda.so FAKE_SMI_BIN=$PWD/target/debug/fake-nvidia-smi
-hack/validate-manifests.sh
+phase "validate manifests" hack/validate-manifests.sh
 # The kubelet's own gRPC client (grpc-go, k8s.io/kubelet APIs) against `run --dra`.
-hack/e2e-kubelet-dial.sh
+phase "kubelet dial end to end" hack/e2e-kubelet-dial.sh
 if [ -x hack/e2e-podman.sh ]; then
-  hack/e2e-podman.sh
+  phase "podman end to end" hack/e2e-podman.sh
 fi
 # The image the manifests name, built with Podman and run as the DaemonSet runs it.
-GPU_SLICER_PROFILE=dev hack/e2e-image.sh
+phase "image end to end" env GPU_SLICER_PROFILE=dev hack/e2e-image.sh
 # A short smoke of every fuzz target (skipped where no nightly toolchain exists, or with
 # FUZZ_SMOKE_SECONDS=0: building the fuzz crate is the costly part).
 if [ "${FUZZ_SMOKE_SECONDS:-10}" != 0 ]; then
-  FUZZ_SKIP_MISSING=1 hack/fuzz.sh "${FUZZ_SMOKE_SECONDS:-10}"
+  phase "fuzz smoke" env FUZZ_SKIP_MISSING=1 hack/fuzz.sh "${FUZZ_SMOKE_SECONDS:-10}"
 fi

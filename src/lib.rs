@@ -109,10 +109,9 @@ pub mod testkit;
 /// map its error to the exit code (the one map, [`cli::error::Error::exit_code`]; the output
 /// policy is [`cli::logging`]'s).
 pub fn main() -> std::process::ExitCode {
-    use clap::Parser;
     use cli::logging::{init_tracing, is_broken_pipe, report_fatal};
 
-    let cli = cli::Cli::parse();
+    let cli = cli::parse();
     init_tracing(cli.log_format, cli.default_log_filter());
     match cli::dispatch(&cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,

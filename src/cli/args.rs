@@ -169,6 +169,10 @@ pub(crate) struct InventoryArgs {
     /// PIX, PXB, PHB, NODE, SYS) with the NUMA node of each GPU, or its JSON with `--format json`.
     #[arg(long)]
     pub(crate) topology: bool,
+    /// Refuse (exit 2) a config that names resources or devices this node lacks, instead of
+    /// skipping them as a mixed cluster's shared config needs: for checking a ConfigMap in CI.
+    #[arg(long)]
+    pub(crate) strict: bool,
 }
 
 /// `inventory` output formats.

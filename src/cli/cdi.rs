@@ -265,6 +265,12 @@ pub(crate) fn generate(
         WriteOutcome::Written => "wrote",
         WriteOutcome::Unchanged => "unchanged",
     };
+    crate::platform::cdi_host::warn_same_kind_specs(
+        &dir,
+        &spec.kind,
+        &name,
+        Some(&spec.qualified_names()),
+    );
     let driver_note = match &driver {
         Some((d, _)) => format!(
             "; driver {} from {}: {} libraries, {} firmware, {} binaries, {} sockets",
@@ -297,8 +303,12 @@ fn spec_files(paths: &[PathBuf], skip_missing: bool) -> Result<(Vec<PathBuf>, Ve
     let mut ignored = Vec::new();
     for p in paths {
         if !p.is_dir() {
-            if skip_missing && !p.exists() {
-                continue;
+            if !p.exists() {
+                // Said before the name rules: `/var/run/cdi` missing is not a bad extension.
+                if skip_missing {
+                    continue;
+                }
+                return Err(CdiError::NotFound { path: p.clone() });
             }
             files.push(p.clone());
             continue;

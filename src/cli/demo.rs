@@ -1,5 +1,6 @@
 //! `gpu-slicer demo`: the device plugin at work, end to end, on the built-in `mixed-a100`
-//! node. Starts the kubelet emulator and the daemon in-process in a temporary directory,
+//! node, told as a story ([`story`] words it: the node's GPUs and MIG slices first, what a
+//! container receives from the CDI spec, counts in correct English, no log lines). Starts the kubelet emulator and the daemon in-process in a temporary directory,
 //! lets every resource register over real unix sockets, performs a few kubelet-style
 //! allocations (a MIG slice, a whole GPU, two replicas), injects an XID through the health
 //! monitor's sim event file, shows the refusal that follows and the recovery after the quiet
@@ -11,6 +12,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::allocate::answer::GENERATION_ANNOTATION;
 use crate::domain::config::{ConfigError, Overrides};
 use crate::domain::health::XidFilter;
 use crate::domain::inventory::InventoryError;
@@ -138,32 +140,47 @@ async fn script(
     config_file: &std::path::Path,
     out: &mut impl Write,
 ) -> Result<(), DemoError> {
+    write!(
+        out,
+        "{}",
+        story::node_table(&running.inventory, &running.plan)
+    )?;
     writeln!(
         out,
-        "node {} ({} GPUs), config: MIG mixed, GPU 3 time-sliced x4 as nvidia.com/gpu.shared\n",
-        running.inventory.source,
-        running.inventory.gpus.len()
+        "\nconfig: MIG slices served per profile (migStrategy: mixed), GPU 2 whole, GPU 3 time-sliced\n4 ways under its own name (nvidia.com/gpu.shared)\n"
     )?;
-    writeln!(out, "registered with the (emulated) kubelet:")?;
+    writeln!(
+        out,
+        "registered with the (emulated) kubelet, one socket per resource:"
+    )?;
     let registrations = emulator.registrations().borrow().clone();
-    for (name, reg) in &registrations {
+    for name in registrations.keys() {
         let devices = emulator
             .devices(name)
             .map(|d| d.borrow().len())
             .unwrap_or_default();
         writeln!(
             out,
-            "  {name:<26} {devices:>2} devices  endpoint {}",
-            reg.endpoint
+            "  {name:<26} {:>10}  ({})",
+            story::count(devices, "device"),
+            story::backing(&running.plan, name)
         )?;
     }
+    let mut generations = Vec::new();
     for (resource, count) in [
         ("nvidia.com/mig-1g.10gb", 1),
         ("nvidia.com/gpu", 1),
         ("nvidia.com/gpu.shared", 2),
     ] {
         let a = emulator.allocate(resource, count).await?;
-        print_allocation(out, &a)?;
+        print_allocation(out, &a, &mut generations)?;
+        if resource == "nvidia.com/mig-1g.10gb"
+            && let Some(name) = a.response.cdi_devices.first()
+            && let Some(spec) = written_spec(config_file)
+            && let Some(view) = story::container_view(&spec, name)
+        {
+            write!(out, "\n{view}")?;
+        }
     }
     // A health event on GPU 3 takes every replica of it out of service.
     let gpu3 = running
@@ -197,7 +214,10 @@ async fn script(
             out,
             "unexpected: Allocate of an unhealthy replica succeeded"
         )?,
-        Err(e) => writeln!(out, "Allocate refused as it must be:\n  {e}")?,
+        Err(e) => writeln!(
+            out,
+            "Allocate refused as it must be:\n  {e}\n  (the daemon logs each refusal as a warning; the demo keeps the log out of the story,\n  `RUST_LOG=warn gpu-slicer demo` shows it)"
+        )?,
     }
     tokio::time::timeout(
         STEP_TIMEOUT,
@@ -211,7 +231,37 @@ async fn script(
         "no new event for {DEMO_QUIET_PERIOD:?}, GPU 3 re-probed: all {} replicas Healthy again",
         shared.borrow().len()
     )?;
-    reconfigure(emulator, running, config_file, &mut shared, out).await
+    reconfigure(
+        emulator,
+        running,
+        config_file,
+        &mut shared,
+        &mut generations,
+        out,
+    )
+    .await?;
+    if let (Some(first), Some(last)) = (generations.first(), generations.last()) {
+        writeln!(
+            out,
+            "\nevery answer is stamped {GENERATION_ANNOTATION}: the version of the node's state it was built\nfrom ({first} for the first answers, {last} for the last: the XID, the recovery and the reload\nchanged the state in between)"
+        )?;
+    }
+    Ok(())
+}
+
+/// The CDI spec the daemon wrote: [`Node::settings`] puts the CDI directory beside the
+/// config file in the demo's temp directory. `None` when it cannot be read (the story then leaves that step out).
+fn written_spec(config_file: &std::path::Path) -> Option<crate::domain::cdi::Spec> {
+    let spec_path = config_file
+        .parent()
+        .unwrap_or(config_file)
+        .join("cdi")
+        .join(crate::domain::cdi::spec_file_name(
+            crate::domain::config::DEFAULT_CDI_KIND,
+            crate::domain::cdi::Format::Yaml,
+        ));
+    let text = std::fs::read_to_string(&spec_path).ok()?;
+    crate::domain::cdi::Spec::parse(&text, &spec_path).ok()
 }
 
 /// Rewrite the watched config: GPU 3's replicas get a driver-enforced memory share. The
@@ -221,6 +271,7 @@ async fn reconfigure(
     running: &app::Running,
     config_file: &std::path::Path,
     shared: &mut tokio::sync::watch::Receiver<Vec<crate::testkit::kubelet::DeviceInfo>>,
+    generations: &mut Vec<String>,
     out: &mut impl Write,
 ) -> Result<(), DemoError> {
     let before = running.reloads.borrow().clone();
@@ -257,21 +308,9 @@ async fn reconfigure(
         }
     }
     let a = emulator.allocate("nvidia.com/gpu.shared", 3).await?;
-    print_allocation(out, &a)?;
+    print_allocation(out, &a, generations)?;
     // The hook the runtime will run for that CDI device, from the spec the daemon wrote.
-    // demo_in keeps the config file and the CDI directory side by side.
-    let spec_path = config_file
-        .parent()
-        .unwrap_or(config_file)
-        .join("cdi")
-        .join(crate::domain::cdi::spec_file_name(
-            crate::domain::config::DEFAULT_CDI_KIND,
-            crate::domain::cdi::Format::Yaml,
-        ));
-    if let (Ok(text), Some(name)) = (
-        std::fs::read_to_string(&spec_path),
-        a.response.cdi_devices.first(),
-    ) && let Ok(spec) = crate::domain::cdi::Spec::parse(&text, &spec_path)
+    if let (Some(spec), Some(name)) = (written_spec(config_file), a.response.cdi_devices.first())
         && let Some(device) = spec
             .devices
             .iter()
@@ -289,7 +328,13 @@ async fn reconfigure(
     Ok(())
 }
 
-fn print_allocation(out: &mut impl Write, a: &Allocation) -> std::io::Result<()> {
+/// One Allocate answer; its generation stamp is kept for the closing remark rather than
+/// printed unexplained.
+fn print_allocation(
+    out: &mut impl Write,
+    a: &Allocation,
+    generations: &mut Vec<String>,
+) -> std::io::Result<()> {
     writeln!(
         out,
         "\nAllocate {} x{} -> {}",
@@ -301,6 +346,10 @@ fn print_allocation(out: &mut impl Write, a: &Allocation) -> std::io::Result<()>
         writeln!(out, "  cdi device  {name}")?;
     }
     for (k, v) in &a.response.annotations {
+        if k == GENERATION_ANNOTATION {
+            generations.push(v.clone());
+            continue;
+        }
         writeln!(out, "  annotation  {k}={v}")?;
     }
     for (k, v) in &a.response.envs {
@@ -308,6 +357,8 @@ fn print_allocation(out: &mut impl Write, a: &Allocation) -> std::io::Result<()>
     }
     Ok(())
 }
+
+mod story;
 
 #[cfg(test)]
 mod demo_tests;

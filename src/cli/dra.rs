@@ -68,6 +68,20 @@ fn server_format(version: &str) -> Result<slices::SliceFormat> {
                 && minor.bytes().all(|b| b.is_ascii_digit())
                 && !minor.is_empty() =>
         {
+            // resource.k8s.io/v1, the only DRA API this driver speaks, is served from 1.34.
+            let too_old = match major.parse::<u32>() {
+                Ok(0) => true,
+                Ok(1) => minor
+                    .parse::<u32>()
+                    .is_ok_and(|m| m < dra::MIN_SERVER_MINOR),
+                _ => false,
+            };
+            if too_old {
+                return Err(dra::DraError::ServerTooOld {
+                    value: version.to_string(),
+                }
+                .into());
+            }
             Ok(slices::SliceFormat::for_server(major, minor))
         }
         _ => Err(dra::DraError::ServerVersion {

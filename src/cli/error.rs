@@ -99,6 +99,7 @@ fn inventory(e: &InventoryError) -> Class {
     match e {
         InventoryError::NodeFile(_)
         | InventoryError::UnknownProfile { .. }
+        | InventoryError::NodeFileMissing { .. }
         | InventoryError::UnknownBackend(_) => Class::Input,
         _ => Class::Runtime,
     }

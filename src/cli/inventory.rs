@@ -21,13 +21,49 @@ pub(crate) fn run(args: &InventoryArgs, out: &mut dyn Write) -> Result<()> {
     if args.topology {
         return write_topology(out, &inventory, args.format);
     }
-    let plan = crate::runtime::report::plan_logged(&inventory, &config)?;
+    // The skipped entries are logged as every command logs them (the mixed-cluster rule)
+    // and also go in the output itself: a config that names a GPU the node lacks is the
+    // mistake a newcomer must see.
+    let planned = plan::build_reporting(&inventory, &config)?;
+    crate::runtime::report::log_skipped(&config.source, &planned.skipped);
+    let skipped = planned.skipped.clone();
+    let plan = if args.strict {
+        planned.strict(&config.source)?
+    } else {
+        planned.plan
+    };
     match args.format {
         OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &Report::new(&inventory, &plan))?;
+            let report = Report::new(&inventory, &plan).with_skipped(&skipped);
+            serde_json::to_writer_pretty(&mut *out, &report)?;
             writeln!(out)?;
         }
-        OutputFormat::Table => write_table(out, &inventory, &config, &plan)?,
+        OutputFormat::Table => {
+            write_table(out, &inventory, &config, &plan)?;
+            write_skipped(out, &skipped)?;
+        }
+    }
+    Ok(())
+}
+
+/// The config entries skipped on this node, after the resources table.
+fn write_skipped(out: &mut dyn Write, skipped: &[plan::Skipped]) -> std::io::Result<()> {
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "SKIPPED CONFIG ENTRIES (kept for other nodes of a mixed cluster; --strict refuses them)"
+    )?;
+    for s in skipped {
+        writeln!(out, "  {} = {}", s.field, s.value)?;
+        writeln!(
+            out,
+            "      {} (node has {})",
+            s.reason.explain(),
+            s.node_has
+        )?;
     }
     Ok(())
 }
@@ -61,6 +97,23 @@ pub(crate) struct Report<'a> {
     driver_version: Option<&'a str>,
     gpus: &'a [Gpu],
     resources: Vec<ResourceReport<'a>>,
+    /// Config entries this node has nothing for (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<SkippedReport<'a>>,
+}
+
+/// One skipped config entry or device reference.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SkippedReport<'a> {
+    /// Config path, e.g. `sharing.timeSlicing.resources[0].devices[0]`.
+    field: &'a str,
+    /// The value as the config wrote it.
+    value: &'a str,
+    /// Short code (`device-not-on-node`, …), as the metric labels it.
+    reason: plan::SkipReason,
+    /// What the node has instead.
+    node_has: &'a str,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,7 +176,22 @@ impl<'a> Report<'a> {
                         .collect(),
                 })
                 .collect(),
+            skipped: Vec::new(),
         }
+    }
+
+    /// The report with the config entries this node skipped.
+    fn with_skipped(mut self, skipped: &'a [plan::Skipped]) -> Self {
+        self.skipped = skipped
+            .iter()
+            .map(|s| SkippedReport {
+                field: &s.field,
+                value: &s.value,
+                reason: s.reason,
+                node_has: &s.node_has,
+            })
+            .collect();
+        self
     }
 }
 

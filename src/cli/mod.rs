@@ -9,6 +9,7 @@ pub(crate) mod demo;
 pub(crate) mod dra;
 pub(crate) mod dra_args;
 pub(crate) mod emulate;
+pub(crate) mod env_errors;
 pub(crate) mod error;
 pub(crate) mod fleet_args;
 pub(crate) mod given;
@@ -40,11 +41,13 @@ pub(crate) struct Cli {
 }
 
 impl Cli {
-    /// The log filter when `RUST_LOG` is unset: `warn` for the demo, whose narrative on stdout
-    /// shares the terminal with the log (a problem still shows), `info` for everything else.
+    /// The log filter when `RUST_LOG` is unset: `error` for the demo, whose narrative on
+    /// stdout shares the terminal with the log (the warnings it provokes on purpose, such as
+    /// a refused Allocate, are told in the story; a failure still shows), `info` for
+    /// everything else.
     pub(crate) fn default_log_filter(&self) -> &'static str {
         match self.command {
-            Command::Demo => "warn",
+            Command::Demo => "error",
             _ => "info",
         }
     }
@@ -87,6 +90,23 @@ pub(crate) enum Command {
     /// Test support: the API-server and kubelet DRA emulators, driven from stdin.
     #[command(hide = true)]
     Emulate(emulate::EmulateArgs),
+}
+
+/// Parse the process's command line, or exit as clap does (2 for a usage error, 0 for
+/// `--help`), a bad value from an environment variable blamed on that variable.
+pub(crate) fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cmd = Cli::command();
+    let parsed = cmd
+        .try_get_matches_from_mut(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    match parsed {
+        Ok(cli) => cli,
+        Err(e) => {
+            env_errors::blame_env(e.format(&mut cmd), &cmd, &argv, |v| std::env::var_os(v)).exit()
+        }
+    }
 }
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the

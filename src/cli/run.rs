@@ -316,6 +316,17 @@ pub(crate) async fn run(args: &RunArgs) -> Result<(), RunError> {
             fleet.node = Some(crate::runtime::node_watch::NodeWatchSettings::new(api));
         }
     }
+    // Another spec of our kind beside the one the daemon writes takes devices away
+    // silently (runtimes drop what two files of one directory define): said once at start.
+    crate::platform::cdi_host::warn_same_kind_specs(
+        &args.cdi_dir,
+        &settings.config.cdi_kind,
+        &crate::domain::cdi::spec_file_name(
+            &settings.config.cdi_kind,
+            crate::domain::cdi::Format::Yaml,
+        ),
+        None,
+    );
     let backend = super::backend::open_backend(&args.backend)?;
     let shutdown = CancellationToken::new();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

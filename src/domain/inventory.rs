@@ -17,6 +17,11 @@ pub(crate) enum InventoryError {
     /// `--backend sim:<name>` named neither a built-in profile nor an existing file.
     #[error("unknown sim profile `{name}` (built-in: {builtin}); pass a node file path instead")]
     UnknownProfile { name: String, builtin: String },
+    /// `--backend sim:<path>` named a node file (it looks like a path) that does not exist.
+    #[error(
+        "node file {path} (backend `sim:{path}`) does not exist (built-in profiles: {builtin})"
+    )]
+    NodeFileMissing { path: String, builtin: String },
     /// `--backend` was not understood.
     #[error("unknown backend `{0}`: expected `nvml`, `sim:<profile>` or `sim:<path>`")]
     UnknownBackend(String),

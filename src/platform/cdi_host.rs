@@ -26,6 +26,66 @@ pub(crate) fn validate_file(path: &Path) -> Result<Spec> {
     Ok(spec)
 }
 
+/// The other spec files in `dir` that runtimes load (`.yaml`/`.json` directly inside, not
+/// `own_name`) whose kind is `kind`, each with its qualified device names, sorted by path.
+/// Files that cannot be read or parsed are passed over: this is evidence for a warning
+/// (two specs of one kind in one directory), and `cdi validate` is the judge of each file.
+pub(crate) fn same_kind_specs(
+    dir: &Path,
+    kind: &str,
+    own_name: &str,
+) -> Vec<(PathBuf, Vec<String>)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(PathBuf, Vec<String>)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && check_file_name(p).is_ok())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()) != Some(own_name))
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(&p).ok()?;
+            let spec = Spec::parse(&text, &p).ok()?;
+            (spec.kind == kind).then(|| (p, spec.qualified_names()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Log one warning per other spec of `kind` in `dir` (see [`same_kind_specs`]): runtimes drop
+/// every device two files of one directory define, so a second spec of our kind there (a
+/// `cdi generate --output` beside the daemon's, a stale file of an older name) silently
+/// takes devices away. `ours` are our spec's device names when known, to count the overlap.
+pub(crate) fn warn_same_kind_specs(
+    dir: &Path,
+    kind: &str,
+    own_name: &str,
+    ours: Option<&[String]>,
+) {
+    for (path, names) in same_kind_specs(dir, kind, own_name) {
+        match ours {
+            Some(ours) => {
+                let shared = names.iter().filter(|n| ours.contains(n)).count();
+                if shared > 0 {
+                    tracing::warn!(
+                        spec = %dir.join(own_name).display(),
+                        other = %path.display(),
+                        kind,
+                        devices = shared,
+                        "another spec in the same CDI directory defines the same devices: runtimes drop a device two files of one directory define; keep one spec per kind here"
+                    );
+                }
+            }
+            None => tracing::warn!(
+                spec = %dir.join(own_name).display(),
+                other = %path.display(),
+                kind,
+                "another spec of the same kind in the same CDI directory: runtimes drop a device two files of one directory define; keep one spec per kind here"
+            ),
+        }
+    }
+}
+
 /// Stats host paths with `lstat`-free `stat` (a symlinked node counts as its target).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct HostProbe;

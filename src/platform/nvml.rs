@@ -213,7 +213,11 @@ pub(crate) fn open_nvml(lib_path: Option<&Path>) -> Result<Nvml> {
     builder.init().map_err(|e| {
         let lib = lib_path.map_or(OsStr::new("libnvidia-ml.so.1"), Path::as_os_str);
         InventoryError::Nvml {
-            message: format!("cannot initialise {}: {e}", lib.to_string_lossy()),
+            message: format!(
+                "cannot initialise {}: {e}; on a host without an NVIDIA GPU or driver, use `--backend sim:<profile>` (built-in: {}) or `--backend sim:<node file>`",
+                lib.to_string_lossy(),
+                crate::platform::sim::builtin_names().join(", ")
+            ),
         }
     })
 }
@@ -402,6 +406,8 @@ mod tests {
             err.to_string().contains("/nonexistent/libnvidia-ml.so.1"),
             "{err}"
         );
+        // A host without a GPU is told the sim backend exists.
+        assert!(err.to_string().contains("--backend sim:"), "{err}");
     }
 }
 

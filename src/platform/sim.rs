@@ -28,6 +28,15 @@ pub(crate) fn builtin_names() -> Vec<&'static str> {
     BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect()
 }
 
+/// Whether `--backend sim:<value>` was meant as a file: a directory part or a file
+/// extension (built-in profile names have neither), so a missing file is reported as one.
+fn looks_like_path(value: &str) -> bool {
+    value.contains('/')
+        || Path::new(value)
+            .extension()
+            .is_some_and(|e| matches!(e.to_str(), Some("yaml" | "yml" | "json")))
+}
+
 /// The sim backend: a parsed node description.
 #[derive(Debug, Clone)]
 pub(crate) struct SimBackend {
@@ -50,6 +59,12 @@ impl SimBackend {
             });
         }
         let path = PathBuf::from(profile);
+        if !path.exists() && looks_like_path(profile) {
+            return Err(InventoryError::NodeFileMissing {
+                path: profile.to_string(),
+                builtin: builtin_names().join(", "),
+            });
+        }
         if !path.exists() {
             return Err(InventoryError::UnknownProfile {
                 name: profile.to_string(),
@@ -242,5 +257,22 @@ mod tests {
             err.contains("dgx-h100") && err.contains("no-such-node"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_missing_node_file_is_reported_as_a_file_not_a_profile() {
+        for value in ["/path/missing.yaml", "nodes/missing", "missing.json"] {
+            let err = SimBackend::open(value).unwrap_err();
+            assert!(
+                matches!(err, InventoryError::NodeFileMissing { .. }),
+                "{value}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("node file {value}")) && msg.contains("does not exist"),
+                "{msg}"
+            );
+            assert!(!msg.contains("unknown sim profile"), "{msg}");
+        }
     }
 }

@@ -26,7 +26,9 @@ pub use engines::{MigEngines, mig_engines};
 pub use placements::{
     GiProfile, PlaceError, Placed, check_place, gi_profile, gi_profiles, search_placements,
 };
-pub use products::{MigProfileInfo, PRODUCTS, Product, lookup_product, profile_name_from_memory};
+pub use products::{
+    MigProfileInfo, PRODUCTS, Product, lookup_product, product_names, profile_name_from_memory,
+};
 pub use topology::{
     TopoCell, TopoRow, TopologySpec, parse_cell as parse_topology_cell, render_topo_matrix,
 };
@@ -425,7 +427,11 @@ impl NodeSpec {
             if gpu.memory_mib.is_none() && product.is_none() {
                 return Err(invalid(
                     f("memoryMiB"),
-                    format!("required: product `{}` has no built-in size", gpu.product),
+                    format!(
+                        "required: product `{}` is none of the built-in products ({}), so its size is not known",
+                        gpu.product,
+                        product_names().join(", ")
+                    ),
                 ));
             }
             if gpu.memory_mib == Some(0) {
@@ -444,7 +450,11 @@ impl NodeSpec {
             let Some(product) = product else {
                 return Err(invalid(
                     f("product"),
-                    format!("`{}` does not support MIG", gpu.product),
+                    format!(
+                        "`{}` is not a MIG-capable product gpu-slicer knows (built-in: {})",
+                        gpu.product,
+                        product_names().join(", ")
+                    ),
                 ));
             };
             let mut compute = 0;
@@ -519,8 +529,8 @@ impl NodeSpec {
                 return Err(invalid(
                     f("mig.devices"),
                     format!(
-                        "MIG layout uses {compute} compute slices; {} has {}",
-                        product.name, product.compute_slices
+                        "MIG layout uses {compute} compute slices; {} ({}) has {}",
+                        gpu.product, product.name, product.compute_slices
                     ),
                 ));
             }
@@ -528,8 +538,8 @@ impl NodeSpec {
                 return Err(invalid(
                     f("mig.devices"),
                     format!(
-                        "MIG layout uses {memory} memory slices; {} has {}",
-                        product.name, product.memory_slices
+                        "MIG layout uses {memory} memory slices; {} ({}) has {}",
+                        gpu.product, product.name, product.memory_slices
                     ),
                 ));
             }

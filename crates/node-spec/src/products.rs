@@ -157,9 +157,31 @@ pub const PRODUCTS: &[Product] = &[
 /// Find the product for an NVML product name such as `NVIDIA A100-SXM4-80GB`.
 pub fn lookup_product(product_name: &str) -> Option<&'static Product> {
     let upper = product_name.to_ascii_uppercase();
+    let sizes = gb_sizes(&upper);
     PRODUCTS.iter().find(|p| {
-        p.matches.iter().all(|m| upper.contains(m)) && !p.rejects.iter().any(|r| upper.contains(r))
+        p.matches.iter().all(|m| upper.contains(m))
+            && !p.rejects.iter().any(|r| upper.contains(r))
+            // A size in the name must be this product's: `A100-SXM4-800GB` (a typo) is no
+            // A100-40GB, whose MIG tables would then explain the wrong mistake.
+            && gb_sizes(p.name).first().is_none_or(|own| sizes.iter().all(|s| s == own))
     })
+}
+
+/// The names of the built-in products, for messages.
+pub fn product_names() -> Vec<&'static str> {
+    PRODUCTS.iter().map(|p| p.name).collect()
+}
+
+/// The `<digits>GB` sizes written in an upper-case product name (`80` of `H100 80GB HBM3`).
+fn gb_sizes(upper: &str) -> Vec<u32> {
+    upper
+        .match_indices("GB")
+        .filter_map(|(at, _)| {
+            let head = &upper[..at];
+            let digits = head.len() - head.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+            head[at - digits..].parse().ok()
+        })
+        .collect()
 }
 
 impl Product {
@@ -238,6 +260,10 @@ mod tests {
             ("NVIDIA GH200 480GB", None),
             ("NVIDIA GH200 144G HBM3e", None),
             ("NVIDIA L40S", None),
+            // A mistyped size names no product rather than the wrong one.
+            ("NVIDIA A100-SXM4-800GB", None),
+            ("NVIDIA A100-SXM4-4GB", None),
+            ("NVIDIA H100 800GB HBM3", None),
         ] {
             assert_eq!(name(nvml), want, "{nvml}");
         }

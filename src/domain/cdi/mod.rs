@@ -70,6 +70,9 @@ pub(crate) enum CdiError {
     /// `--dev-root` does not exist or is not a directory.
     #[error("dev root {path}: {rule}")]
     DevRoot { path: PathBuf, rule: String },
+    /// A spec file or directory given on the command line does not exist.
+    #[error("{path}: no such spec file or directory")]
+    NotFound { path: PathBuf },
     /// A spec file has a name runtimes do not scan.
     #[error("spec file {path}: {rule}")]
     FileName { path: PathBuf, rule: String },

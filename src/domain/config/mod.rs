@@ -27,6 +27,7 @@ use file::{
 
 pub(crate) use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
 pub(crate) use origin::{Given, Origin};
+pub(crate) use quantity::format_quantity;
 #[cfg(test)]
 pub(crate) use quantity::parse_quantity;
 pub(crate) use quantity::parse_quantity_text;
@@ -131,6 +132,12 @@ pub(crate) enum ConfigWarning {
         /// The config's origin (file path).
         config: String,
     },
+    /// The file holds no settings (empty, or only comments): a ConfigMap key left blank
+    /// or a wrong file, which would silently serve the defaults.
+    Empty {
+        /// The config's origin (file path).
+        config: String,
+    },
 }
 
 impl std::fmt::Display for ConfigWarning {
@@ -138,6 +145,9 @@ impl std::fmt::Display for ConfigWarning {
         match self {
             ConfigWarning::IgnoredResources { .. } => f.write_str(
                 "the `resources` field (pattern-based naming) is accepted but ignored, as by NVIDIA's plugin; use sharing.*.resources[].rename",
+            ),
+            ConfigWarning::Empty { .. } => f.write_str(
+                "the config file holds no settings (empty or only comments): the defaults apply and nothing is shared",
             ),
         }
     }
@@ -155,7 +165,23 @@ pub(crate) fn parse_reporting(
     overrides: &Overrides,
 ) -> Result<(Config, Vec<ConfigWarning>)> {
     let raw = parse_file(text, origin)?;
-    from_file_config(raw, origin, overrides)
+    let (cfg, mut warnings) = from_file_config(raw, origin, overrides)?;
+    if holds_nothing(text) {
+        warnings.insert(
+            0,
+            ConfigWarning::Empty {
+                config: origin.to_string(),
+            },
+        );
+    }
+    Ok((cfg, warnings))
+}
+
+/// Whether config text has no YAML content at all (blank, or comments only).
+fn holds_nothing(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .all(|l| l.is_empty() || l.starts_with('#') || l == "---")
 }
 
 /// Parse config text. `origin` names the source in errors.
@@ -170,7 +196,7 @@ pub(crate) fn parse_file(text: &str, origin: &str) -> Result<FileConfig> {
         field,
         message,
     };
-    if text.trim().is_empty() {
+    if holds_nothing(text) {
         return Ok(FileConfig::default());
     }
     // Syntax first: a scanner error (a tab in the indentation) happens wherever the

@@ -44,10 +44,49 @@ pub(crate) fn parse_quantity_text(text: &str) -> std::result::Result<u64, String
     parse_quantity(&Quantity::Text(text.into()))
 }
 
+/// A byte count as a person reads it and a config can take it back: the largest of Ti, Gi
+/// and Mi that divides it exactly (`30Gi`, `81559Mi`), else GiB with two decimals from 1 GiB
+/// up (`27.94Gi`), else Ki or bytes.
+pub(crate) fn format_quantity(bytes: u64) -> String {
+    let exact = |size: u64| bytes >= size && bytes.is_multiple_of(size);
+    for (unit, size) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)] {
+        if exact(size) {
+            return format!("{}{unit}", bytes / size);
+        }
+    }
+    if bytes >= 1 << 30 {
+        return format!("{:.2}Gi", bytes as f64 / (1u64 << 30) as f64);
+    }
+    if exact(1 << 10) {
+        return format!("{}Ki", bytes >> 10);
+    }
+    bytes.to_string()
+}
+
 fn nonzero(b: u64) -> std::result::Result<u64, String> {
     if b == 0 {
         Err("must be greater than 0".into())
     } else {
         Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_read_in_the_units_a_config_writes() {
+        assert_eq!(format_quantity(30 << 30), "30Gi");
+        assert_eq!(format_quantity(120 << 30), "120Gi");
+        assert_eq!(format_quantity(2 << 40), "2Ti");
+        assert_eq!(format_quantity(512 << 20), "512Mi");
+        assert_eq!(format_quantity(81559 << 20), "81559Mi");
+        assert_eq!(format_quantity(3 << 10), "3Ki");
+        assert_eq!(format_quantity(30_000_000_000), "27.94Gi");
+        assert_eq!(format_quantity(1000), "1000");
+        for b in [30u64 << 30, 512 << 20, 3 << 10] {
+            assert_eq!(parse_quantity_text(&format_quantity(b)), Ok(b));
+        }
     }
 }

@@ -354,3 +354,21 @@ fn dra_dynamic_mig_takes_gpus_like_devices_and_refuses_mig_devices() {
     let e = parse_err("version: v1\nflags:\n  dra: {dynamicMig: []}\n");
     assert!(e.contains("flags.dra.dynamicMig"), "{e}");
 }
+
+#[test]
+fn a_config_without_settings_warns_and_serves_the_defaults() {
+    for text in ["", "\n  \n", "# sharing comes later\n---\n"] {
+        let (cfg, warnings) = parse_reporting(text, "cfg.yaml", &Overrides::default()).unwrap();
+        assert_eq!(
+            warnings,
+            vec![ConfigWarning::Empty {
+                config: "cfg.yaml".into()
+            }],
+            "{text:?}"
+        );
+        assert!(cfg.sharing.is_empty(), "{text:?}");
+    }
+    let (_, warnings) =
+        parse_reporting("version: v1\n", "cfg.yaml", &Overrides::default()).unwrap();
+    assert_eq!(warnings, vec![]);
+}

@@ -39,6 +39,9 @@ pub(crate) const DEFAULT_DRIVER_NAME: &str = "gpu-slicer.io";
 /// `apiVersion` of the objects this driver publishes and reads.
 pub(crate) const API_VERSION: &str = "resource.k8s.io/v1";
 
+/// The first Kubernetes 1.x minor that serves [`API_VERSION`].
+pub(crate) const MIN_SERVER_MINOR: u32 = 34;
+
 /// Errors of the DRA domain: each names the claim, request, device or field concerned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum DraError {
@@ -57,6 +60,12 @@ pub(crate) enum DraError {
     /// The claim cannot be prepared on this node.
     #[error("claim {claim}: {reason}")]
     Claim { claim: String, reason: String },
+    /// A Kubernetes version (`dra slices --server-version`) older than the first that serves
+    /// `resource.k8s.io/v1`.
+    #[error(
+        "--server-version `{value}`: DRA objects are resource.k8s.io/v1, which Kubernetes serves from 1.{MIN_SERVER_MINOR}"
+    )]
+    ServerTooOld { value: String },
     /// A Kubernetes version (`dra slices --server-version`) that is not `MAJOR.MINOR`.
     #[error("invalid --server-version `{value}`: expected MAJOR.MINOR, e.g. 1.34")]
     ServerVersion { value: String },

@@ -48,6 +48,19 @@ impl SkipReason {
     }
 }
 
+impl SkipReason {
+    /// What the reason means for the entry, in words (`inventory` prints it).
+    pub(crate) fn explain(self) -> &'static str {
+        match self {
+            SkipReason::ResourceNotOnNode => "this node has no such resource; the entry is skipped",
+            SkipReason::NoMatchingDevices => {
+                "none of the devices it names is on this node; the entry is skipped"
+            }
+            SkipReason::DeviceNotOnNode => "no such device on this node; the reference is skipped",
+        }
+    }
+}
+
 impl std::fmt::Display for SkipReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use crate::domain::config::Config;
+use crate::domain::config::{Config, format_quantity};
 use crate::domain::inventory::Inventory;
 
 mod assemble;
@@ -68,7 +68,12 @@ pub(crate) enum PlanError {
     },
     /// Per-replica memory over-subscribes the device.
     #[error(
-        "invalid config {path}: field `{field}.memory`: {replicas} replicas × {per_replica} bytes = {total} bytes exceeds the {available} bytes of {device}"
+        "invalid config {path}: field `{field}.memory` = `{}`: {replicas} replicas × {} = {} exceeds the {} of {device}; at most {} per replica fits",
+        format_quantity(*per_replica),
+        format_quantity(*per_replica),
+        format_quantity(*total),
+        format_quantity(*available),
+        format_quantity((available / u64::from((*replicas).max(1))) >> 20 << 20)
     )]
     OverSubscribed {
         path: String,
@@ -86,6 +91,9 @@ pub(crate) enum PlanError {
         field: String,
         message: String,
     },
+    /// `--strict`: the config names something this node lacks (one line per skip).
+    #[error("invalid config {path} (--strict refuses what this node lacks): {entries}")]
+    Strict { path: String, entries: String },
     /// Two resources end up with the same advertised name but different kinds.
     #[error("resource name {name} is produced twice ({first} and {second})")]
     NameClash {
@@ -108,6 +116,33 @@ pub(crate) struct Planned {
     /// log. The daemon records them as
     /// `gpu_slicer_config_entries_skipped{reason}` ([`crate::runtime::metrics::Metrics::record_skipped`]).
     pub(crate) skipped: Vec<Skipped>,
+}
+
+impl Planned {
+    /// The plan, or, when anything was skipped, the error `--strict` turns the skips into
+    /// (for checking a ConfigMap in CI against the nodes it is meant for).
+    pub(crate) fn strict(self, source: &str) -> Result<Plan> {
+        if self.skipped.is_empty() {
+            return Ok(self.plan);
+        }
+        let entries: Vec<String> = self
+            .skipped
+            .iter()
+            .map(|s| {
+                format!(
+                    "field `{}` = `{}`: {} (node has {})",
+                    s.field,
+                    s.value,
+                    s.reason.explain(),
+                    s.node_has
+                )
+            })
+            .collect();
+        Err(PlanError::Strict {
+            path: source.to_string(),
+            entries: entries.join("; "),
+        })
+    }
 }
 
 /// Build the plan. Pure: the same inputs always give the same plan. Entries this node

@@ -309,6 +309,12 @@ fn oversubscribed_per_replica_memory_names_file_and_field() {
         msg.contains("cfg.yaml") && msg.contains("sharing.timeSlicing.resources[0].memory"),
         "{msg}"
     );
+    // In the units the config writes, with what would fit (an H100 holds 81559 MiB).
+    assert!(
+        msg.contains("`21Gi`: 4 replicas × 21Gi = 84Gi exceeds the 81559Mi of GPU-")
+            && msg.contains("; at most 20389Mi per replica fits"),
+        "{msg}"
+    );
 }
 
 fn arb_config() -> impl Strategy<Value = String> {

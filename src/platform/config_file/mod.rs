@@ -39,7 +39,7 @@ pub(crate) fn load(path: Option<&Path>, overrides: &Overrides) -> config::Result
 /// Log one warning the domain returned, with its fields.
 fn log_warning(w: &ConfigWarning) {
     match w {
-        ConfigWarning::IgnoredResources { config } => {
+        ConfigWarning::IgnoredResources { config } | ConfigWarning::Empty { config } => {
             tracing::warn!(config = %config, "{w}");
         }
     }

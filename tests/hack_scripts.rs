@@ -1,0 +1,114 @@
+//! The test command talks: `hack/phase.sh` (each phase of `hack/test.sh` with its time and
+//! the running total, a table at the end even when a phase fails) and `hack/fuzz.sh`'s
+//! build progress, run with a stand-in `cargo` so no nightly toolchain is needed.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn bash(script: &str) -> Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(root())
+        .output()
+        .expect("run bash")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn phases_report_start_time_and_total_and_a_table_at_the_end() {
+    let out = bash(
+        "set -euo pipefail; . hack/phase.sh; trap phase_summary EXIT; \
+         phase 'first step' echo working; phase 'second step' env X=1 sh -c 'echo X=$X'",
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for needle in [
+        // Times are whole seconds since the script began (0s or 1s here).
+        "] first step: echo working\nworking\n<== first step: ok in ",
+        "==> [",
+        "X=1\n<== second step: ok in",
+        "==> phases:\n    first step ",
+        "    second step ",
+        "    total ",
+    ] {
+        assert!(t.contains(needle), "missing {needle:?} in:\n{t}");
+    }
+}
+
+#[test]
+fn a_failing_phase_stops_the_script_with_its_code_and_still_prints_the_table() {
+    let out = bash(
+        "set -euo pipefail; . hack/phase.sh; trap phase_summary EXIT; \
+         phase 'breaks' sh -c 'exit 3'; echo the-next-command-ran",
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{t}");
+    assert!(t.contains("<== breaks: FAILED (exit 3)"), "{t}");
+    assert!(
+        t.contains("breaks") && t.contains("FAILED\n    total"),
+        "{t}"
+    );
+    assert!(!t.contains("the-next-command-ran"), "{t}");
+}
+
+#[test]
+fn fuzz_smoke_reports_build_progress_and_each_target() {
+    let dir = common::short_tempdir();
+    // The calls hack/fuzz.sh makes of `cargo +nightly fuzz`, answered without a toolchain:
+    // a build that takes 3 s and says what it compiles, as cargo does on stderr.
+    let cargo = dir.path().join("cargo");
+    std::fs::write(
+        &cargo,
+        r##"#!/usr/bin/env bash
+case "$*" in
+  "+nightly --version"|"+nightly fuzz --version") echo stub ;;
+  "+nightly fuzz list --fuzz-dir fuzz") printf 'alpha\nbeta\n' ;;
+  "+nightly fuzz build --fuzz-dir fuzz")
+    for c in serde tokio gpu-slicer; do echo "   Compiling $c v1.0.0" >&2; sleep 1; done ;;
+  "+nightly fuzz run"*) echo "stat::number_of_executed_units: 42"; echo "#9 cov: 7" ;;
+  *) echo "unexpected: $*" >&2; exit 3 ;;
+esac
+"##,
+    )
+    .unwrap();
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("hack/fuzz.sh")
+        .arg("1")
+        .current_dir(root())
+        .env("PATH", path)
+        .env("FUZZ_PROGRESS_SECONDS", "1")
+        .output()
+        .expect("run hack/fuzz.sh");
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("fuzz: building 2 targets"), "{t}");
+    // At least one progress line while the build runs, naming a crate it compiled.
+    assert!(
+        t.lines()
+            .any(|l| l.starts_with("fuzz: building for ") && l.contains("crates compiled, now ")),
+        "{t}"
+    );
+    assert!(t.contains("fuzz: built in "), "{t}");
+    assert!(t.contains("PASS alpha: 42 executions in 1s, cov: 7"), "{t}");
+    assert!(t.contains("fuzz: 2 passed, 0 failed"), "{t}");
+}
