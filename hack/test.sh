@@ -14,6 +14,9 @@ cargo build --workspace --lib --bins --tests --quiet
 export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/debug/libnvidia_ml.so \
   FAKE_CUDA_LIB=$PWD/target/debug/libcuda.so FAKE_SMI_BIN=$PWD/target/debug/fake-nvidia-smi
 hack/validate-manifests.sh
+# The kube-scheduler's DRA allocator (Go, k8s.io/dynamic-resource-allocation v0.37.2) on what
+# `dra slices` publishes: every example claim, consumable capacity, counters, refusals.
+hack/allocator.sh
 # The kubelet's own gRPC client (grpc-go, k8s.io/kubelet APIs) against `run --dra`.
 hack/e2e-kubelet-dial.sh
 if [ -x hack/e2e-podman.sh ]; then

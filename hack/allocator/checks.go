@@ -197,14 +197,37 @@ func checkShares(r *report, w *world, spec *resourceapi.ResourceClaimSpec) {
 		err = fmt.Errorf("%s of %s's %s (20Gi held) given to %v", over.String(), devices[0], memory.String(), devicesOf(res))
 	}
 	r.check("capacity/third-share-above-free-refused", err, fmt.Sprintf("%s refused with %s of %s free", over.String(), free.String(), memory.String()))
-	claim := newClaim("share-c-exact", withMemory(spec, free.String()))
+	// What is free is an odd number of MiB when the GPU's memory is (81559Mi on the H100):
+	// the request rounds up to the 2Mi step past it. The largest step that fits is taken.
+	fits := stepDown(free, deviceStep(w.slices, h100, devices[0], "memory"))
+	claim := newClaim("share-c-exact", withMemory(spec, fits.String()))
 	res, err = w.allocate(h100, claim)
 	if err == nil && res == nil {
-		err = fmt.Errorf("%s (all that is free of %s) refused", free.String(), devices[0])
+		err = fmt.Errorf("%s (all the steps free of %s) refused", fits.String(), devices[0])
 	} else if err == nil && res.Devices.Results[0].Device != devices[0] {
 		err = fmt.Errorf("went to %s, want %s", res.Devices.Results[0].Device, devices[0])
 	}
-	r.check("capacity/third-share-of-exactly-free-fits", err, fmt.Sprintf("%s fits on %s", free.String(), devices[0]))
+	r.check("capacity/third-share-of-the-free-steps-fits", err, fmt.Sprintf("%s (%s free, 2Mi steps) fits on %s", fits.String(), free.String(), devices[0]))
+}
+
+// deviceStep is the validRange step of a capacity (its min and step are the same here).
+func deviceStep(all []*resourceapi.ResourceSlice, node, device, name string) resource.Quantity {
+	for _, s := range all {
+		for _, d := range s.Spec.Devices {
+			if s.Spec.Pool.Name == node && d.Name == device {
+				if p := d.Capacity[resourceapi.QualifiedName(name)].RequestPolicy; p != nil && p.ValidRange != nil && p.ValidRange.Step != nil {
+					return *p.ValidRange.Step
+				}
+			}
+		}
+	}
+	return resource.MustParse("1")
+}
+
+// stepDown rounds q down to a multiple of step.
+func stepDown(q, step resource.Quantity) resource.Quantity {
+	n := q.Value() / step.Value()
+	return *resource.NewQuantity(n*step.Value(), resource.BinarySI)
 }
 
 func deviceCapacity(all []*resourceapi.ResourceSlice, node, device, name string) resource.Quantity {

@@ -64,6 +64,7 @@ func caseSpecs(memory resource.Quantity) []caseSpec {
 	free.Sub(resource.MustParse("20Gi"))
 	over := free.DeepCopy()
 	over.Add(resource.MustParse("2Mi"))
+	freeSteps := stepDown(free, resource.MustParse("2Mi"))
 	aboveAll := memory.DeepCopy()
 	aboveAll.Add(resource.MustParse("2Mi"))
 	tenGi := map[string]string{"memory": "10Gi"}
@@ -76,7 +77,8 @@ func caseSpecs(memory resource.Quantity) []caseSpec {
 		{name: "share-above-max-refused", about: "above validRange.max (the whole device)", ask: map[string]string{"memory": aboveAll.String()}},
 		{name: "share-unpublished-capacity-refused", about: "a capacity the device does not publish rules it out", ask: map[string]string{"memory": "10Gi", "encoders": "1"}},
 		{name: "third-share-above-free-refused", about: "two 10Gi shares held, 2Mi more than is left asked", before: []map[string]string{tenGi, tenGi}, ask: map[string]string{"memory": over.String()}},
-		{name: "third-share-exactly-free", about: "two 10Gi shares held, exactly what is left asked", before: []map[string]string{tenGi, tenGi}, ask: map[string]string{"memory": free.String()}},
+		{name: "third-share-of-odd-free-refused", about: "two 10Gi shares held, exactly what is left (an odd number of MiB) asked: it rounds up to the 2Mi step past it", before: []map[string]string{tenGi, tenGi}, ask: map[string]string{"memory": free.String()}},
+		{name: "third-share-of-the-free-steps", about: "two 10Gi shares held, what is left rounded down to the step asked", before: []map[string]string{tenGi, tenGi}, ask: map[string]string{"memory": freeSteps.String()}},
 		{name: "compute-over-refused", about: "60 of 100 compute held, 50 asked", before: []map[string]string{{"memory": "2Mi", "compute": "60"}}, ask: map[string]string{"memory": "2Mi", "compute": "50"}},
 		{name: "share-after-a-default-share-refused", about: "a share that asked nothing took the whole memory", before: []map[string]string{nil}, ask: map[string]string{"memory": "2Mi"}},
 		{name: "valid-values-rounded-up", about: "compute with validValues 10/50/100: 30 becomes 50",

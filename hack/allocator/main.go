@@ -299,8 +299,20 @@ func extendedClaim(p *v1.Pod, classes classLister) *resourceapi.ResourceClaim {
 
 var claimSeq int
 
+// newClaim is the claim the API server stores for `spec`, with the defaults it fills in
+// (allocationMode ExactCount, count 1): the allocator refuses a claim without them.
 func newClaim(name string, spec resourceapi.ResourceClaimSpec) *resourceapi.ResourceClaim {
 	claimSeq++
+	spec = *spec.DeepCopy()
+	for i := range spec.Devices.Requests {
+		r := &spec.Devices.Requests[i]
+		if r.Exactly != nil {
+			defaultMode(&r.Exactly.AllocationMode, &r.Exactly.Count)
+		}
+		for j := range r.FirstAvailable {
+			defaultMode(&r.FirstAvailable[j].AllocationMode, &r.FirstAvailable[j].Count)
+		}
+	}
 	return &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name,
@@ -359,5 +371,14 @@ func main() {
 	if err := run(nodes, *classesPath, *examplesDir, *writeCases); err != nil {
 		fmt.Fprintln(os.Stderr, "allocator:", err)
 		os.Exit(2)
+	}
+}
+
+func defaultMode(mode *resourceapi.DeviceAllocationMode, count *int64) {
+	if *mode == "" {
+		*mode = resourceapi.DeviceAllocationModeExactCount
+	}
+	if *mode == resourceapi.DeviceAllocationModeExactCount && *count == 0 {
+		*count = 1
 	}
 }
