@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -31,6 +32,8 @@ var expectedNodes = map[string][]string{
 }
 
 type report struct{ pass, fail int }
+
+var errChecksFailed = errors.New("checks failed")
 
 func (r *report) check(name string, err error, detail string) {
 	if err != nil {
@@ -109,7 +112,7 @@ func run(nodes nodeFlags, classesPath, examplesDir, writeCases string) error {
 	}
 	fmt.Printf("allocator: %d passed, %d failed\n", r.pass, r.fail)
 	if r.fail > 0 {
-		return fmt.Errorf("%d checks failed", r.fail)
+		return fmt.Errorf("%w: %d", errChecksFailed, r.fail)
 	}
 	return nil
 }

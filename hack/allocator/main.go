@@ -370,6 +370,10 @@ func main() {
 	flag.Parse()
 	if err := run(nodes, *classesPath, *examplesDir, *writeCases); err != nil {
 		fmt.Fprintln(os.Stderr, "allocator:", err)
+		// A check that failed is a finding (1); unreadable input is the caller's error (2).
+		if errors.Is(err, errChecksFailed) {
+			os.Exit(1)
+		}
 		os.Exit(2)
 	}
 }
