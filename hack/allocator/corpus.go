@@ -99,6 +99,14 @@ func caseSpecs(memory resource.Quantity) []caseSpec {
 			device: tainted, ask: tenGi},
 		{name: "tainted-tolerated", about: "the same taint, tolerated", device: tainted, ask: tenGi,
 			tolerations: []resourceapi.DeviceToleration{{Key: "gpu-slicer.io/xid", Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoSchedule}}},
+		{name: "taint-equal-other-value-refused", about: "tolerated by key with operator Equal, but for another value", device: tainted, ask: tenGi,
+			tolerations: []resourceapi.DeviceToleration{{Key: "gpu-slicer.io/xid", Operator: resourceapi.DeviceTolerationOpEqual, Value: "48"}}},
+		{name: "taint-equal-same-value-tolerated", about: "tolerated by key and value, any effect", device: tainted, ask: tenGi,
+			tolerations: []resourceapi.DeviceToleration{{Key: "gpu-slicer.io/xid", Operator: resourceapi.DeviceTolerationOpEqual, Value: "79"}}},
+		{name: "taint-noexecute-refused", about: "a NoExecute taint rules the device out too", ask: tenGi,
+			device: func(d *resourceapi.Device) {
+				d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: "gpu-slicer.io/gpu-lost", Effect: resourceapi.DeviceTaintEffectNoExecute})
+			}},
 		{name: "exclusive-whole", about: "a device without allowMultipleAllocations is taken whole: no shareID, no consumedCapacity",
 			device: exclusive},
 		{name: "exclusive-capacity-asked", about: "an exclusive device with the capacity asked for: taken whole",
