@@ -18,6 +18,9 @@ phase "build binaries for the scripts" cargo build --workspace --lib --bins --te
 export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/debug/libnvidia_ml.so \
   FAKE_CUDA_LIB=$PWD/target/debug/libcuda.so FAKE_SMI_BIN=$PWD/target/debug/fake-nvidia-smi
 phase "validate manifests" hack/validate-manifests.sh
+# The kube-scheduler's DRA allocator (Go, k8s.io/dynamic-resource-allocation v0.37.2) on what
+# `dra slices` publishes: every example claim, consumable capacity, counters, refusals.
+phase "allocator tier" hack/allocator.sh
 # The kubelet's own gRPC client (grpc-go, k8s.io/kubelet APIs) against `run --dra`.
 phase "kubelet dial end to end" hack/e2e-kubelet-dial.sh
 if [ -x hack/e2e-podman.sh ]; then

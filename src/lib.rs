@@ -81,7 +81,7 @@
 //!   (tests `dra_run`, `dra_capacity`, bench `dra`);
 //! - the API-server emulator: `ApiServer`, `ApiServerError`, `Verb`, `Fault`, `User`,
 //!   `Admission`, `Denial`, `RequestRecord`, `ShareRequest`, `ShareAllocated` (tests
-//!   `kube_apiserver`, `label_policy`, `dra_*`, `cli_fleet`, bench `dra`);
+//!   `kube_apiserver`, `label_policy`, `dra_*`, `allocator_cases`, `cli_fleet`, bench `dra`);
 //! - the fake NVML driver: `fake_lib`, `fake_driver_root`, `write_mig_minors`,
 //!   `PrivateFake` (the tests through `tests/common`, benches `health`, `socket`,
 //!   `topology`);

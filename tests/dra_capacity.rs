@@ -240,7 +240,8 @@ async fn shares_get_their_exact_limits_and_an_over_committed_one_is_refused() {
         ids,
         [format!(
             "k8s.{DRIVER}/claim={}-gpu-2-{}",
-            a.uid, sa.share_id
+            a.uid,
+            sa.share_id.as_deref().unwrap_or_default()
         )]
     );
     assert!(answer[&b.uid].is_ok(), "{answer:?}");
