@@ -15,6 +15,7 @@ use crate::testkit::kubelet::dra::{Claims, register};
 
 const UID_A: &str = "aaaaaaaa-0000-4000-8000-0000000000a1";
 const UID_B: &str = "bbbbbbbb-0000-4000-8000-0000000000b2";
+const UID_C: &str = "cccccccc-0000-4000-8000-0000000000c3";
 
 fn gated(stage: Stage) -> (Arc<Gate>, DriverExtras) {
     let gate = Gate::at(stage);
@@ -40,6 +41,66 @@ fn two_claims_for_one_gpu() -> Arc<Claims> {
     claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
     claims.put(claim_json("b", UID_B, "gpu-2", "node-a"));
     claims
+}
+
+/// Two calls that name the same claims in opposite orders never wait on each other. A
+/// Prepare of [A, C, B] holds A while it waits for C (another Prepare holds it); an Unprepare
+/// of [B, A] comes in between. Taken in the order given, the Unprepare would hold B and wait
+/// for A while the Prepare, once C is free, waits for B: neither ever answers (the
+/// concurrent-batches property found this). Both take their claims in UID order instead.
+#[tokio::test]
+async fn calls_naming_claims_in_opposite_orders_never_wait_on_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::new();
+    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
+    claims.put(claim_json("b", UID_B, "gpu-3", "node-a"));
+    claims.put(claim_json("c", UID_C, "gpu-0-mig-1g10gb-19-0", "node-a"));
+    let (gate, extras) = gated(Stage::BeforePrepareCommit);
+    let r = run_with(dir.path(), store(), claims.clone(), extras).await;
+    let driver = r.handle.driver.clone();
+    let kubelet = Arc::new(register(&reg_socket(dir.path())).await.unwrap());
+    let held_c = tokio::spawn({
+        let kubelet = kubelet.clone();
+        async move { kubelet.prepare(&[k("c", UID_C)], None).await }
+    });
+    gate.reached().await;
+    let busy = |uid: &'static str| {
+        let driver = driver.clone();
+        move || {
+            let driver = driver.clone();
+            async move { driver.busy_claims().iter().any(|b| b == uid).then_some(()) }
+        }
+    };
+    let prepare = tokio::spawn({
+        let kubelet = kubelet.clone();
+        async move {
+            let order = [k("a", UID_A), k("c", UID_C), k("b", UID_B)];
+            kubelet.prepare(&order, None).await
+        }
+    });
+    // The Prepare holds A (and waits for C).
+    crate::testkit::wait_until(Duration::from_secs(10), busy(UID_A))
+        .await
+        .expect("the Prepare marks A busy");
+    let unprepare = tokio::spawn({
+        let kubelet = kubelet.clone();
+        async move { kubelet.unprepare(&[k("b", UID_B), k("a", UID_A)]).await }
+    });
+    // Taken in the order given, the Unprepare marks B before it waits for A; give it the
+    // chance (in UID order it never marks B first, and this times out harmlessly).
+    let _ = crate::testkit::wait_until(Duration::from_millis(500), busy(UID_B)).await;
+    gate.release();
+    let all = async {
+        let c = held_c.await.unwrap().unwrap();
+        let p = prepare.await.unwrap().unwrap();
+        let u = unprepare.await.unwrap().unwrap();
+        (c, p, u)
+    };
+    let (c, p, u) = crate::testkit::within("every call answered", all).await;
+    assert!(c[UID_C].is_ok(), "{c:?}");
+    assert!(p.values().all(Result::is_ok), "{p:?}");
+    assert!(u.values().all(String::is_empty), "{u:?}");
+    r.stop().await;
 }
 
 #[tokio::test]

@@ -327,6 +327,12 @@ impl Driver {
         self.ledger().prepared.claims.keys().cloned().collect()
     }
 
+    #[cfg(test)]
+    /// UIDs of the claims a task works on now.
+    pub(crate) fn busy_claims(&self) -> Vec<String> {
+        self.ledger().busy.keys().cloned().collect()
+    }
+
     /// Prepare every claim; one outcome per claim UID.
     pub(crate) async fn prepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, ClaimOutcome> {
         let mut out = BTreeMap::new();
@@ -389,8 +395,11 @@ impl Driver {
     /// The state-changing part of a Prepare (see the module header for the order).
     async fn prepare_fetched(
         &self,
-        fetched: Vec<(ClaimRef, Result<ResourceClaim, String>)>,
+        mut fetched: Vec<(ClaimRef, Result<ResourceClaim, String>)>,
     ) -> BTreeMap<String, ClaimOutcome> {
+        // A task marks its claims busy one by one and may wait for one while holding the
+        // others: every task takes them in UID order, so no two wait on each other.
+        fetched.sort_by(|a, b| a.0.uid.cmp(&b.0.uid));
         let mut out = BTreeMap::new();
         let mut work = Vec::new();
         for (want, got) in fetched {
@@ -848,7 +857,12 @@ impl Driver {
         })
     }
 
-    async fn unprepare_owned(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
+    async fn unprepare_owned(
+        &self,
+        mut claims: Vec<ClaimRef>,
+    ) -> BTreeMap<String, Result<(), String>> {
+        // In UID order, as a Prepare takes them (see `prepare_fetched`).
+        claims.sort_by(|a, b| a.uid.cmp(&b.uid));
         let mut out = BTreeMap::new();
         // Mark each claim busy (after any task still on it) and take what memory knows.
         let mut mine: Vec<(ClaimRef, Option<PreparedClaim>)> = Vec::new();
