@@ -21,5 +21,6 @@ pub(crate) mod mps_shm;
 pub(crate) mod nvml;
 pub(crate) mod nvml_events;
 pub(crate) mod nvml_topology;
+pub(crate) mod prometheus;
 pub(crate) mod sim;
 pub(crate) mod usage;
