@@ -268,7 +268,7 @@ pub(crate) fn run(args: &AdviseArgs, out: &mut impl Write) -> Result<(), AdviseC
         write_file(p, text.as_bytes())?;
     }
     let advice = advise::advise(&export, &settings);
-    tracing::info!(
+    tracing::debug!(
         workloads = advice.workloads.len(),
         gpus_before = advice.gpus_before(),
         gpus_after = advice.gpus_after(),
