@@ -7,7 +7,7 @@
 //! pod (whole GPUs, as clusters run before sharing) but for one GPU in 16, left idle. Of the
 //! workloads, about one in 16 is a training job (2 or 4 GPUs per pod at 85–95 %, or one GPU
 //! busy), the rest inference deployments of 1–`max_pods` pods (peaks of 1–18 GiB, p95 compute
-//! 3–35 %), one in 10 of them bursty (p99 a third of the peak) and one in 40 seen for only a
+//! 8–45 %, means 55–80 % of it), one in 10 of them bursty (p99 a third of the peak) and one in 40 seen for only a
 //! few hours. Mean utilisation comes out near 25 %. Deterministic for a seed.
 
 use std::fmt::Write as _;
@@ -123,7 +123,7 @@ pub fn advise_fleet(gpus: usize, max_pods: usize, seed: u64) -> String {
             } else {
                 rng.range(1.0, 9.0)
             };
-            let p95 = rng.range(0.03, 0.35);
+            let p95 = rng.range(0.08, 0.45);
             let bursty = rng.below(10) == 0;
             let short = rng.below(40) == 0;
             for _ in 0..pods {
@@ -136,7 +136,7 @@ pub fn advise_fleet(gpus: usize, max_pods: usize, seed: u64) -> String {
                     peak * rng.range(0.85, 0.98)
                 };
                 let pod_p95 = p95 * rng.range(0.8, 1.0);
-                let mean = pod_p95 * rng.range(0.4, 0.7);
+                let mean = pod_p95 * rng.range(0.55, 0.8);
                 records.push((uuid.clone(), node, mean, pod_p95));
                 let _ = write!(
                     pod_json,

@@ -141,32 +141,34 @@ pub(crate) fn mig_parted(pools: &[Pool]) -> Option<String> {
     );
     for p in mig {
         let _ = writeln!(out, "  {}:", p.name);
+        let mut plain = Vec::new();
         for (shape, ix) in groups(&p.shapes) {
-            match shape {
-                GpuShape::Mig(names) => {
-                    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-                    for n in names {
-                        *counts.entry(n).or_default() += 1;
-                    }
-                    let devs: Vec<String> = counts
-                        .iter()
-                        .map(|(n, c)| format!("\"{n}\": {c}"))
-                        .collect();
-                    let _ = write!(
-                        out,
-                        "    - devices: {}\n      mig-enabled: true\n      mig-devices: {{{}}}\n",
-                        list(&ix),
-                        devs.join(", ")
-                    );
-                }
-                _ => {
-                    let _ = write!(
-                        out,
-                        "    - devices: {}\n      mig-enabled: false\n      mig-devices: {{}}\n",
-                        list(&ix)
-                    );
-                }
+            let GpuShape::Mig(names) = shape else {
+                plain.extend(ix);
+                continue;
+            };
+            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+            for n in names {
+                *counts.entry(n).or_default() += 1;
             }
+            let devs: Vec<String> = counts
+                .iter()
+                .map(|(n, c)| format!("\"{n}\": {c}"))
+                .collect();
+            let _ = write!(
+                out,
+                "    - devices: {}\n      mig-enabled: true\n      mig-devices: {{{}}}\n",
+                list(&ix),
+                devs.join(", ")
+            );
+        }
+        if !plain.is_empty() {
+            plain.sort_unstable();
+            let _ = write!(
+                out,
+                "    - devices: {}\n      mig-enabled: false\n      mig-devices: {{}}\n",
+                list(&plain)
+            );
         }
     }
     Some(out)
