@@ -5,6 +5,7 @@
 //! - the pure advice (classify, size, choose shares, pack, place) on about 10 000 workloads;
 //! - the gap to the lower bound on 64-GPU reference fleets (20 seeds; the CLI test's fixture
 //!   is seed 7).
+//!
 //! BENCH_QUICK=1 runs the binary once.
 
 use std::process::Command;

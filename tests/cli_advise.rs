@@ -2,7 +2,8 @@
 //! (`tests/fixtures/advise/fleet-64.json`, made by `gpu_slicer::bench::advise_fleet`), the
 //! plan, report and summary it writes; the same bytes twice; the plan accepted by the
 //! binary's own `inventory --config` (each pool config on a node of its model) and
-//! `mig apply --dry-run` (each layout); bad input exits 2 naming the file and field.
+//! `mig apply --dry-run` (each layout); bad input exits 2 naming the file and field; and the
+//! Prometheus path against a fake server speaking the HTTP API's JSON (dcgm-exporter series).
 
 mod common;
 
@@ -242,4 +243,157 @@ fn bad_input_exits_2_naming_the_file_and_field() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--memory-headroom"));
     let o = bin().args(["advise"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// Percent-decoding of a query parameter (what the client encodes).
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+            out.push(u8::from_str_radix(hex, 16).unwrap());
+            i += 3;
+        } else {
+            out.push(if b[i] == b'+' { b' ' } else { b[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// The answer of a fake Prometheus holding dcgm-exporter series of 8 H100s on 2 nodes, each
+/// held by one small inference pod: the instant-query JSON of the HTTP API.
+fn dcgm_answer(query: &str) -> String {
+    let gpu = |i: usize| format!("GPU-d0000000-0000-4000-8000-00000000000{i}");
+    let mut series = Vec::new();
+    for i in 0..8 {
+        let node = format!("node-{}", i / 4);
+        let pod = format!(
+            r#""UUID":"{}","namespace":"serving","pod":"chat-7d9f8b6c5d-{}","container":"server""#,
+            gpu(i),
+            [
+                "bcdfg", "hjklm", "npqrs", "tvwxz", "bbccd", "ffggh", "jjkkl", "mmnnp"
+            ][i]
+        );
+        let (labels, value) = if query.contains("DCGM_FI_DEV_FB_FREE") {
+            (
+                format!(
+                    r#""UUID":"{}","modelName":"NVIDIA H100 80GB HBM3","Hostname":"{node}""#,
+                    gpu(i)
+                ),
+                "81559".to_string(),
+            )
+        } else if query.starts_with("max by (UUID) (avg_over_time") {
+            (format!(r#""UUID":"{}""#, gpu(i)), "0.08".into())
+        } else if query.starts_with("max by (UUID) (quantile_over_time") {
+            (format!(r#""UUID":"{}""#, gpu(i)), "0.15".into())
+        } else if query.contains("max_over_time(timestamp") {
+            (pod, "1764600000".into())
+        } else if query.contains("min_over_time(timestamp") {
+            (pod, "1764000000".into())
+        } else if query.contains("quantile_over_time(0.99") {
+            (pod, "5000".into())
+        } else if query.contains("max_over_time(DCGM_FI_DEV_FB_USED") {
+            (pod, "5600".into())
+        } else if query.contains("quantile_over_time(0.95") {
+            (pod, "0.15".into())
+        } else if query.contains("avg_over_time") {
+            (pod, "0.08".into())
+        } else {
+            return r#"{"status":"error","errorType":"bad_data","error":"unknown query"}"#.into();
+        };
+        series.push(format!(
+            r#"{{"metric":{{{labels}}},"value":[1764600000,"{value}"]}}"#
+        ));
+    }
+    format!(
+        r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+        series.join(",")
+    )
+}
+
+#[test]
+fn advise_reads_dcgm_metrics_through_the_prometheus_http_api() {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut auth = String::new();
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
+                    break;
+                }
+                if h.to_ascii_lowercase().starts_with("authorization:") {
+                    auth = h.trim().to_string();
+                }
+            }
+            let target = line.split_whitespace().nth(1).unwrap_or("");
+            let query = target
+                .split_once("query=")
+                .map(|(_, q)| decode(q.split('&').next().unwrap_or("")))
+                .unwrap_or_default();
+            let _ = tx.send((target.to_string(), auth));
+            let body = dcgm_answer(&query);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let dir = temp_dir();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let o = bin()
+        .args([
+            "advise",
+            "--metrics",
+            "dcgm",
+            "--window",
+            "7d",
+            "--format",
+            "json",
+        ])
+        .arg("--prometheus")
+        .arg(format!("http://{addr}/"))
+        .arg("--bearer-token-file")
+        .arg(&token)
+        .arg("--save-export")
+        .arg(dir.path().join("export.json"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["source"], "dcgm");
+    assert_eq!(s["gpusBefore"], 8);
+    // Eight pods of 5.5 GiB peak and 15 % p95 compute: one workload, packed onto 2 GPUs
+    // (p95 summed per GPU at most 1).
+    assert_eq!(s["workloads"].as_array().unwrap().len(), 1);
+    assert_eq!(s["workloads"][0]["class"], "shared");
+    assert_eq!(s["workloads"][0]["peakMemoryBytes"], 5600u64 << 20);
+    assert_eq!(s["gpusAfter"], 2);
+    let requests: Vec<(String, String)> = rx.try_iter().collect();
+    assert!(requests.len() >= 9, "{requests:?}");
+    for (target, auth) in &requests {
+        assert!(target.starts_with("/api/v1/query?query="), "{target}");
+        assert_eq!(auth.to_ascii_lowercase(), "authorization: bearer s3cret");
+    }
+    // What it read, as an export `--from-file` takes.
+    let o = bin()
+        .args(["advise", "--format", "json", "--from-file"])
+        .arg(dir.path().join("export.json"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let again: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(again["gpusAfter"], s["gpusAfter"]);
 }

@@ -344,9 +344,9 @@ pub(crate) fn html(a: &Advice, s: &Summary) -> String {
     let mut h = String::from(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>gpu-slicer advise</title>\n<style>body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:left}th{background:#f0f0f0}.n{text-align:right}.warn{color:#a40}h2{margin-top:1.5em}</style></head><body>\n<h1>gpu-slicer advise</h1>\n",
     );
-    let _ = write!(
+    let _ = writeln!(
         h,
-        "<p>Source: {} metrics over {:.1} days; headroom {:.0} % over each peak.</p>\n",
+        "<p>Source: {} metrics over {:.1} days; headroom {:.0} % over each peak.</p>",
         esc(&s.source),
         s.window_seconds / 86400.0,
         a.settings.memory_headroom * 100.0
@@ -366,9 +366,9 @@ pub(crate) fn html(a: &Advice, s: &Summary) -> String {
         if s.exact { " (packed exactly)" } else { "" }
     );
     if let (Some(m), Some(p)) = (s.savings_per_month, a.settings.gpu_hour_price) {
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<tr><td>saved per month at {p} per GPU-hour</td><td></td><td class=\"n\">{m:.0}</td></tr>\n"
+            "<tr><td>saved per month at {p} per GPU-hour</td><td></td><td class=\"n\">{m:.0}</td></tr>"
         );
     }
     h.push_str("</table>\n");
@@ -466,9 +466,9 @@ pub(crate) fn html(a: &Advice, s: &Summary) -> String {
         let gw = w.grant_memory_bytes as f64 * scale;
         let pw = w.peak_memory_bytes as f64 * scale;
         let p99 = w.p99_memory_bytes as f64 * scale;
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<tr><td>{}/{}</td><td>{}</td><td>{}</td><td class=\"n\">{:.1} GiB</td><td class=\"n\">{:.1} GiB</td><td class=\"n\">{:.1} GiB</td><td><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"164\" height=\"14\" viewBox=\"0 0 164 14\"><rect x=\"0\" y=\"1\" width=\"{gw:.1}\" height=\"12\" fill=\"#cfe0f5\"/><rect x=\"0\" y=\"4\" width=\"{pw:.1}\" height=\"6\" fill=\"#27548a\"/><line x1=\"{p99:.1}\" y1=\"0\" x2=\"{p99:.1}\" y2=\"14\" stroke=\"#c33\" stroke-width=\"2\"/></svg></td><td>{}</td></tr>\n",
+            "<tr><td>{}/{}</td><td>{}</td><td>{}</td><td class=\"n\">{:.1} GiB</td><td class=\"n\">{:.1} GiB</td><td class=\"n\">{:.1} GiB</td><td><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"164\" height=\"14\" viewBox=\"0 0 164 14\"><rect x=\"0\" y=\"1\" width=\"{gw:.1}\" height=\"12\" fill=\"#cfe0f5\"/><rect x=\"0\" y=\"4\" width=\"{pw:.1}\" height=\"6\" fill=\"#27548a\"/><line x1=\"{p99:.1}\" y1=\"0\" x2=\"{p99:.1}\" y2=\"14\" stroke=\"#c33\" stroke-width=\"2\"/></svg></td><td>{}</td></tr>",
             esc(&w.namespace),
             esc(&w.name),
             w.class.as_str(),
