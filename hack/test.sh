@@ -14,6 +14,8 @@ cargo build --workspace --lib --bins --tests --quiet
 export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/debug/libnvidia_ml.so \
   FAKE_CUDA_LIB=$PWD/target/debug/libcuda.so FAKE_SMI_BIN=$PWD/target/debug/fake-nvidia-smi
 hack/validate-manifests.sh
+# `advise --prometheus` on a real Prometheus, both metric families (README "How many GPUs…").
+hack/advise-e2e.sh "$GPU_SLICER_BIN"
 if [ -x hack/e2e-podman.sh ]; then
   hack/e2e-podman.sh
 fi

@@ -178,12 +178,18 @@ pub(crate) fn queries(
 }
 
 /// The product of a GPU known only by its memory (gpu-slicer's metrics carry no product
-/// name): the MIG product within 2 % of it, else `GPU <n> GiB`.
+/// name): the MIG product closest to it within 2 % (H100 80GB reports 81559 MiB, A100 80GB
+/// 81920), else `GPU <n> GiB`.
 pub(crate) fn model_from_memory(bytes: u64) -> String {
     let mib = bytes as f64 / (1u64 << 20) as f64;
     node_spec::PRODUCTS
         .iter()
-        .find(|p| (p.memory_mib as f64 - mib).abs() <= p.memory_mib as f64 * 0.02)
+        .filter(|p| (p.memory_mib as f64 - mib).abs() <= p.memory_mib as f64 * 0.02)
+        .min_by(|a, b| {
+            (a.memory_mib as f64 - mib)
+                .abs()
+                .total_cmp(&(b.memory_mib as f64 - mib).abs())
+        })
         .map(|p| match p.name {
             "A100-80GB" => "NVIDIA A100-SXM4-80GB".to_string(),
             "A100-40GB" => "NVIDIA A100-SXM4-40GB".to_string(),

@@ -415,4 +415,11 @@ fn promql_answers_assemble_into_an_export() {
     assert_eq!(e.pods[0].history_seconds, 90000.0);
     assert_eq!(e.pods[0].compute.p95, 0.3);
     assert_eq!(e.pods[0].gpus, ["GPU-1"]);
+    // gpu-slicer's series carry no product name: the closest product by memory.
+    assert_eq!(super::promql::model_from_memory(H100_BYTES), H100);
+    assert_eq!(
+        super::promql::model_from_memory(81920 << 20),
+        "NVIDIA A100-SXM4-80GB"
+    );
+    assert_eq!(super::promql::model_from_memory(L4_BYTES), "GPU 22 GiB");
 }
