@@ -423,3 +423,66 @@ fn promql_answers_assemble_into_an_export() {
     );
     assert_eq!(super::promql::model_from_memory(L4_BYTES), "GPU 22 GiB");
 }
+
+#[test]
+fn every_packed_gpu_holds_what_it_is_given_on_synthetic_fleets() {
+    for seed in 1..=6 {
+        let text = crate::bench::advise_fleet(64, 4, seed);
+        let e = Export::parse(&text, "synthetic").unwrap();
+        let a = advise(&e, &Settings::default());
+        let mut placed = vec![0usize; a.workloads.len()];
+        for m in &a.models {
+            let model = Model::new(&m.model, m.memory_bytes);
+            for b in &m.bins {
+                let p95: f64 = b
+                    .workloads
+                    .iter()
+                    .map(|&w| a.workloads[w].compute_p95)
+                    .sum();
+                match &b.shape {
+                    GpuShape::Whole => assert_eq!(b.workloads.len(), 1),
+                    GpuShape::Replicas {
+                        replicas,
+                        memory_bytes,
+                    } => {
+                        assert!(b.workloads.len() as u64 <= *replicas, "seed {seed}: {b:?}");
+                        assert!(p95 <= 1.0 + 1e-9, "seed {seed}: {b:?}");
+                        assert!(replicas * memory_bytes <= m.memory_bytes);
+                        for &w in &b.workloads {
+                            let need = grant_bytes(&a.workloads[w], 0.15);
+                            assert!(
+                                *memory_bytes >= need,
+                                "seed {seed}: {w} {need} > {memory_bytes}"
+                            );
+                        }
+                    }
+                    GpuShape::Mig(names) => {
+                        assert!(p95 <= 1.0 + 1e-9, "seed {seed}: {b:?}");
+                        let product = model.product.unwrap();
+                        let profiles: Vec<_> = names
+                            .iter()
+                            .map(|n| node_spec::gi_profile(&m.model, n).unwrap())
+                            .collect();
+                        assert!(node_spec::search_placements(product, &profiles, &[]).is_some());
+                    }
+                }
+                for &w in &b.workloads {
+                    placed[w] += 1;
+                }
+            }
+        }
+        for (i, w) in a.workloads.iter().enumerate() {
+            assert_eq!(
+                placed[i],
+                w.pods * a.grants[i].resource.1,
+                "seed {seed}: {}",
+                w.name
+            );
+        }
+        assert_eq!(a.fleet.unplaced, 0);
+        for n in &a.fleet.nodes {
+            assert!(n.used <= n.gpus);
+        }
+        assert!(a.lower_bound() <= a.gpus_after() && a.gpus_after() < a.gpus_before());
+    }
+}
