@@ -16,6 +16,8 @@ export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/deb
 hack/validate-manifests.sh
 # `advise --prometheus` on a real Prometheus, both metric families (README "How many GPUs…").
 hack/advise-e2e.sh "$GPU_SLICER_BIN"
+# The advise report in headless Chromium; the screenshot stays as target/advise-report.png.
+hack/advise-report.sh "$GPU_SLICER_BIN"
 if [ -x hack/e2e-podman.sh ]; then
   hack/e2e-podman.sh
 fi

@@ -373,7 +373,7 @@ pub(crate) fn html(a: &Advice, s: &Summary) -> String {
     }
     h.push_str("</table>\n");
 
-    h.push_str("<h2>Utilisation per GPU, before</h2>\n<p>One square per GPU, by node; grey-blue is idle, orange busy; outlined-free GPUs held by no pod are pale.</p>\n");
+    h.push_str("<h2>Utilisation per GPU, before</h2>\n<p>One square per GPU, by node; grey-blue is idle, orange busy; GPUs held by no pod are pale.</p>\n");
     let before: Vec<(String, String)> = a
         .gpus_before
         .iter()
