@@ -34,7 +34,7 @@ cd "$(dirname "$0")/.."
 wd=$(mktemp -d /tmp/gs-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$wd"' EXIT
 
-benches=(cdi plugin socket reload health scaling usage topology dra dra_claims)
+benches=(cdi plugin socket reload health scaling usage topology dra dra_claims advise)
 starts=5
 if [ -n "${BENCH_QUICK:-}" ]; then
   benches=(socket topology dra)

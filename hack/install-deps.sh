@@ -11,7 +11,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=$repo/.venv
 
-apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3 python3-venv tmux)
+apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3 python3-venv tmux chromium)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

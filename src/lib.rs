@@ -43,6 +43,9 @@
 //!   per-claim CDI specs), [`runtime::dra`] (registration, DRAPlugin v1/v1beta1, health
 //!   stream) over [`platform::dra_state`] (checkpoint, claim specs); `gpu-slicer dra slices`
 //!   in [`cli::dra`].
+//! - Advise: [`domain::advise`] (usage export, workloads and classes, shares, packing, the
+//!   plan as code, summary and HTML report, the PromQL), [`platform::prometheus`] (the HTTP
+//!   API client), `gpu-slicer advise` in [`cli::advise`].
 //! - MIG layouts as code: [`domain::miglayout`] (mig-parted files, selection, step planner),
 //!   [`platform::mig`] (GPU/compute instances through NVML, rollback), [`runtime::miglayout`]
 //!   (live repartitioning of idle GPUs), `gpu-slicer mig apply` in [`cli::mig`].
@@ -58,7 +61,7 @@
 //! `bench::Format`), `ContainerAllocation::cdi_devices` and `testkit::Node::run`, written in
 //! `cli::run`. What is reachable from outside the crate is what the binary, the
 //! integration tests (`tests/`), the benches (`benches/`) and the fuzz targets (`fuzz/`)
-//! use, and nothing else (`unreachable_pub` is clean): **68 items**, counting the four
+//! use, and nothing else (`unreachable_pub` is clean): **71 items**, counting the four
 //! modules and every type a public signature names (the generated proto messages and
 //! clients, and methods and fields, not counted).
 //!
@@ -67,7 +70,7 @@
 //! | [`main`] | the binary: `src/main.rs` is `gpu_slicer::main()` | 1 |
 //! | [`fuzz`] + `cdi_spec`, `config_parse`, `event_line`, `kubelet_usage`, `mig_parted`, `node_file`, `oci_state_cgroup` | one per cargo-fuzz target (`fuzz/fuzz_targets/<name>.rs`) | 8 |
 //! | [`proto`] + `deviceplugin`, `HEALTHY` | the kubelet's device-plugin API: bench `socket` (a client of its own), test `http_flood` | 3 |
-//! | [`bench`] + 9 | the benches' in-process hot paths (`Served`, `cdi_spec` with `Format`, `nvml_discovery`, `driver_discovery`, `dra_slices`, `DraPrepare`, `DraDriver`, `Usage`; which bench uses which: its doc) | 10 |
+//! | [`bench`] + 12 | the benches' in-process hot paths (`Served`, `cdi_spec` with `Format`, `nvml_discovery`, `driver_discovery`, `dra_slices`, `DraPrepare`, `DraDriver`, `Usage`, `advise_fleet`, `advise_pack` with `AdvisePacking`; which bench uses which: its doc) | 13 |
 //! | [`testkit`] + 45 | tests and benches, flat names (its modules are private): | 46 |
 //!
 //! The testkit's 45, by what they serve:

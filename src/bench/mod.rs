@@ -12,13 +12,16 @@
 //!   ([`DraPrepare`]) and through the kubelet's socket ([`DraDriver`]) (bench `dra`), and
 //!   under a kubelet's load: batches, concurrent clients, slow claim reads ([`DraClaims`],
 //!   bench `dra_claims`);
-//! - a usage round as the sampler runs it: [`Usage`] (bench `usage`).
+//! - a usage round as the sampler runs it: [`Usage`] (bench `usage`);
+//! - `advise` on a synthetic fleet: [`advise_fleet`] (the export), [`advise_pack`] (the pure
+//!   advice timed, [`AdvisePacking`]) (bench `advise`, test `cli_advise`).
 //!
 //! Where what a call makes is large (a spec, an inventory, slices), the call reads the clock
 //! itself and returns the time with the figures the bench prints, so that freeing it stays
 //! outside the figure as it always was. Set-up failures panic: this is bench support, like
 //! [`crate::testkit`].
 
+mod advise;
 mod cdi;
 mod discovery;
 mod dra;
@@ -26,6 +29,7 @@ mod dra_claims;
 mod served;
 mod usage;
 
+pub use advise::{AdvisePacking, advise_fleet, advise_pack};
 pub use cdi::cdi_spec;
 pub use discovery::{driver_discovery, nvml_discovery};
 pub use dra::{DraDriver, DraPrepare, dra_slices};

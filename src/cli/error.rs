@@ -62,6 +62,9 @@ pub(crate) enum Error {
     /// DRA driver name, node name or claim handling.
     #[error(transparent)]
     Dra(#[from] crate::domain::dra::DraError),
+    /// `gpu-slicer advise`.
+    #[error(transparent)]
+    Advise(#[from] crate::cli::advise::AdviseCliError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -161,6 +164,8 @@ impl Error {
             Error::Top(crate::cli::top::TopError::Endpoint { .. }) => Class::Input,
             Error::Top(_) => Class::Runtime,
             Error::Mig(e) => mig(e),
+            Error::Advise(e) if e.is_input() => Class::Input,
+            Error::Advise(_) => Class::Runtime,
             Error::Driver(crate::platform::driver::DriverError::Io { .. }) => Class::Runtime,
             Error::Driver(_) => Class::Input,
             Error::Labels(crate::platform::labels_file::LabelsFileError::NotAFilePath {

@@ -1,6 +1,7 @@
 //! The command-line layer: clap types ([`args`], the only clap user) and one module per
 //! subcommand, each turning arguments into settings and calling the library.
 
+pub(crate) mod advise;
 pub(crate) mod args;
 pub(crate) mod backend;
 pub(crate) mod cdi;
@@ -87,6 +88,8 @@ pub(crate) enum Command {
     Dra(dra::DraCommand),
     /// A terminal view of the node's usage, read from the daemon's `/v1/state`.
     Top(top::TopArgs),
+    /// Turn measured usage (Prometheus or an export) into a partitioning plan as code and a report.
+    Advise(Box<advise::AdviseArgs>),
     /// Test support: the API-server and kubelet DRA emulators, driven from stdin.
     #[command(hide = true)]
     Emulate(emulate::EmulateArgs),
@@ -123,6 +126,7 @@ pub(crate) fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Demo => block_on(demo::demo(&mut stdout)),
         Command::Top(args) => Ok(top::run(args, &mut stdout)?),
         Command::Dra(cmd) => dra::run(cmd, &mut stdout),
+        Command::Advise(args) => Ok(advise::run(args, &mut stdout)?),
         Command::Emulate(args) => block_on(emulate::emulate(args, &mut stdout)),
     }?;
     stdout.flush()?;

@@ -2,6 +2,7 @@
 //! tokio, tonic, hyper, notify or clap; the runtime and the platform layers feed it values and
 //! act on what it returns.
 
+pub(crate) mod advise;
 pub(crate) mod allocate;
 pub(crate) mod cdi;
 pub(crate) mod cdi_kind;

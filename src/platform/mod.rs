@@ -21,6 +21,7 @@ pub(crate) mod mps_shm;
 pub(crate) mod nvml;
 pub(crate) mod nvml_events;
 pub(crate) mod nvml_topology;
+pub(crate) mod prometheus;
 pub(crate) mod sim;
 pub(crate) mod uds_authority;
 pub(crate) mod usage;
