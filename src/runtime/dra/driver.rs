@@ -327,6 +327,13 @@ impl Driver {
         self.ledger().prepared.claims.keys().cloned().collect()
     }
 
+    /// How many claims are prepared (checkpointed), and how many devices they hold.
+    pub(crate) fn prepared_totals(&self) -> (usize, usize) {
+        let ledger = self.ledger();
+        let claims = &ledger.prepared.claims;
+        (claims.len(), claims.values().map(|c| c.devices.len()).sum())
+    }
+
     #[cfg(test)]
     /// UIDs of the claims a task works on now.
     pub(crate) fn busy_claims(&self) -> Vec<String> {

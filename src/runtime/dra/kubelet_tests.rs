@@ -427,3 +427,49 @@ async fn a_removed_registration_socket_is_served_again_and_registers_anew() {
     assert_eq!(back.info.name, DRIVER);
     r.stop().await;
 }
+
+/// The DRA families are in the first scrape (zero), and then follow the calls: each call's
+/// duration by outcome, and the prepared claims and devices after it.
+#[tokio::test]
+async fn prepare_and_unprepare_are_timed_by_outcome_and_the_prepared_counted() {
+    let fresh = crate::runtime::metrics::Metrics::new().encode_prometheus();
+    for line in [
+        "gpu_slicer_dra_prepare_duration_seconds_count{outcome=\"ok\"} 0",
+        "gpu_slicer_dra_prepare_duration_seconds_count{outcome=\"failed\"} 0",
+        "gpu_slicer_dra_unprepare_duration_seconds_count{outcome=\"ok\"} 0",
+        "gpu_slicer_dra_prepared_claims 0",
+        "gpu_slicer_dra_prepared_devices 0",
+    ] {
+        assert!(fresh.contains(line), "{line} not in\n{fresh}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::new();
+    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
+    claims.put(claim_json("b", UID_B, "gpu-2", "node-a"));
+    let r = run(dir.path(), store(), claims.clone()).await;
+    let kubelet = register(&reg_socket(dir.path())).await.unwrap();
+    let scrape = || r.metrics.encode_prometheus();
+    assert!(kubelet.prepare(&[k("a", UID_A)], None).await.unwrap()[UID_A].is_ok());
+    // gpu-2 is taken: refused, and the call counts as failed.
+    assert!(kubelet.prepare(&[k("b", UID_B)], None).await.unwrap()[UID_B].is_err());
+    let text = scrape();
+    for line in [
+        "gpu_slicer_dra_prepare_duration_seconds_count{outcome=\"ok\"} 1",
+        "gpu_slicer_dra_prepare_duration_seconds_count{outcome=\"failed\"} 1",
+        "gpu_slicer_dra_prepared_claims 1",
+        "gpu_slicer_dra_prepared_devices 1",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+    let done = kubelet.unprepare(&[k("a", UID_A)]).await.unwrap();
+    assert_eq!(done[UID_A], "");
+    let text = scrape();
+    for line in [
+        "gpu_slicer_dra_unprepare_duration_seconds_count{outcome=\"ok\"} 1",
+        "gpu_slicer_dra_prepared_claims 0",
+        "gpu_slicer_dra_prepared_devices 0",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+    r.stop().await;
+}

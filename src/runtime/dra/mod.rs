@@ -135,7 +135,7 @@ async fn start(
     settings: DraSettings,
     store: Store,
     claims: Arc<dyn ClaimSource>,
-    metrics: &crate::runtime::metrics::Metrics,
+    metrics: &Arc<crate::runtime::metrics::Metrics>,
     tracker: &TaskTracker,
     stop: CancellationToken,
 ) -> Result<DraExposed, DraRuntimeError> {
@@ -165,6 +165,8 @@ async fn start(
         settings.extras.clone(),
     );
     driver.write_status_with(queue);
+    let (claims_now, devices_now) = driver.prepared_totals();
+    metrics.set_dra_prepared(claims_now, devices_now);
     // A stop waits for the Prepares and Unprepares under way (they outlive their RPCs) and
     // never cuts one in half; each is bounded by its file writes and MIG calls.
     let (tasks, tasks_stop) = (driver.tasks().clone(), stop.clone());
@@ -177,10 +179,16 @@ async fn start(
     let listener = bind(&service_path)?;
     let router = tonic::transport::Server::builder()
         .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
-            service::DraV1(driver.clone()),
+            service::DraV1 {
+                driver: driver.clone(),
+                metrics: metrics.clone(),
+            },
         ))
         .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
-            service::DraV1beta1(driver.clone()),
+            service::DraV1beta1 {
+                driver: driver.clone(),
+                metrics: metrics.clone(),
+            },
         ))
         .add_service(
             drahealth_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(

@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_stream::Stream;
@@ -21,6 +21,7 @@ use crate::platform::dra_state::PreparedDevice;
 use crate::proto::{
     dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration as reg,
 };
+use crate::runtime::metrics::Metrics;
 use crate::state::Snapshot;
 
 /// The health stream resends the full list at least this often (the kubelet marks devices
@@ -40,7 +41,10 @@ macro_rules! dra_service {
     ($svc:ident, $pb:ident, $device:path) => {
         /// `DRAPlugin` of one API version.
         #[derive(Debug, Clone)]
-        pub(crate) struct $svc(pub(crate) Driver);
+        pub(crate) struct $svc {
+            pub(crate) driver: Driver,
+            pub(crate) metrics: Arc<Metrics>,
+        }
 
         #[tonic::async_trait]
         impl $pb::dra_plugin_server::DraPlugin for $svc {
@@ -55,7 +59,15 @@ macro_rules! dra_service {
                         .into_iter()
                         .map(|c| (c.namespace, c.uid, c.name)),
                 );
-                let outcomes = self.0.prepare(&claims).await;
+                let started = Instant::now();
+                let outcomes = self.driver.prepare(&claims).await;
+                record(
+                    &self.metrics,
+                    &self.driver,
+                    true,
+                    started,
+                    outcomes.values().all(Result::is_ok),
+                );
                 let claims = outcomes
                     .into_iter()
                     .map(|(uid, o)| {
@@ -86,10 +98,16 @@ macro_rules! dra_service {
                         .into_iter()
                         .map(|c| (c.namespace, c.uid, c.name)),
                 );
-                let claims = self
-                    .0
-                    .unprepare(&claims)
-                    .await
+                let started = Instant::now();
+                let outcomes = self.driver.unprepare(&claims).await;
+                record(
+                    &self.metrics,
+                    &self.driver,
+                    false,
+                    started,
+                    outcomes.values().all(Result::is_ok),
+                );
+                let claims = outcomes
                     .into_iter()
                     .map(|(uid, r)| {
                         let error = r.err().unwrap_or_default();
@@ -102,6 +120,13 @@ macro_rules! dra_service {
             }
         }
     };
+}
+
+/// A call's duration and outcome, and the prepared totals after it.
+fn record(metrics: &Metrics, driver: &Driver, prepare: bool, started: Instant, ok: bool) {
+    metrics.record_dra_call(prepare, started.elapsed(), ok);
+    let (claims, devices) = driver.prepared_totals();
+    metrics.set_dra_prepared(claims, devices);
 }
 
 dra_service!(DraV1, dra_v1, v1_device);
