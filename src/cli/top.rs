@@ -9,10 +9,6 @@
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
-
 use crate::domain::usage::{ShareReport, UsageReport};
 
 /// Largest `/v1/state` document accepted.
@@ -76,42 +72,23 @@ async fn fetch(addr: &str, url: &str) -> Result<UsageReport, TopError> {
         url: url.to_string(),
         why,
     };
-    let work = async {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        // The connection future ends when the exchange is done (or fails, which the
-        // request then reports).
-        let driver = tokio::spawn(conn);
-        let req = hyper::Request::get(crate::runtime::http::STATE_PATH)
-            .header(hyper::header::HOST, addr)
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| fail(e.to_string()))?;
-        let resp = send
-            .send_request(req)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| fail(e.to_string()))?
-            .to_bytes();
-        driver.abort();
-        if !status.is_success() {
-            return Err(fail(format!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&body).trim()
-            )));
-        }
-        serde_json::from_slice(&body).map_err(|e| fail(format!("not a state document: {e}")))
-    };
-    tokio::time::timeout(FETCH_TIMEOUT, work)
-        .await
-        .map_err(|_| fail(format!("no answer within {FETCH_TIMEOUT:?}")))?
+    let answer = crate::platform::http_get::get(
+        addr,
+        crate::runtime::http::STATE_PATH,
+        None,
+        MAX_BODY,
+        FETCH_TIMEOUT,
+    )
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    if !answer.status.is_success() {
+        return Err(fail(format!(
+            "HTTP {}: {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body).trim()
+        )));
+    }
+    serde_json::from_slice(&answer.body).map_err(|e| fail(format!("not a state document: {e}")))
 }
 
 /// Human bytes: binary units, one decimal.

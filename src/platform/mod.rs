@@ -14,6 +14,7 @@ pub(crate) mod driver;
 pub(crate) mod enforce;
 pub(crate) mod fleet_state;
 pub(crate) mod fswatch;
+pub(crate) mod http_get;
 pub(crate) mod kube;
 pub(crate) mod labels_file;
 pub(crate) mod mig;

@@ -1,14 +1,11 @@
 //! A Prometheus HTTP API client for `advise --prometheus`: instant queries
-//! (`GET /api/v1/query`) over plain `http://` with hyper's client connection, an optional
+//! (`GET /api/v1/query`) over plain `http://` through [`super::http_get`], with an optional
 //! bearer token, a size cap and a deadline per query. The queries and what their answers
 //! mean are `domain::advise::promql`'s; this module only moves them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 
 use crate::domain::advise::promql::Sample;
@@ -151,48 +148,21 @@ pub(crate) async fn query(
     if let Some(t) = time {
         path.push_str(&format!("&time={t}"));
     }
-    let work = async {
-        let stream = tokio::net::TcpStream::connect(&ep.authority)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        // The connection future ends with the exchange; a failure shows in the request.
-        let driver = tokio::spawn(conn);
-        let mut req = hyper::Request::get(path.as_str()).header(hyper::header::HOST, &ep.authority);
-        if let Some(t) = &ep.token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let req = req
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| fail(e.to_string()))?;
-        let resp = send
-            .send_request(req)
-            .await
-            .map_err(|e| fail(e.to_string()));
-        let result = async {
-            let resp = resp?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_BODY)
-                .collect()
-                .await
-                .map_err(|e| fail(e.to_string()))?
-                .to_bytes();
-            if !status.is_success() {
-                // The API explains a bad query in its JSON error.
-                let why = parse_answer(&body).err().unwrap_or_default();
-                return Err(fail(format!("HTTP {status}: {why}")));
-            }
-            parse_answer(&body).map_err(fail)
-        }
-        .await;
-        driver.abort();
-        result
-    };
-    tokio::time::timeout(ep.timeout, work)
-        .await
-        .map_err(|_| fail(format!("no answer within {:?}", ep.timeout)))?
+    let answer = super::http_get::get(
+        &ep.authority,
+        &path,
+        ep.token.as_deref(),
+        MAX_BODY,
+        ep.timeout,
+    )
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    if !answer.status.is_success() {
+        // The API explains a bad query in its JSON error.
+        let why = parse_answer(&answer.body).err().unwrap_or_default();
+        return Err(fail(format!("HTTP {}: {why}", answer.status)));
+    }
+    parse_answer(&answer.body).map_err(fail)
 }
 
 #[cfg(test)]
