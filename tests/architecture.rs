@@ -178,6 +178,27 @@ fn each_layer_names_only_the_layers_below_it() {
     assert!(wrong.is_empty(), "imports against the layering: {wrong:#?}");
 }
 
+/// The two front-ends are peers: neither names the other (what they share, the socket
+/// lifecycle, is `runtime::socket`), so a third front-end needs neither.
+#[test]
+fn the_front_ends_name_nothing_of_each_other() {
+    let edges = graph();
+    let (plugin, dra) = (
+        vec!["runtime".to_string(), "plugin".to_string()],
+        vec!["runtime".to_string(), "dra".to_string()],
+    );
+    for (from, to) in [(&plugin, &dra), (&dra, &plugin)] {
+        assert!(
+            !edges.get(from).is_some_and(|t| t.contains(to)),
+            "{} names {}",
+            from.join("::"),
+            to.join("::")
+        );
+    }
+    // The check sees real edges: the DRA front-end does name the socket module.
+    assert!(edges[&dra].contains(&vec!["runtime".to_string(), "socket".to_string()]));
+}
+
 #[test]
 fn no_two_modules_depend_on_each_other() {
     let edges = graph();

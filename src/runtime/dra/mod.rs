@@ -31,7 +31,7 @@ pub(crate) use driver::{Driver, DriverExtras};
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
 use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};
-use crate::runtime::plugin::{PluginError, bind};
+use crate::runtime::socket::{SocketError, bind};
 use crate::state::Store;
 
 /// Errors starting the DRA driver.
@@ -39,7 +39,7 @@ use crate::state::Store;
 pub(crate) enum DraRuntimeError {
     /// A socket could not be bound.
     #[error(transparent)]
-    Socket(#[from] PluginError),
+    Socket(#[from] SocketError),
     /// The checkpoint could not be read or kept aside.
     #[error(transparent)]
     State(#[from] crate::platform::dra_state::DraStateError),
@@ -212,14 +212,14 @@ async fn start(
     tracker.spawn(async move {
         let served = router
             .serve_with_incoming_shutdown(
-                crate::platform::uds_authority::incoming(listener),
+                crate::runtime::socket::incoming(listener),
                 service_stop.cancelled(),
             )
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "DRA service failed");
         }
-        crate::runtime::plugin::remove_socket(&service_path).ok();
+        crate::runtime::socket::remove(&service_path).ok();
     });
     let (status, registration) = watch::channel(None);
     let registrar = service::Registrar {
@@ -377,7 +377,7 @@ async fn registration_loop(
                 pluginregistration::registration_server::RegistrationServer::new(registrar.clone()),
             )
             .serve_with_incoming_shutdown(
-                crate::platform::uds_authority::incoming(l),
+                crate::runtime::socket::incoming(l),
                 gone.clone().cancelled_owned(),
             );
         let watch_path = path.clone();
@@ -407,7 +407,7 @@ async fn registration_loop(
             }
         }
     }
-    crate::runtime::plugin::remove_socket(&path).ok();
+    crate::runtime::socket::remove(&path).ok();
 }
 
 #[cfg(test)]

@@ -17,12 +17,10 @@ pub(crate) mod registration;
 pub(crate) mod service;
 pub(crate) mod watch;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -36,9 +34,6 @@ pub(crate) use registration::Backoff;
 pub(crate) use service::{GENERATION_ANNOTATION, MAX_STREAMS_PER_RESOURCE};
 pub(crate) use watch::{KubeletWatch, WatchError};
 
-/// Longest unix socket path (`sun_path` is 108 bytes including the terminator).
-pub(crate) const MAX_SOCKET_PATH: usize = 107;
-
 /// How long a stopping server may take to close its connections.
 const SERVER_STOP_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -48,19 +43,9 @@ pub(crate) enum PluginError {
     /// The resource is not in the plan being served.
     #[error("resource {0} is not in the plan")]
     UnknownResource(String),
-    /// The socket path does not fit in `sun_path`.
-    #[error(
-        "socket path {path} is {len} bytes, longer than the {MAX_SOCKET_PATH} a unix socket allows"
-    )]
-    PathTooLong { path: String, len: usize },
-    /// Socket directory, stale socket removal, bind or chmod failed.
-    #[error("cannot {action} {path}: {source}")]
-    Socket {
-        action: &'static str,
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Its socket could not be served.
+    #[error(transparent)]
+    Socket(#[from] crate::runtime::socket::SocketError),
 }
 
 /// The socket file name of a resource.
@@ -77,41 +62,6 @@ pub(crate) struct PluginSettings {
     pub(crate) kubelet_socket: PathBuf,
     /// Registration retry timing.
     pub(crate) backoff: Backoff,
-}
-
-/// Bind a resource's socket: create the directory, remove a stale socket, bind, restrict
-/// the mode to 0600 (only the kubelet, running as root, needs to connect).
-pub(crate) fn bind(path: &Path) -> Result<UnixListener, PluginError> {
-    let shown = || path.display().to_string();
-    let len = path.as_os_str().len();
-    if len > MAX_SOCKET_PATH {
-        return Err(PluginError::PathTooLong { path: shown(), len });
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| PluginError::Socket {
-            action: "create directory for",
-            path: shown(),
-            source,
-        })?;
-    }
-    remove_socket(path).map_err(|source| PluginError::Socket {
-        action: "remove stale socket",
-        path: shown(),
-        source,
-    })?;
-    let listener = UnixListener::bind(path).map_err(|source| PluginError::Socket {
-        action: "bind",
-        path: shown(),
-        source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
-        PluginError::Socket {
-            action: "chmod",
-            path: shown(),
-            source,
-        }
-    })?;
-    Ok(listener)
 }
 
 /// Remove sockets of ours (`gpu-slicer-*.sock`) in `dir` that serve none of `resources`:
@@ -133,7 +83,7 @@ pub(crate) fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<Stri
         if !ours || !is_socket || wanted.contains(&name) {
             continue;
         }
-        match remove_socket(&entry.path()) {
+        match crate::runtime::socket::remove(&entry.path()) {
             Ok(()) => removed.push(name),
             Err(e) => {
                 tracing::warn!(socket = %entry.path().display(), error = %e, "cannot remove stale socket")
@@ -142,14 +92,6 @@ pub(crate) fn remove_stale_sockets(dir: &Path, resources: &[String]) -> Vec<Stri
     }
     removed.sort();
     removed
-}
-
-/// Remove a socket file; it being gone already (the kubelet deletes sockets) is fine.
-pub(crate) fn remove_socket(path: &Path) -> std::io::Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
 }
 
 /// What the plugin manager is handed by the supervisor: the kubelet watch, the
@@ -286,7 +228,7 @@ pub(crate) async fn run_resource(
     }
     loop {
         let instance = token.child_token();
-        let listener = bind(&path)?;
+        let listener = crate::runtime::socket::bind(&path)?;
         let service = service::DevicePluginService::new(
             &resource,
             ctx.store.clone(),
@@ -300,7 +242,7 @@ pub(crate) async fn run_resource(
         let mut server = ctx.tracker.spawn(async move {
             let served = tonic::transport::Server::builder()
                 .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(crate::platform::uds_authority::incoming(listener), stop)
+                .serve_with_incoming_shutdown(crate::runtime::socket::incoming(listener), stop)
                 .await;
             if let Err(e) = served {
                 tracing::error!(resource = %server_resource, error = %e, "device plugin server failed");
@@ -337,7 +279,7 @@ pub(crate) async fn run_resource(
             tracing::warn!(resource = %resource, "server did not stop in time; aborting it");
             server.abort();
         }
-        if let Err(e) = remove_socket(&path) {
+        if let Err(e) = crate::runtime::socket::remove(&path) {
             tracing::warn!(resource = %resource, socket = %path.display(), error = %e, "cannot remove socket");
         }
         if !restart {
@@ -397,28 +339,6 @@ mod tests {
             .find(|d| d.id == GPU2)
             .expect("listed again");
         assert_eq!(gpu2.health, crate::proto::UNHEALTHY, "the XID stays");
-    }
-
-    #[tokio::test]
-    async fn bind_refuses_paths_longer_than_sun_path() {
-        let long = PathBuf::from(format!("/tmp/{}/x.sock", "d".repeat(110)));
-        assert!(matches!(bind(&long), Err(PluginError::PathTooLong { .. })));
-    }
-
-    #[tokio::test]
-    async fn bind_replaces_a_stale_socket_with_mode_0600() {
-        let dir = tempfile::Builder::new()
-            .prefix("gsp")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        let path = dir.path().join("s.sock");
-        let stale = std::os::unix::net::UnixListener::bind(&path).expect("stale");
-        drop(stale);
-        let _listener = bind(&path).expect("bind over stale socket");
-        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        remove_socket(&path).expect("remove");
-        remove_socket(&path).expect("already gone is fine");
     }
 }
 

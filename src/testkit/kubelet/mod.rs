@@ -454,7 +454,7 @@ impl KubeletEmulator {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_socket()) {
                 let path = entry.path();
-                if let Err(source) = crate::runtime::plugin::remove_socket(&path) {
+                if let Err(source) = crate::runtime::socket::remove(&path) {
                     return Err(EmulatorError::Io {
                         action: "remove",
                         path: path.display().to_string(),
@@ -482,7 +482,7 @@ impl KubeletEmulator {
         {
             tracing::warn!("emulated kubelet tasks did not stop in time");
         }
-        let _ = crate::runtime::plugin::remove_socket(&self.inner.socket);
+        let _ = crate::runtime::socket::remove(&self.inner.socket);
     }
 }
 
