@@ -3,21 +3,13 @@
 //! for every Kubernetes minor with `resource.k8s.io/v1` (1.34 … 1.37), and the bad-input
 //! exits.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-const VERSIONS: [&str; 4] = ["1.34.0", "1.35.0", "1.36.0", "1.37.0"];
+use std::path::Path;
+use std::process::Command;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpu-slicer"))
-}
-
-/// A tool of the repository's venv, else from PATH.
-fn tool(name: &str) -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(".venv/bin")
-        .join(name);
-    if venv.exists() { venv } else { name.into() }
 }
 
 fn slices(profile: &str, extra: &[&str]) -> std::process::Output {
@@ -43,19 +35,7 @@ fn slices_and_classes_validate_strictly_for_every_dra_v1_release() {
         );
         let file = dir.path().join(format!("{profile}.yaml"));
         std::fs::write(&file, &out.stdout).unwrap();
-        for v in VERSIONS {
-            let check = Command::new(tool("kubernetes-validate"))
-                .args(["--strict", "-k", v])
-                .arg(&file)
-                .output()
-                .unwrap_or_else(|e| panic!("kubernetes-validate ({e}): run hack/install-deps.sh"));
-            assert!(
-                check.status.success(),
-                "{profile} against {v}: {}{}",
-                String::from_utf8_lossy(&check.stdout),
-                String::from_utf8_lossy(&check.stderr)
-            );
-        }
+        common::validate_strictly(&file);
     }
 }
 
@@ -123,23 +103,6 @@ fn a_bad_driver_or_node_name_exits_2_naming_it() {
     );
 }
 
-fn validate_all(file: &Path) {
-    for v in VERSIONS {
-        let check = Command::new(tool("kubernetes-validate"))
-            .args(["--strict", "-k", v])
-            .arg(file)
-            .output()
-            .unwrap_or_else(|e| panic!("kubernetes-validate ({e}): run hack/install-deps.sh"));
-        assert!(
-            check.status.success(),
-            "{} against {v}: {}{}",
-            file.display(),
-            String::from_utf8_lossy(&check.stdout),
-            String::from_utf8_lossy(&check.stderr)
-        );
-    }
-}
-
 #[test]
 fn gpus_carry_pcie_root_and_nvlink_domain_and_the_example_claim_validates() {
     use serde::Deserialize;
@@ -153,7 +116,7 @@ fn gpus_carry_pcie_root_and_nvlink_domain_and_the_example_claim_validates() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("slices.yaml");
     std::fs::write(&file, &out.stdout).unwrap();
-    validate_all(&file);
+    common::validate_strictly(&file);
     let text = String::from_utf8(out.stdout).unwrap();
     let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| serde_json::Value::deserialize(d).unwrap())
@@ -178,7 +141,9 @@ fn gpus_carry_pcie_root_and_nvlink_domain_and_the_example_claim_validates() {
         let root = attr(&format!("gpu-{i}"), "resource.kubernetes.io/pcieRoot");
         assert!(root.is_some_and(|r| r.starts_with("pci0000:")), "gpu-{i}");
     }
-    validate_all(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/dra-nvlink-pair.yaml"));
+    common::validate_strictly(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/dra-nvlink-pair.yaml"),
+    );
 }
 
 #[test]
@@ -209,7 +174,7 @@ fn a_mixed_node_with_shares_and_dynamic_mig_validates_in_the_1_34_and_1_35_layou
         );
         let file = dir.path().join(format!("slices-{version}.yaml"));
         std::fs::write(&file, &out.stdout).unwrap();
-        validate_all(&file);
+        common::validate_strictly(&file);
         let text = String::from_utf8(out.stdout).unwrap();
         let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
             .map(|d| serde_json::Value::deserialize(d).unwrap())

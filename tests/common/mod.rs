@@ -71,3 +71,32 @@ pub(crate) async fn dra_registered(
     .await
     .unwrap_or_else(|| panic!("no registration on {}", socket.display()))
 }
+
+/// The Kubernetes minors that serve `resource.k8s.io/v1`, as `kubernetes-validate -k` takes them.
+pub(crate) const DRA_V1_RELEASES: [&str; 4] = ["1.34.0", "1.35.0", "1.36.0", "1.37.0"];
+
+/// A tool of the repository's venv (hack/install-deps.sh), else from PATH.
+pub(crate) fn tool(name: &str) -> std::path::PathBuf {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".venv/bin")
+        .join(name);
+    if venv.exists() { venv } else { name.into() }
+}
+
+/// `kubernetes-validate --strict` of `file` for every release in [`DRA_V1_RELEASES`].
+pub(crate) fn validate_strictly(file: &std::path::Path) {
+    for v in DRA_V1_RELEASES {
+        let check = std::process::Command::new(tool("kubernetes-validate"))
+            .args(["--strict", "-k", v])
+            .arg(file)
+            .output()
+            .unwrap_or_else(|e| panic!("kubernetes-validate ({e}): run hack/install-deps.sh"));
+        assert!(
+            check.status.success(),
+            "{} against {v}: {}{}",
+            file.display(),
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+}
