@@ -574,40 +574,31 @@ mod tests {
 
     #[test]
     fn broken_input_is_refused_not_carried() {
-        let mut rw = Rewriter::new(lenient_authority());
-        let mut input = preface();
-        write_frame(&mut input, CONTINUATION, END_HEADERS, 1, &[b"\x82"]);
-        let err = rw
-            .feed(&input, &mut Vec::new())
-            .err()
-            .map(|e| e.to_string());
+        // What a fresh rewriter says of the preface followed by `frames`.
+        let refusal = |frames: &[u8]| {
+            let mut input = preface();
+            input.extend_from_slice(frames);
+            Rewriter::new(lenient_authority())
+                .feed(&input, &mut Vec::new())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let mut stray = Vec::new();
+        write_frame(&mut stray, CONTINUATION, END_HEADERS, 1, &[b"\x82"]);
         assert_eq!(
-            err.as_deref(),
-            Some("CONTINUATION on stream 1 with no header block open")
+            refusal(&stray),
+            "CONTINUATION on stream 1 with no header block open"
         );
-
-        let mut rw = Rewriter::new(lenient_authority());
-        let mut input = preface();
+        let mut bad_index = Vec::new();
         // Index 200 names no table entry.
-        write_frame(&mut input, HEADERS, END_HEADERS, 1, &[&[0xff, 0x49]]);
-        let err = rw
-            .feed(&input, &mut Vec::new())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        write_frame(&mut bad_index, HEADERS, END_HEADERS, 1, &[&[0xff, 0x49]]);
+        let err = refusal(&bad_index);
         assert!(
             err.starts_with("HPACK block on stream 1 does not decode"),
             "{err}"
         );
-
-        let mut rw = Rewriter::new(lenient_authority());
-        let mut input = preface();
-        input.extend_from_slice(&[0x20, 0, 0, HEADERS, 0, 0, 0, 0, 1]);
-        let err = rw
-            .feed(&input, &mut Vec::new())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = refusal(&[0x20, 0, 0, HEADERS, 0, 0, 0, 0, 1]);
         assert!(
             err.starts_with("header frame of 2097152 bytes on stream 1"),
             "{err}"
