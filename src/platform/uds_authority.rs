@@ -124,16 +124,32 @@ impl Rewriter {
 
     /// Take `input` and append to `out` every byte that can be carried so far.
     pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), RewriteError> {
-        self.pending.extend_from_slice(input);
+        // Only a frame cut by the read is kept between calls; whole frames (the usual read)
+        // are carried straight from `input`, never copied into the buffer first.
+        let mut kept = std::mem::take(&mut self.pending);
+        let data: &[u8] = if kept.is_empty() {
+            input
+        } else {
+            kept.extend_from_slice(input);
+            &kept
+        };
         let mut at = 0;
-        let result = self.carry(&mut at, out);
-        self.pending.drain(..at);
+        let result = self.carry(data, &mut at, out);
+        let tail = data[at..].to_vec();
+        kept.clear();
+        kept.extend_from_slice(&tail);
+        self.pending = kept;
         result
     }
 
-    fn carry(&mut self, at: &mut usize, out: &mut Vec<u8>) -> Result<(), RewriteError> {
+    fn carry(
+        &mut self,
+        data: &[u8],
+        at: &mut usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), RewriteError> {
         loop {
-            let rest = &self.pending[*at..];
+            let rest = &data[*at..];
             if self.preface_left > 0 || self.passing > 0 {
                 let left = self.preface_left.max(self.passing);
                 let n = left.min(rest.len());
@@ -176,9 +192,8 @@ impl Rewriter {
             let Some(payload) = rest.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + len) else {
                 return Ok(());
             };
-            let payload = payload.to_vec();
             *at += FRAME_HEADER_LEN + len;
-            self.header_frame(kind, flags, stream, &payload)?;
+            self.header_frame(kind, flags, stream, payload)?;
             if flags & END_HEADERS != 0 {
                 self.finish(out)?;
             }

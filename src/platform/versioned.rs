@@ -80,25 +80,18 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// `data` in the envelope of `kind`, pretty-printed.
+/// `data` in the envelope of `kind`, pretty-printed. The payload is written as serialized,
+/// once: the checksum covers exactly the bytes [`decode`] reads back as the raw `data`.
 pub(crate) fn encode<T: Serialize>(kind: &str, data: &T) -> Result<Vec<u8>, serde_json::Error> {
     let payload = serde_json::to_string_pretty(data)?;
-    #[derive(Serialize)]
-    struct Out<'a> {
-        kind: &'a str,
-        version: u64,
-        checksum: String,
-        data: &'a RawValue,
-    }
-    let raw = RawValue::from_string(payload)?;
-    let out = Out {
-        kind,
-        version: SCHEMA,
-        checksum: format!("sha256:{}", sha256_hex(raw.get().as_bytes())),
-        data: &raw,
-    };
-    let mut bytes = serde_json::to_vec_pretty(&out)?;
-    bytes.push(b'\n');
+    let head = format!(
+        "{{\n  \"kind\": {},\n  \"version\": {SCHEMA},\n  \"checksum\": \"sha256:{}\",\n  \"data\": ",
+        serde_json::to_string(kind)?,
+        sha256_hex(payload.as_bytes())
+    );
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(payload.as_bytes());
+    bytes.extend_from_slice(b"\n}\n");
     Ok(bytes)
 }
 

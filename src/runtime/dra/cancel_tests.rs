@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::driver::{Gate, Stage};
-use super::kubelet_tests::{claim_json, k, reg_socket, run_with, spec_path, store};
+use super::kubelet_tests::{
+    claim_json, k, reg_socket, run_with, spec_path, store, two_claims_for_one_gpu,
+};
 use crate::platform::dra_state::Prepared;
 use crate::runtime::dra::DriverExtras;
 use crate::testkit::kubelet::dra::{Claims, register};
@@ -33,14 +35,6 @@ fn checkpoint(root: &Path) -> Prepared {
 
 fn record_path(root: &Path, uid: &str) -> std::path::PathBuf {
     root.join(format!("cdi/k8s.gpu-slicer.io-claim-records/{uid}.json"))
-}
-
-/// Two claims for gpu-2.
-fn two_claims_for_one_gpu() -> Arc<Claims> {
-    let claims = Claims::new();
-    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
-    claims.put(claim_json("b", UID_B, "gpu-2", "node-a"));
-    claims
 }
 
 /// Two calls that name the same claims in opposite orders never wait on each other. A
@@ -106,7 +100,7 @@ async fn calls_naming_claims_in_opposite_orders_never_wait_on_each_other() {
 #[tokio::test]
 async fn a_prepare_cut_during_its_write_is_finished_and_its_device_goes_to_nobody_else() {
     let dir = tempfile::tempdir().unwrap();
-    let claims = two_claims_for_one_gpu();
+    let claims = two_claims_for_one_gpu(UID_A, UID_B);
     let (gate, extras) = gated(Stage::BeforePrepareCommit);
     let r = run_with(dir.path(), store(), claims.clone(), extras).await;
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
@@ -157,7 +151,7 @@ async fn a_prepare_cut_during_its_write_is_finished_and_its_device_goes_to_nobod
 #[tokio::test]
 async fn an_unprepare_cut_before_its_checkpoint_is_finished_or_finished_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
-    let claims = two_claims_for_one_gpu();
+    let claims = two_claims_for_one_gpu(UID_A, UID_B);
     let (gate, extras) = gated(Stage::BeforeUnprepareCommit);
     let r = run_with(dir.path(), store(), claims.clone(), extras).await;
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();

@@ -59,6 +59,14 @@ pub(super) fn claim_json(name: &str, uid: &str, device: &str, pool: &str) -> ser
                {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]}}}})
 }
 
+/// Claims `a` and `b` (UIDs `uid_a`, `uid_b`), both allocated gpu-2.
+pub(super) fn two_claims_for_one_gpu(uid_a: &str, uid_b: &str) -> Arc<Claims> {
+    let claims = Claims::new();
+    claims.put(claim_json("a", uid_a, "gpu-2", "node-a"));
+    claims.put(claim_json("b", uid_b, "gpu-2", "node-a"));
+    claims
+}
+
 pub(super) fn k(name: &str, uid: &str) -> KubeletClaim {
     KubeletClaim {
         namespace: "ml".into(),
@@ -268,9 +276,7 @@ async fn every_bad_claim_gets_its_own_error_and_the_good_one_is_prepared() {
 #[tokio::test]
 async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let claims = Claims::new();
-    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
-    claims.put(claim_json("b", UID_B, "gpu-2", "node-a"));
+    let claims = two_claims_for_one_gpu(UID_A, UID_B);
     let r = run(dir.path(), store(), claims.clone()).await;
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     // Two prepares of the same claim racing, and a second claim for the same device.
@@ -443,9 +449,7 @@ async fn prepare_and_unprepare_are_timed_by_outcome_and_the_prepared_counted() {
         assert!(fresh.contains(line), "{line} not in\n{fresh}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let claims = Claims::new();
-    claims.put(claim_json("a", UID_A, "gpu-2", "node-a"));
-    claims.put(claim_json("b", UID_B, "gpu-2", "node-a"));
+    let claims = two_claims_for_one_gpu(UID_A, UID_B);
     let r = run(dir.path(), store(), claims.clone()).await;
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     let scrape = || r.metrics.encode_prometheus();
