@@ -8,6 +8,8 @@
 #   GPU_SLICER_PROFILE=dev     stage the debug build (CI: hack/test.sh has just built it, so
 #                              no release build is paid for; stripped, ~22 MB)
 #   GPU_SLICER_BIN=path        stage this binary instead of building one
+#   IMAGE_OCI_ARCHIVE=path     also save the image there as an OCI archive (the local
+#                              cluster imports it into containerd: hack/cluster.sh)
 #
 # The base of the assemble stage (`localhost/gpu-slicer-busybox`) is imported from a tar of
 # Debian's busybox-static; the runtime stage is FROM scratch plus the binary and the
@@ -107,6 +109,11 @@ else
   ko "podman build" "$(tail -20 "$WD/build.log")"
   echo "RESULT: $pass passed, $fail failed"
   exit 1
+fi
+if [ -n "${IMAGE_OCI_ARCHIVE:-}" ]; then
+  rm -f "$IMAGE_OCI_ARCHIVE"
+  "${PODMAN[@]}" save -q --format oci-archive -o "$IMAGE_OCI_ARCHIVE" "$IMAGE" &&
+    ok "saved as an OCI archive: $IMAGE_OCI_ARCHIVE" || ko "save" "podman save -o $IMAGE_OCI_ARCHIVE failed"
 fi
 size=$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE")
 echo "image $IMAGE: $((size / 1024 / 1024)) MiB, files: $(cd "$ctx/rootfs" && find . -type f | sort | tr '\n' ' ')"

@@ -3,10 +3,13 @@
 #
 #   hack/fuzz.sh [SECONDS] [TARGET...]
 #
-# Needs a nightly toolchain and cargo-fuzz (hack/install-deps.sh installs cargo-fuzz where
-# nightly exists). The seed corpus in fuzz/corpus/<target>/ is read, never written: new
-# inputs go to a temp dir and are dropped; a crash leaves its input in fuzz/artifacts/ and
-# fails the run. With FUZZ_SKIP_MISSING=1 (CI), a machine without the toolchain skips.
+# Needs cargo-fuzz (hack/install-deps.sh installs it). cargo-fuzz passes unstable `-Z` flags
+# (the sanitizer, coverage instrumentation): a nightly toolchain takes them; where none is
+# installed the stable toolchain runs with RUSTC_BOOTSTRAP=1, which lets stable rustc accept
+# them (the standard library is then not instrumented, which libFuzzer does not need). The
+# smoke never skips: a machine without cargo-fuzz fails it. The seed corpus in
+# fuzz/corpus/<target>/ is read, never written: new inputs go to a temp dir and are dropped;
+# a crash leaves its input in fuzz/artifacts/ and fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,28 +21,31 @@ if ! [[ $secs =~ ^[0-9]+$ ]] || [ "$secs" -eq 0 ]; then
   exit 2
 fi
 targets=("$@")
-if ! cargo +nightly --version >/dev/null 2>&1 || ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-  if [ "${FUZZ_SKIP_MISSING:-0}" = 1 ]; then
-    echo "fuzz: no nightly toolchain or cargo-fuzz; skipped"
-    exit 0
-  fi
-  echo "fuzz: needs \`cargo +nightly\` and cargo-fuzz (cargo install cargo-fuzz)" >&2
+if cargo +nightly --version >/dev/null 2>&1; then
+  CARGO=(cargo +nightly)
+  toolchain=nightly
+else
+  CARGO=(env RUSTC_BOOTSTRAP=1 cargo)
+  toolchain="stable with RUSTC_BOOTSTRAP=1"
+fi
+if ! "${CARGO[@]}" fuzz --version >/dev/null 2>&1; then
+  echo "fuzz: cargo-fuzz is not installed (hack/install-deps.sh, or cargo install --locked cargo-fuzz)" >&2
   exit 1
 fi
 if [ ${#targets[@]} -eq 0 ]; then
-  mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir fuzz)
+  mapfile -t targets < <("${CARGO[@]}" fuzz list --fuzz-dir fuzz)
 fi
 work=$(mktemp -d /tmp/gpu-slicer-fuzz.XXXXXX)
 build=
 trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 
 # One build for all targets (optimised, debug assertions on: cargo-fuzz's default). On a
-# fresh machine this is most of the smoke's time (it builds the crate again with nightly
-# and sanitizer flags), so it reports its progress every FUZZ_PROGRESS_SECONDS (30).
+# fresh machine this is most of the smoke's time (it builds the crate again with sanitizer
+# flags), so it reports its progress every FUZZ_PROGRESS_SECONDS (30).
 every=${FUZZ_PROGRESS_SECONDS:-30}
-echo "fuzz: building ${#targets[@]} targets (cargo +nightly fuzz build; the long part on a fresh machine, seconds once built)"
+echo "fuzz: building ${#targets[@]} targets on $toolchain (the long part on a fresh machine, seconds once built)"
 t0=$(date +%s)
-cargo +nightly fuzz build --fuzz-dir fuzz >/dev/null 2>"$work/build.log" &
+"${CARGO[@]}" fuzz build --fuzz-dir fuzz >/dev/null 2>"$work/build.log" &
 build=$!
 next=$((t0 + every))
 while kill -0 "$build" 2>/dev/null; do
@@ -65,7 +71,7 @@ fail=0
 for t in "${targets[@]}"; do
   mkdir -p "$work/$t"
   log=$work/$t.log
-  if cargo +nightly fuzz run --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
+  if "${CARGO[@]}" fuzz run --fuzz-dir fuzz "$t" "$work/$t" "fuzz/corpus/$t" -- \
     -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=1024 -max_len=65536 \
     >"$log" 2>&1; then
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -11,7 +11,11 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=$repo/.venv
 
-apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3 python3-venv tmux chromium)
+# The cluster tier (hack/cluster.sh) adds: libseccomp-dev (runc built with seccomp), gcc for
+# runc's cgo, openssl (tokens, the service-account key), curl (health checks), iproute2
+# (the bridge), python3-yaml (the overlay renderer).
+apt_pkgs=(podman runc busybox-static uidmap prometheus patchelf python3 python3-venv tmux chromium
+  libseccomp-dev gcc libc6-dev openssl curl iproute2 python3-yaml)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -58,7 +62,7 @@ if [ "$need_py" -eq 1 ]; then
   "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi
 
-# cargo-fuzz for hack/fuzz.sh, only where a nightly toolchain exists (libFuzzer needs it).
-if cargo +nightly --version >/dev/null 2>&1 && ! cargo fuzz --version >/dev/null 2>&1; then
-  cargo install --quiet --locked cargo-fuzz@0.13.2 || echo "install-deps: cargo-fuzz did not install; fuzz smoke will be skipped" >&2
+# cargo-fuzz for hack/fuzz.sh (on nightly where installed, else stable with RUSTC_BOOTSTRAP=1).
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --quiet --locked cargo-fuzz@0.13.2
 fi
