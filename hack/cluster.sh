@@ -46,7 +46,11 @@ PAUSE_IMAGE=localhost/gpu-slicer-pause:1
 CTRD_SOCK=$ROOT/containerd/containerd.sock
 # Host paths outside $ROOT that the kubelet and containerd use whatever they are told
 # (their own constants); `up` notes which did not exist and `down` removes only those.
-HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/run/netns)
+# The kubelet's root is the default /var/lib/kubelet, as on a real node: its device manager
+# serves /var/lib/kubelet/device-plugins whatever --root-dir says, and a DRA driver's socket
+# is registered by the path the driver sees. `up` refuses a machine that has one already.
+KUBELET_ROOT=/var/lib/kubelet
+HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/run/netns "$KUBELET_ROOT")
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -110,10 +114,15 @@ host_setup() {
       [ -d "$h" ] && find "$h" -mindepth 1 -maxdepth 1 -type d
     done >"$ROOT/cgroups-before" 2>/dev/null || true
   fi
-  # The kubelet's root needs shared mount propagation; only our directory gets it.
-  if ! mountpoint -q "$ROOT"; then
-    mount --bind "$ROOT" "$ROOT"
-    mount --make-rshared "$ROOT"
+  if [ -e "$KUBELET_ROOT" ] && ! grep -qx "$KUBELET_ROOT" "$ROOT/made" 2>/dev/null; then
+    die "$KUBELET_ROOT exists and this cluster did not make it (another kubelet's?): not sharing it"
+  fi
+  mkdir -p "$KUBELET_ROOT"
+  echo "$KUBELET_ROOT" >"$ROOT/made"
+  # The kubelet's root needs shared mount propagation; only that directory gets it.
+  if ! mountpoint -q "$KUBELET_ROOT"; then
+    mount --bind "$KUBELET_ROOT" "$KUBELET_ROOT"
+    mount --make-rshared "$KUBELET_ROOT"
   fi
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
@@ -245,25 +254,39 @@ EOF
 }
 
 # import_images: pause and test image (hack/cluster/images.sh), the agent image
-# (hack/e2e-image.sh), into containerd's k8s.io namespace.
+# (hack/e2e-image.sh, with the same gpu-slicer binary the tests use), into containerd's
+# k8s.io namespace.
 import_images() {
   local have
   have=$("$BIN/ctr" --address "$CTRD_SOCK" -n k8s.io images ls -q 2>/dev/null || true)
   local agent
   agent=$(awk '$1 == "image:" {print $2}' <(kubectl kustomize "$REPO/deploy") | sort -u | head -1)
-  if ! grep -qx "$PAUSE_IMAGE" <<<"$have" || ! grep -qx "$TEST_IMAGE" <<<"$have"; then
-    "$REPO/hack/cluster/images.sh" "$ROOT/images" "$PAUSE_IMAGE" "$TEST_IMAGE" "$BIN/pause"
-    "$BIN/ctr" --address "$CTRD_SOCK" -n k8s.io images import "$ROOT/images/pause.tar" >/dev/null
-    "$BIN/ctr" --address "$CTRD_SOCK" -n k8s.io images import "$ROOT/images/test.tar" >/dev/null
+  # The archives outlive `down` (target/cluster/images); each is remade when what it is
+  # made of is newer.
+  local img=$REPO/target/cluster/images bin
+  bin=$(gpu_slicer)
+  mkdir -p "$img"
+  if [ ! -f "$img/test.tar" ] || [ "$BIN/pause" -nt "$img/pause.tar" ] || [ "$(dirname "$bin")/fake-nvidia-smi" -nt "$img/test.tar" ]; then
+    "$REPO/hack/cluster/images.sh" "$img" "$PAUSE_IMAGE" "$TEST_IMAGE" "$BIN/pause"
   fi
-  if ! grep -qx "$agent" <<<"$have"; then
+  if ! grep -qx "$PAUSE_IMAGE" <<<"$have" || ! grep -qx "$TEST_IMAGE" <<<"$have"; then
+    ctr_q images import "$img/pause.tar"
+    ctr_q images import "$img/test.tar"
+  fi
+  if [ ! -f "$img/agent.tar" ] || [ "$bin" -nt "$img/agent.tar" ] || [ "$REPO/Containerfile" -nt "$img/agent.tar" ]; then
     log "building the agent image $agent (hack/e2e-image.sh)"
-    IMAGE_OCI_ARCHIVE="$ROOT/images/agent.tar" GPU_SLICER_PROFILE=${GPU_SLICER_PROFILE:-dev} \
+    IMAGE_OCI_ARCHIVE="$img/agent.tar" GPU_SLICER_BIN="$bin" \
       "$REPO/hack/e2e-image.sh" >"$ROOT/logs/agent-image.log" 2>&1 ||
       die "agent image build failed: $ROOT/logs/agent-image.log"
-    "$BIN/ctr" --address "$CTRD_SOCK" -n k8s.io images import "$ROOT/images/agent.tar" >/dev/null
+    have=""
+  fi
+  if ! grep -qx "$agent" <<<"$have"; then
+    ctr_q images import "$img/agent.tar"
+    AGENT_IMAGE_NEW=1
   fi
 }
+
+ctr_q() { "$BIN/ctr" --address "$CTRD_SOCK" -n k8s.io "$@" >/dev/null 2>&1 || die "ctr $* failed"; }
 
 start_kubelet() {
   cat >"$ROOT/kubelet/config.yaml" <<EOF
@@ -296,7 +319,7 @@ EOF
   spawn kubelet "$BIN/kube" kubelet \
     --config="$ROOT/kubelet/config.yaml" \
     --kubeconfig="$ROOT/pki/node.kubeconfig" \
-    --root-dir="$ROOT/kubelet" --cert-dir="$ROOT/kubelet/pki" \
+    --root-dir="$KUBELET_ROOT" --cert-dir="$ROOT/kubelet/pki" \
     --hostname-override="$NODE" --node-ip="$GW" \
     --node-labels=nvidia.com/gpu.present=true
   wait_for "node $NODE Ready" 120 node_ready
@@ -347,11 +370,17 @@ deploy_agent() {
   [ "$MODE" = device-plugin ] && other=dra
   python3 "$REPO/hack/cluster/overlay.py" --repo "$REPO" --root "$ROOT" --out "$ROOT/overlay" --api "https://$GW:$API_PORT"
   if kc -n "$AGENT_NS" get daemonset gpu-slicer -o jsonpath='{.metadata.annotations.gpu-slicer\.io/cluster-mode}' 2>/dev/null | grep -qx "$other"; then
-    log "removing the $other deployment"
-    kc delete -k "$ROOT/overlay/$other" --ignore-not-found --wait=true >/dev/null
+    # Only the DaemonSet: the namespace, its config and the RBAC stay for the new mode's
+    # apply (deleting the namespace would leave it Terminating under the next apply).
+    log "removing the $other agent"
+    kc -n "$AGENT_NS" delete daemonset gpu-slicer --wait=true >/dev/null
     kc -n "$AGENT_NS" wait --for=delete pod -l app.kubernetes.io/name=gpu-slicer --timeout=60s >/dev/null 2>&1 || true
   fi
   kc apply -k "$ROOT/overlay/$MODE" >"$ROOT/logs/deploy-$MODE.log"
+  # Same tag, new binary (a rebuilt image): pods already running keep the old one otherwise.
+  if [ "${AGENT_IMAGE_NEW:-0}" = 1 ]; then
+    kc -n "$AGENT_NS" rollout restart daemonset/gpu-slicer >/dev/null
+  fi
   kc -n "$AGENT_NS" rollout status daemonset/gpu-slicer --timeout=120s >/dev/null ||
     die "the agent did not become ready: kubectl -n $AGENT_NS describe pods; logs in $ROOT/logs"
   log "agent running in $MODE mode"
@@ -410,7 +439,7 @@ down() {
   done | sort -u | xargs -r kill -KILL 2>/dev/null || true
   sleep 0.2
   # Mounts under the state dir and the network namespaces the pods had, deepest first.
-  awk '{print $5}' /proc/self/mountinfo | grep -E "^($ROOT/|$ROOT\$|/run/netns/cni-|/var/run/netns/cni-)" |
+  awk '{print $5}' /proc/self/mountinfo | grep -E "^($ROOT/|$ROOT\$|$KUBELET_ROOT/|$KUBELET_ROOT\$|/run/netns/cni-|/var/run/netns/cni-)" |
     sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   cgroups_new | sort -r | while read -r cg; do
     find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -461,7 +490,7 @@ export KUBECONFIG=$ROOT/pki/admin.kubeconfig
 export NODE_NAME=$NODE
 export CLUSTER_DIR=$ROOT
 export CLUSTER_CDI_DIR=$ROOT/cdi
-export CLUSTER_KUBELET_DIR=$ROOT/kubelet
+export CLUSTER_KUBELET_DIR=$KUBELET_ROOT
 export CLUSTER_BIN=$BIN
 export CONTAINERD_ADDRESS=$CTRD_SOCK
 EOF

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-slicer on a real one-node Kubernetes v1.37 (hack/cluster.sh): the real kube-apiserver,
 # kube-scheduler, kube-controller-manager, kubelet and containerd, fake GPUs, the agent
-# deployed with `kubectl apply -k` of deploy/ (device-plugin mode) and then deploy/dra/.
+# deployed with `kubectl apply -k` of deploy/dra/ (DRA mode) and then deploy/ (device plugin).
 # Each scenario prints PASS or FAIL with its name; a RESULT line ends the run; exit 1 when
 # any failed. On failure every component's log is kept under target/cluster-logs/<time>/.
 #
@@ -51,7 +51,7 @@ finish() {
 trap finish EXIT
 
 t0=$(date +%s)
-if ! CLUSTER_MODE=device-plugin hack/cluster.sh up; then
+if ! CLUSTER_MODE=dra hack/cluster.sh up; then
   ko "cluster up" "hack/cluster.sh up failed"
   echo "RESULT: $pass passed, $fail failed"
   exit 1
@@ -62,6 +62,9 @@ k() { kubectl --kubeconfig "$CLUSTER_DIR/pki/admin.kubeconfig" "$@"; }
 BIN=${GPU_SLICER_BIN:-$REPO/target/debug/gpu-slicer}
 NODE_FILE=$REPO/hack/cluster/node.yaml
 uuid() { sed -n "/^  - index: $1\$/,/uuid:/s/^ *uuid: //p" "$NODE_FILE" | head -1; }
+G2=$(uuid 2)
+G3=$(uuid 3)
+G4=$(uuid 4)
 NS=e2e
 k create namespace "$NS" >/dev/null 2>&1 || true
 
@@ -132,69 +135,7 @@ agent_pod() { k -n gpu-slicer get pods -l app.kubernetes.io/name=gpu-slicer -o j
 agent_ip() { k -n gpu-slicer get pods -l app.kubernetes.io/name=gpu-slicer -o jsonpath='{.items[0].status.podIP}'; }
 agent_get() { curl -fsS --max-time 5 "http://$(agent_ip):9400$1"; }
 
-# ============================== device-plugin mode ==============================
-if want "dp: kubelet registers every resource of the plan"; then
-  expect=$("$BIN" inventory --backend "sim:$NODE_FILE" --config hack/cluster/config-device-plugin.yaml 2>/dev/null |
-    awk '/^RESOURCE/ {r = 1; next} r && NF {print $1 "=" $2}' | sort)
-  got=""
-  for i in $(seq 1 60); do
-    got=$(for r in $(cut -d= -f1 <<<"$expect"); do echo "$r=$(alloc "$r")"; done | sort)
-    [ "$got" = "$expect" ] && break
-    sleep 1
-  done
-  cap=$(for r in $(cut -d= -f1 <<<"$expect"); do echo "$r=$(k get node "$NODE_NAME" -o jsonpath="{.status.capacity['${r//./\\.}']}")"; done | sort)
-  if [ "$got" = "$expect" ] && [ "$cap" = "$expect" ]; then
-    ok "dp: kubelet registers every resource of the plan ($(tr '\n' ' ' <<<"$expect"))"
-  else
-    ko "dp: kubelet registers every resource of the plan" "inventory says [$(tr '\n' ' ' <<<"$expect")], allocatable [$(tr '\n' ' ' <<<"$got")], capacity [$(tr '\n' ' ' <<<"$cap")]"
-  fi
-fi
-
-G4=$(uuid 4)
-if want "dp: a memory-isolated share runs and sees only its GPU"; then
-  pod dp-shared --res nvidia.com/gpu.shared 1
-  if wait_running dp-shared; then
-    seen=$(gpus_seen dp-shared)
-    out=$(k -n "$NS" logs dp-shared)
-    if [ "$seen" = "$G4 " ] && grep -q "$G4" <<<"$out"; then
-      ok "dp: a memory-isolated share runs and sees only its GPU ($G4; $(grep -m1 -i 'total' <<<"$out" | tr -s ' '))"
-    else
-      ko "dp: a memory-isolated share runs and sees only its GPU" "saw [$seen], want [$G4]; logs: $(head -12 <<<"$out" | tr '\n' ';')"
-    fi
-  else
-    ko "dp: a memory-isolated share runs and sees only its GPU" "$(why dp-shared)"
-  fi
-fi
-
-if want "dp: a pod asking for more than is free stays Pending"; then
-  pod dp-too-many --res nvidia.com/gpu 4
-  if msg=$(wait_pending_reason dp-too-many 'Insufficient nvidia.com/gpu'); then
-    ok "dp: a pod asking for more than is free stays Pending ($msg)"
-  else
-    ko "dp: a pod asking for more than is free stays Pending" "$msg"
-  fi
-  delete_pods dp-too-many
-fi
-
-if want "dp: deleting a pod frees its devices"; then
-  # All four replicas: the running dp-shared holds one, so this waits; deleting it frees it.
-  pod dp-all-shares --res nvidia.com/gpu.shared 4
-  before=$(wait_pending_reason dp-all-shares 'Insufficient nvidia.com/gpu.shared')
-  delete_pods dp-shared
-  if [[ $before == *Insufficient* ]] && wait_running dp-all-shares 60; then
-    ok "dp: deleting a pod frees its devices (a 4-replica pod waited, then ran on all of GPU 4)"
-  else
-    ko "dp: deleting a pod frees its devices" "before: $before; $(why dp-all-shares)"
-  fi
-  delete_pods dp-all-shares
-fi
-
 # ============================== DRA mode ==============================
-if ! CLUSTER_MODE=dra hack/cluster.sh deploy; then
-  ko "dra: deploy" "CLUSTER_MODE=dra hack/cluster.sh deploy failed"
-  echo "RESULT: $pass passed, $fail failed"
-  exit 1
-fi
 
 slices_json() { k get resourceslices -o json; }
 dra_devices() { slices_json | python3 -c 'import json,sys; print(sum(len(s["spec"].get("devices",[])) for s in json.load(sys.stdin)["items"] if s["spec"]["driver"]=="gpu-slicer.io"))'; }
@@ -238,10 +179,6 @@ template() {
 claim_of() { k -n "$NS" get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
 claim_devices() { k -n "$NS" get resourceclaim "$1" -o jsonpath='{range .status.allocation.devices.results[*]}{.device}{" "}{end}'; }
 
-# dra_case NAME TEMPLATE-ARGS... -- EXPECTATION: a pod with one claim from its template runs
-# and sees exactly the GPUs its allocation names (by UUID through the fake NVML).
-G2=$(uuid 2)
-G3=$(uuid 3)
 if want "dra: a whole GPU chosen by a CEL selector"; then
   template whole gpu.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].productName.startsWith('NVIDIA A100') && !device.allowMultipleAllocations"
   pod dra-whole --claim whole
@@ -261,9 +198,10 @@ if want "dra: a MIG 1g.10gb"; then
   template mig mig.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].profile == '1g.10gb' && !device.attributes['gpu-slicer.io'].onDemand"
   pod dra-mig --claim mig
   if wait_running dra-mig; then
-    seen=$(gpus_seen dra-mig)
+    # nvidia-smi -L lists a MIG device under its parent GPU's line: one MIG UUID, one GPU.
+    seen=$(gpus_seen dra-mig | tr ' ' '\n' | grep '^MIG-' | tr '\n' ' ')
     devs=$(claim_devices "$(claim_of dra-mig)")
-    [[ $seen == MIG-* ]] && [ "$(wc -w <<<"$seen")" = 1 ] && [[ $devs == *1g10gb* ]] &&
+    [ "$(wc -w <<<"$seen")" = 1 ] && [ "$(gpus_seen dra-mig | wc -w)" = 2 ] && [[ $devs == *1g10gb* ]] &&
       ok "dra: a MIG 1g.10gb ($devs -> $seen)" ||
       ko "dra: a MIG 1g.10gb" "allocated [$devs], pod saw [$seen]"
   else
@@ -311,9 +249,9 @@ if want "dra: a MIG device made on demand"; then
   template ondemand mig.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].profile == '1g.10gb' && device.attributes['gpu-slicer.io'].onDemand"
   pod dra-ondemand --claim ondemand
   if wait_running dra-ondemand; then
-    seen=$(gpus_seen dra-ondemand)
+    seen=$(gpus_seen dra-ondemand | tr ' ' '\n' | grep '^MIG-' | tr '\n' ' ')
     devs=$(claim_devices "$(claim_of dra-ondemand)")
-    [[ $seen == MIG-* ]] && [ "$(wc -w <<<"$seen")" = 1 ] &&
+    [ "$(wc -w <<<"$seen")" = 1 ] && [ "$(gpus_seen dra-ondemand | wc -w)" = 2 ] &&
       ok "dra: a MIG device made on demand ($devs -> $seen)" ||
       ko "dra: a MIG device made on demand" "allocated [$devs], pod saw [$seen]"
   else
@@ -465,5 +403,73 @@ for s in json.load(sys.stdin)["items"]:
 fi
 
 delete_pods fault-keep
+# ============================== device-plugin mode ==============================
+# DRA first, then this: a node that served nvidia.com/gpu through a device plugin keeps the
+# stale resource in its status for the kubelet's grace period (5 min), and the scheduler then
+# never sends a plain nvidia.com/gpu pod to the DRA extended-resource path.
+# DRA's on-demand MIG (flags.dra.dynamicMig: [0]) destroyed GPU 0's unowned instances, as it
+# does on a real node; the device plugin is checked on the node file's layout again, as if
+# an administrator had re-partitioned the GPU (the fake driver's MIG state starts afresh).
+rm -f "$CLUSTER_DIR/fake-events/mig-state.json"
+if ! CLUSTER_MODE=device-plugin hack/cluster.sh deploy; then
+  ko "dp: deploy" "CLUSTER_MODE=device-plugin hack/cluster.sh deploy failed"
+  echo "RESULT: $pass passed, $fail failed"
+  exit 1
+fi
+if want "dp: kubelet registers every resource of the plan"; then
+  expect=$("$BIN" inventory --backend "sim:$NODE_FILE" --config hack/cluster/config-device-plugin.yaml 2>/dev/null |
+    awk '/^RESOURCE/ {r = 1; next} r && NF {print $1 "=" $2}' | sort)
+  got=""
+  for i in $(seq 1 60); do
+    got=$(for r in $(cut -d= -f1 <<<"$expect"); do echo "$r=$(alloc "$r")"; done | sort)
+    [ "$got" = "$expect" ] && break
+    sleep 1
+  done
+  cap=$(for r in $(cut -d= -f1 <<<"$expect"); do echo "$r=$(k get node "$NODE_NAME" -o jsonpath="{.status.capacity['${r//./\\.}']}")"; done | sort)
+  if [ "$got" = "$expect" ] && [ "$cap" = "$expect" ]; then
+    ok "dp: kubelet registers every resource of the plan ($(tr '\n' ' ' <<<"$expect"))"
+  else
+    ko "dp: kubelet registers every resource of the plan" "inventory says [$(tr '\n' ' ' <<<"$expect")], allocatable [$(tr '\n' ' ' <<<"$got")], capacity [$(tr '\n' ' ' <<<"$cap")]"
+  fi
+fi
+
+if want "dp: a memory-isolated share runs and sees only its GPU"; then
+  pod dp-shared --res nvidia.com/gpu.shared 1
+  if wait_running dp-shared; then
+    seen=$(gpus_seen dp-shared)
+    out=$(k -n "$NS" logs dp-shared)
+    if [ "$seen" = "$G4 " ] && grep -q "$G4" <<<"$out"; then
+      ok "dp: a memory-isolated share runs and sees only its GPU ($G4; $(grep -m1 -i 'total' <<<"$out" | tr -s ' '))"
+    else
+      ko "dp: a memory-isolated share runs and sees only its GPU" "saw [$seen], want [$G4]; logs: $(head -12 <<<"$out" | tr '\n' ';')"
+    fi
+  else
+    ko "dp: a memory-isolated share runs and sees only its GPU" "$(why dp-shared)"
+  fi
+fi
+
+if want "dp: a pod asking for more than is free stays Pending"; then
+  pod dp-too-many --res nvidia.com/gpu 4
+  if msg=$(wait_pending_reason dp-too-many 'Insufficient nvidia.com/gpu'); then
+    ok "dp: a pod asking for more than is free stays Pending ($msg)"
+  else
+    ko "dp: a pod asking for more than is free stays Pending" "$msg"
+  fi
+  delete_pods dp-too-many
+fi
+
+if want "dp: deleting a pod frees its devices"; then
+  # All four replicas: the running dp-shared holds one, so this waits; deleting it frees it.
+  pod dp-all-shares --res nvidia.com/gpu.shared 4
+  before=$(wait_pending_reason dp-all-shares 'Insufficient nvidia.com/gpu.shared')
+  delete_pods dp-shared
+  if [[ $before == *Insufficient* ]] && wait_running dp-all-shares 60; then
+    ok "dp: deleting a pod frees its devices (a 4-replica pod waited, then ran on all of GPU 4)"
+  else
+    ko "dp: deleting a pod frees its devices" "before: $before; $(why dp-all-shares)"
+  fi
+  delete_pods dp-all-shares
+fi
+
 echo "RESULT: $pass passed, $fail failed${skipped:+, $skipped not selected}"
 [ "$fail" -eq 0 ]

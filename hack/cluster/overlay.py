@@ -3,8 +3,8 @@
 
 OUT/device-plugin/ builds on deploy/ and OUT/dra/ on deploy/dra/, each by a relative path
 (kustomize refuses absolute ones). What they change, and only that:
-  - hostPath volumes move under the cluster's state dir (its kubelet root, CDI dir, agent
-    state, hook dir), the host root becomes the fake driver root, /proc a fake proc root
+  - hostPath volumes move under the cluster's state dir (CDI dir, agent state, hook dir;
+    the kubelet's directories stay, its root is the default /var/lib/kubelet), the host root becomes the fake driver root, /proc a fake proc root
     holding the driver's mig-minors;
   - the agent loads the fake NVML and reaches the API server at the bridge address (this
     cluster has no kube-proxy, so the kubernetes Service IP does not route);
@@ -45,10 +45,6 @@ def render(repo, root, out, api, mode, rel):
     u = urllib.parse.urlparse(api)
     lib = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
     host = {
-        "device-plugins": f"{root}/kubelet/device-plugins",
-        "pod-resources": f"{root}/kubelet/pod-resources",
-        "plugins-registry": f"{root}/kubelet/plugins_registry",
-        "plugins": f"{root}/kubelet/plugins",
         "cdi": f"{root}/cdi",
         "host-proc": f"{root}/fake-proc",
         "host-root": f"{root}/driver-root",
@@ -61,11 +57,17 @@ def render(repo, root, out, api, mode, rel):
         for v in pod["volumes"]
         if "hostPath" in v and v["name"] in host
     ]
-    missing = {v["name"] for v in pod["volumes"] if "hostPath" in v} - set(host) - {"dev"}
+    # The kubelet's own directories stay where deploy/ puts them: the cluster's kubelet runs
+    # with the default root (/var/lib/kubelet), as a real node's does. Its device manager
+    # would serve /var/lib/kubelet/device-plugins whatever --root-dir says, and a DRA
+    # driver registers its socket by the path it sees, which the kubelet dials as is.
+    kept = {"dev", "device-plugins", "pod-resources", "plugins-registry", "plugins"}
+    missing = {v["name"] for v in pod["volumes"] if "hostPath" in v} - set(host) - kept
     if missing:
         sys.exit(f"overlay: {rel}: hostPath volumes this overlay does not place: {sorted(missing)}")
     volumes.append({"name": "fake-gpu", "hostPath": {"path": f"{root}/fake-gpu", "type": "Directory"}})
-    # The fake NVML reads injected events (XIDs) from a file it then removes: writable.
+    # The fake NVML reads injected events (XIDs) from a file it then removes, and keeps its
+    # MIG state in a file: writable.
     volumes.append({"name": "fake-events", "hostPath": {"path": f"{root}/fake-events", "type": "DirectoryOrCreate"}})
     env = [
         {"name": "NVML_LIB", "value": f"/driver-root/{lib}"},
@@ -78,6 +80,9 @@ def render(repo, root, out, api, mode, rel):
             "value": f"FAKE_NVML_NODE={root}/fake-gpu/node.yaml,FAKE_NVML_LIMITS_FILE={root}/fake-gpu/limits.json",
         },
         {"name": "FAKE_NVML_EVENT_FILE", "value": "/run/fake-events/events.jsonl"},
+        # MIG instances made or destroyed persist as a driver's do: across the agent's NVML
+        # sessions and restarts (the fake keeps them in memory otherwise).
+        {"name": "FAKE_NVML_STATE", "value": "/run/fake-events/mig-state.json"},
         # Recovery after an injected XID within the tests' patience (default 60s).
         {"name": "HEALTH_QUIET_PERIOD", "value": "5s"},
         {"name": "KUBERNETES_SERVICE_HOST", "value": u.hostname},

@@ -129,6 +129,42 @@ impl NodeProbe for HostProbe {
     }
 }
 
+/// [`HostProbe`] for a daemon in a container: host paths under the driver root are stat'ed
+/// where this process sees that root (`containerDriverRoot`). Without it a containerised
+/// agent with a driver root other than `/` (the GPU Operator's `/run/nvidia/driver`, or a
+/// fake driver root) finds none of the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`),
+/// and the spec it writes leaves them out: CUDA in the workload then finds no driver.
+/// Found on a real kubelet + containerd with the agent deployed from `deploy/`.
+#[derive(Debug, Clone)]
+pub(crate) struct VisibleProbe {
+    host_root: PathBuf,
+    visible_root: Option<PathBuf>,
+}
+
+impl VisibleProbe {
+    /// Host root `driver_root`, seen at `container_driver_root` when set.
+    pub(crate) fn new(driver_root: &Path, container_driver_root: Option<&Path>) -> Self {
+        Self {
+            host_root: driver_root.to_path_buf(),
+            visible_root: container_driver_root.map(Path::to_path_buf),
+        }
+    }
+
+    /// Where this process reads `host_path`.
+    pub(crate) fn visible(&self, host_path: &Path) -> PathBuf {
+        match (&self.visible_root, host_path.strip_prefix(&self.host_root)) {
+            (Some(visible), Ok(rest)) => visible.join(rest),
+            _ => host_path.to_path_buf(),
+        }
+    }
+}
+
+impl NodeProbe for VisibleProbe {
+    fn probe(&self, host_path: &Path) -> Option<NodeInfo> {
+        HostProbe.probe(&self.visible(host_path))
+    }
+}
+
 /// Linux `dev_t` encoding (glibc `gnu_dev_major`/`gnu_dev_minor`).
 fn split_dev(dev: u64) -> (u32, u32) {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
@@ -154,6 +190,33 @@ pub(crate) fn current_exe_hook(nvml_lib: Option<PathBuf>) -> Result<HookSettings
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_containerised_probe_stats_the_driver_root_where_it_is_mounted() {
+        // Host root /run/nvidia/driver, mounted at / here: its /dev/null is this /dev/null.
+        let probe = VisibleProbe::new(Path::new("/run/nvidia/driver"), Some(Path::new("/")));
+        assert_eq!(
+            probe.visible(Path::new("/run/nvidia/driver/dev/nvidiactl")),
+            Path::new("/dev/nvidiactl")
+        );
+        // Outside the driver root, and without a container root: the path as given.
+        assert_eq!(probe.visible(Path::new("/opt/x")), Path::new("/opt/x"));
+        let plain = VisibleProbe::new(Path::new("/run/nvidia/driver"), None);
+        assert_eq!(
+            plain.visible(Path::new("/run/nvidia/driver/dev/nvidiactl")),
+            Path::new("/run/nvidia/driver/dev/nvidiactl")
+        );
+        let null = probe.probe(Path::new("/run/nvidia/driver/dev/null"));
+        assert_eq!(
+            null,
+            Some(NodeInfo {
+                node_type: 'c',
+                major: 1,
+                minor: 3
+            })
+        );
+        assert_eq!(plain.probe(Path::new("/run/nvidia/driver/dev/null")), None);
+    }
 
     #[test]
     fn split_dev_matches_glibc() {

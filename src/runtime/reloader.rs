@@ -27,7 +27,7 @@ use crate::domain::inventory::{Backend, Inventory, InventoryError};
 use crate::domain::plan::PlanDiff;
 use crate::domain::snapshot::Snapshot;
 use crate::domain::transition::{self, Host};
-use crate::platform::cdi_host::HostProbe;
+use crate::platform::cdi_host::VisibleProbe;
 use crate::platform::cdi_writer;
 use crate::platform::fswatch::DirWatch;
 use crate::runtime::error::{AppError, SpecWriteError, blocking};
@@ -184,12 +184,13 @@ fn probe_nodes(nodes: &DeviceNodes, config: &Config) -> BTreeMap<PathBuf, NodeIn
     if config.dev_root == Path::new("/") {
         return BTreeMap::new();
     }
+    let probe = VisibleProbe::new(&config.driver_root, config.container_driver_root.as_deref());
     nodes
         .all_paths()
         .into_iter()
         .filter_map(|p| {
             let host = config.dev_root.join(p.trim_start_matches('/'));
-            HostProbe.probe(&host).map(|info| (host, info))
+            probe.probe(&host).map(|info| (host, info))
         })
         .collect()
 }

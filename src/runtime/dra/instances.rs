@@ -93,7 +93,11 @@ fn edits_of(made: &Made, config: &Config) -> Result<ContainerEdits, String> {
         shares: None,
         driver: None,
     };
-    let spec = generate(&inventory, &opts, &crate::platform::cdi_host::HostProbe)
+    let probe = crate::platform::cdi_host::VisibleProbe::new(
+        &config.driver_root,
+        config.container_driver_root.as_deref(),
+    );
+    let spec = generate(&inventory, &opts, &probe)
         .map_err(|e| format!("MIG device {}: {e}", made.record.uuid))?;
     spec.devices
         .into_iter()
