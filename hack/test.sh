@@ -27,7 +27,7 @@ phase "validate manifests" hack/validate-manifests.sh
 phase "allocator tier" hack/allocator.sh
 # The kubelet's own gRPC client (grpc-go, k8s.io/kubelet APIs) against `run --dra`.
 phase "kubelet dial end to end" hack/e2e-kubelet-dial.sh
-# `advise --prometheus` on a real Prometheus, both metric families (README "How many GPUs…").
+# `advise --prometheus` on a real Prometheus, both metric families (docs/src/advise.md).
 phase "advise on prometheus" hack/advise-e2e.sh "$GPU_SLICER_BIN"
 # The advise report in headless Chromium; the screenshot stays as target/advise-report.png.
 phase "advise report in chromium" hack/advise-report.sh "$GPU_SLICER_BIN"

@@ -1,6 +1,6 @@
 //! gpu-slicer: a node agent that hands out exactly the GPU share a workload asks for.
 //!
-//! Four layers, one direction of imports (each uses only the ones below it):
+//! Five layers, one direction of imports (each uses only the ones below it):
 //!
 //! ```text
 //! cli        clap types and one module per subcommand; arguments -> settings
