@@ -8,7 +8,8 @@
 #   2. no document names a minimum Rust version other than Cargo.toml's `rust-version`, the
 #      one place it is declared;
 #   3. `mdbook build docs` builds the book into target/book (mdbook from hack/install-deps.sh;
-#      without it this step fails and says so, unless DOCS_SKIP_BOOK=1).
+#      without it this step fails and says so, unless DOCS_SKIP_BOOK=1), and every link of
+#      the HTML it wrote resolves to a page and an id mdBook gave.
 #
 # `cargo doc` with `-D warnings` (no dangling intra-doc links) is its own phase of
 # hack/test.sh. `hack/check-docs.sh --self-test` checks the checker on broken inputs.
@@ -139,6 +140,39 @@ print(f"check-docs: {len(docs)} documents, their links and anchors resolve; MSRV
 PY
 }
 
+# The built book, as mdBook wrote it: every relative href in a chapter's <main> names a page
+# of the book and, with a fragment, an id on that page (the Markdown check above works out
+# the ids; this one reads them from the HTML).
+check_html() {
+  python3 - "$1" <<'PY'
+import html, pathlib, re, sys
+
+book = pathlib.Path(sys.argv[1])
+pages = {f.name: f.read_text(encoding="utf-8") for f in book.glob("*.html")}
+ids = {name: set(re.findall(r'\bid="([^"]+)"', text)) for name, text in pages.items()}
+errors = []
+for name, text in sorted(pages.items()):
+    if name in ("print.html", "toc.html", "404.html") or "<main>" not in text:
+        continue
+    main = text.split("<main>", 1)[1].split("</main>", 1)[0]
+    for href in re.findall(r'href="([^"]+)"', main):
+        href = html.unescape(href)
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", href):
+            continue
+        path, _, anchor = href.partition("#")
+        target = path or name
+        if path and not (book / path).exists():
+            errors.append(f"{name}: href `{href}`: no such page")
+        elif anchor and anchor not in ids.get(target, set()):
+            errors.append(f"{name}: href `{href}`: {target} has no id `{anchor}`")
+for e in errors:
+    print(f"check-docs: built book: {e}", file=sys.stderr)
+if errors:
+    sys.exit(1)
+print(f"check-docs: built book: {len(pages)} pages, every link resolves")
+PY
+}
+
 self_test() {
   local t
   t=$(mktemp -d)
@@ -177,6 +211,7 @@ if [ "${DOCS_SKIP_BOOK:-0}" = 1 ]; then
 elif command -v mdbook >/dev/null 2>&1; then
   mdbook build docs
   echo "check-docs: book built in target/book ($(mdbook --version))"
+  check_html target/book
 else
   echo "check-docs: mdbook not found; hack/install-deps.sh installs it (or DOCS_SKIP_BOOK=1)" >&2
   exit 1
