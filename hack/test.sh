@@ -12,9 +12,10 @@ phase "install dependencies" hack/install-deps.sh
 . hack/env.sh
 phase "cargo test --workspace" cargo test --workspace 2>&1
 # The book (docs/, mdBook) builds and every link and anchor in it and the README resolves;
-# the MSRV is named only as Cargo.toml declares it. Then the API docs: no broken intra-doc link.
+# the MSRV is named only as Cargo.toml declares it. Then the API docs, private items included
+# (they are most of them): no broken or ambiguous intra-doc link.
 phase "docs" hack/check-docs.sh
-phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
 # The end-to-end scripts take the binaries built with the tests' feature set: a plain
 # `cargo build` resolves features without the dev-dependencies (rustls gains aws-lc-rs, syn
 # more features through them) and would build a second copy of most of the tree.

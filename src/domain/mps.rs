@@ -5,7 +5,7 @@
 //! MPS isolation level, with its pipe/log directories, environment and the default limits
 //! sent through the control interface; and the edits ([`MpsClientEdits`]) that Allocate
 //! and the CDI generator hand a container so its CUDA clients reach that daemon.
-//! [`daemon`] runs and supervises the daemons (`nvidia-cuda-mps-control`); the device
+//! `runtime::mps::daemon` runs and supervises the daemons (`nvidia-cuda-mps-control`); the device
 //! plugin reads their state to mark devices Unhealthy while a daemon is down.
 //!
 //! # Thread-percentage design
