@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 check_tree() {
   python3 - "$1" <<'PY'
-import pathlib, re, sys, tomllib
+import pathlib, re, sys
 
 root = pathlib.Path(sys.argv[1])
 errors = []
@@ -115,10 +115,10 @@ else:
     errors.append("docs/src/SUMMARY.md: missing")
 
 # The MSRV: declared once, in Cargo.toml; a document may name it, never another number.
-cargo = tomllib.loads((root / "Cargo.toml").read_text(encoding="utf-8"))
-msrv = (cargo.get("workspace", {}).get("package", {}).get("rust-version")
-        or cargo.get("package", {}).get("rust-version"))
-if not isinstance(msrv, str):
+# (A `rust-version = "…"` line of the root manifest: [workspace.package] or [package].)
+declared = re.search(r'(?m)^rust-version\s*=\s*"([0-9.]+)"', (root / "Cargo.toml").read_text(encoding="utf-8"))
+msrv = declared.group(1) if declared else None
+if msrv is None:
     errors.append("Cargo.toml: no rust-version (the one place the MSRV is declared)")
 else:
     claim = re.compile(
