@@ -16,7 +16,7 @@
 # Runs as root (CI: Debian 12 after `apt-get install -y podman runc busybox-static`).
 # Idempotent and self-cleaning: all state lives in a temp dir; the spec directories Podman
 # reads are bind-mounted inside a private mount namespace, so the host's /etc/cdi and
-# /run/cdi never see our files (see the README's Podman section).
+# /run/cdi never see our files (see docs/src/podman.md).
 #   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer
 #   FAKE_NVML_LIB=path   use this fake libnvidia-ml instead of building target/debug/libnvidia_ml.so
 #   FAKE_CUDA_LIB=path, FAKE_SMI_BIN=path   likewise for the fake libcuda and nvidia-smi stand-in

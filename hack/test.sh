@@ -11,6 +11,11 @@ trap phase_summary EXIT
 phase "install dependencies" hack/install-deps.sh
 . hack/env.sh
 phase "cargo test --workspace" cargo test --workspace 2>&1
+# The book (docs/, mdBook) builds and every link and anchor in it and the README resolves;
+# the MSRV is named only as Cargo.toml declares it. Then the API docs, private items included
+# (they are most of them): no broken or ambiguous intra-doc link.
+phase "docs" hack/check-docs.sh
+phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
 # The end-to-end scripts take the binaries built with the tests' feature set: a plain
 # `cargo build` resolves features without the dev-dependencies (rustls gains aws-lc-rs, syn
 # more features through them) and would build a second copy of most of the tree.
@@ -23,7 +28,7 @@ phase "validate manifests" hack/validate-manifests.sh
 phase "allocator tier" hack/allocator.sh
 # The kubelet's own gRPC client (grpc-go, k8s.io/kubelet APIs) against `run --dra`.
 phase "kubelet dial end to end" hack/e2e-kubelet-dial.sh
-# `advise --prometheus` on a real Prometheus, both metric families (README "How many GPUs…").
+# `advise --prometheus` on a real Prometheus, both metric families (docs/src/advise.md).
 phase "advise on prometheus" hack/advise-e2e.sh "$GPU_SLICER_BIN"
 # The advise report in headless Chromium; the screenshot stays as target/advise-report.png.
 phase "advise report in chromium" hack/advise-report.sh "$GPU_SLICER_BIN"

@@ -1,6 +1,6 @@
 //! gpu-slicer: a node agent that hands out exactly the GPU share a workload asks for.
 //!
-//! Four layers, one direction of imports (each uses only the ones below it):
+//! Five layers, one direction of imports (each uses only the ones below it):
 //!
 //! ```text
 //! cli        clap types and one module per subcommand; arguments -> settings
@@ -70,7 +70,7 @@
 //! | [`main`] | the binary: `src/main.rs` is `gpu_slicer::main()` | 1 |
 //! | [`fuzz`] + `cdi_spec`, `config_parse`, `event_line`, `kubelet_usage`, `mig_parted`, `node_file`, `oci_state_cgroup` | one per cargo-fuzz target (`fuzz/fuzz_targets/<name>.rs`) | 8 |
 //! | [`proto`] + `deviceplugin`, `HEALTHY` | the kubelet's device-plugin API: bench `socket` (a client of its own), test `http_flood` | 3 |
-//! | [`bench`] + 12 | the benches' in-process hot paths (`Served`, `cdi_spec` with `Format`, `nvml_discovery`, `driver_discovery`, `dra_slices`, `DraPrepare`, `DraDriver`, `Usage`, `advise_fleet`, `advise_pack` with `AdvisePacking`; which bench uses which: its doc) | 13 |
+//! | [`bench`](mod@bench) + 12 | the benches' in-process hot paths (`Served`, `cdi_spec` with `Format`, `nvml_discovery`, `driver_discovery`, `dra_slices`, `DraPrepare`, `DraDriver`, `Usage`, `advise_fleet`, `advise_pack` with `AdvisePacking`; which bench uses which: its doc) | 13 |
 //! | [`testkit`] + 45 | tests and benches, flat names (its modules are private): | 46 |
 //!
 //! The testkit's 45, by what they serve:

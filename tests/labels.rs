@@ -1,6 +1,7 @@
 //! Node labels end to end: the built daemon writes the NFD feature file named by
 //! `LABELS_FILE`, rewrites it when a config reload or a re-scan (MIG change) changes the
-//! labels, removes it on SIGTERM; `gpu-slicer labels` prints the same set (the README sample).
+//! labels, removes it on SIGTERM; `gpu-slicer labels` prints the same set (the sample in
+//! docs/src/fleets.md).
 //! (The `--labels-file` default: `cli::run` unit tests.)
 
 mod common;
@@ -182,21 +183,22 @@ fn labels_command_refuses_a_config_that_does_not_fit() {
 }
 
 #[test]
-fn readme_shows_the_golden_file_and_selects_pools_by_real_labels() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+fn the_book_shows_the_golden_file_and_selects_pools_by_real_labels() {
+    // The labels chapter of the book (docs/src/fleets.md, "Node labels"), once the README's.
+    let chapter = std::fs::read_to_string(root().join("docs/src/fleets.md")).unwrap();
     let golden =
         std::fs::read_to_string(root().join("tests/golden/labels-mixed-a100.txt")).unwrap();
     assert!(
-        readme.contains(&format!("```\n{golden}```")),
-        "README's sample labels file differs from tests/golden/labels-mixed-a100.txt"
+        chapter.contains(&format!("```\n{golden}```")),
+        "docs/src/fleets.md's sample labels file differs from tests/golden/labels-mixed-a100.txt"
     );
     let keys: Vec<&str> = golden
         .lines()
         .filter_map(|l| l.split_once('='))
         .map(|(k, _)| k)
         .collect();
-    let start = readme.find("# Training:").expect("pool example");
-    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let start = chapter.find("# Training:").expect("pool example");
+    let block = &chapter[start..start + chapter[start..].find("```").unwrap()];
     let mut used = Vec::new();
     for doc in serde_yaml_ng::Deserializer::from_str(block) {
         let pod = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
@@ -216,7 +218,7 @@ fn readme_shows_the_golden_file_and_selects_pools_by_real_labels() {
     for key in &used {
         assert!(
             keys.contains(&key.as_str()),
-            "README selects on {key}, which is no label"
+            "docs/src/fleets.md selects on {key}, which is no label"
         );
     }
 }

@@ -92,7 +92,7 @@ pub(crate) struct AdviseArgs {
     /// Prometheus HTTP API base URL (`http://host:9090`).
     #[arg(long, value_name = "URL")]
     pub(crate) prometheus: Option<String>,
-    /// A usage export (JSON, README "How many GPUs would I get back?") instead of Prometheus.
+    /// A usage export (JSON, docs/src/advise.md) instead of Prometheus.
     #[arg(long, value_name = "FILE")]
     pub(crate) from_file: Option<PathBuf>,
     /// Which metrics Prometheus has.

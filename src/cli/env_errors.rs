@@ -2,7 +2,7 @@
 //!
 //! Clap names the flag (`invalid value 'xyz' for '--health-quiet-period <…>'`) even when the
 //! value came from the flag's variable, for every parser that is not ours (durations,
-//! numbers, `LOG_FORMAT`'s choices, booleans). The README promises that an error names where
+//! numbers, `LOG_FORMAT`'s choices, booleans). The docs promise that an error names where
 //! the value was written, so `main` passes every parse error through [`blame_env`], which
 //! rewrites the flag's name into the variable's when the flag is absent from the command
 //! line and the variable holds the rejected value. Pure: the caller hands it the command

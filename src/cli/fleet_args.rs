@@ -1,4 +1,4 @@
-//! `run`'s fleets-as-code flags (README "Pools by label"): a directory of named configs and
+//! `run`'s fleets-as-code flags (book: docs/src/fleets.md, "Pools by label"): a directory of named configs and
 //! the Node label that picks one. The MIG layout label (`nvidia.com/mig.config`) and the
 //! state labels are fixed names, as mig-manager's tools expect them.
 

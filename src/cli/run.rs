@@ -57,7 +57,7 @@ pub(crate) struct RunArgs {
     /// `--config` and the flags that override it.
     #[command(flatten)]
     pub(crate) config: ConfigArgs,
-    /// `--config-dir`: the Node's labels choose the config (README "Pools by label").
+    /// `--config-dir`: the Node's labels choose the config (docs/src/fleets.md, "Pools by label").
     #[command(flatten)]
     pub(crate) fleet: crate::cli::fleet_args::FleetArgs,
     /// How to reach the Kubernetes API and which Node this is (`--kubeconfig`, `--node-name`).
@@ -110,7 +110,7 @@ pub(crate) struct RunArgs {
     pub(crate) labels_file: String,
     /// Also put those labels straight onto the agent's own Node (for clusters without NFD):
     /// keys it no longer owns are removed, keys it never wrote are never touched. Needs
-    /// `--node-name` / `NODE_NAME` and API access (README "Pools by label").
+    /// `--node-name` / `NODE_NAME` and API access (docs/src/fleets.md, "Pools by label").
     #[arg(long, env = "LABELS_TO_NODE")]
     pub(crate) labels_to_node: bool,
     /// How often usage is sampled (utilisation, memory, processes → shares); `0` turns

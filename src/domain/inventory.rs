@@ -1,6 +1,6 @@
 //! Inventory: the GPUs and MIG devices a node has, as owned domain values.
 //!
-//! Backends ([`sim`], and the NVML backend) produce an [`Inventory`]; the planner
+//! Backends ([`sim`](crate::platform::sim), and the NVML backend) produce an [`Inventory`]; the planner
 //! (`crate::domain::plan`) turns it plus a config into resources; the CDI generator reads device
 //! node minors from it. Nothing here talks to the kubelet or a container runtime.
 

@@ -5,7 +5,7 @@
 //! MPS isolation level, with its pipe/log directories, environment and the default limits
 //! sent through the control interface; and the edits ([`MpsClientEdits`]) that Allocate
 //! and the CDI generator hand a container so its CUDA clients reach that daemon.
-//! [`daemon`] runs and supervises the daemons (`nvidia-cuda-mps-control`); the device
+//! `runtime::mps::daemon` runs and supervises the daemons (`nvidia-cuda-mps-control`); the device
 //! plugin reads their state to mark devices Unhealthy while a daemon is down.
 //!
 //! # Thread-percentage design
@@ -34,7 +34,7 @@
 //! rank); a single process in it gets 1/N. The k-share CDI device (`crate::domain::cdi::shares`)
 //! still sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = k × 100 / N` and a pinned limit of k
 //! shares: they state the container's entitlement (tools read them) and can only lower a
-//! process's cap, never raise it past the floor; the README says so instead of promising
+//! process's cap, never raise it past the floor; the book says so instead of promising
 //! k/N to one process. A container with replicas on two devices
 //! cannot use both through MPS (one `CUDA_MPS_PIPE_DIRECTORY` per process); Allocate has to
 //! keep MPS requests on one device.

@@ -115,7 +115,7 @@ pub(crate) struct HeldDevice {
 /// Devices handed out by Allocate, per resource and device ID.
 ///
 /// The kubelet never says when a container releases a device; the PodResources ledger does,
-/// and prunes this through [`Store::release`]. Without it the set only grows, which errs on
+/// and prunes this through `Store::release`. Without it the set only grows, which errs on
 /// the safe side: it decides which CDI devices every later spec keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Held {

@@ -1,7 +1,7 @@
 //! The supervisor: wiring and ordered shutdown, nothing else.
 //!
 //! It builds the state store from what an earlier run left (the CDI spec on disk, the
-//! held-device checkpoint), runs the first transition through the [`Reloader`] (the same
+//! held-device checkpoint), runs the first transition through the [`Reloader`](crate::runtime::reloader::Reloader) (the same
 //! path every reload takes), then spawns the actors, each on one `TaskTracker` and stopped
 //! by a child of the caller's `CancellationToken`:
 //!

@@ -3,7 +3,7 @@
 //! sockets there and its CDI spec to `cdi/`, all over real unix sockets.
 //!
 //! [`Node::run`] starts it from `gpu-slicer run` flags (written in `cli::run`, beside the
-//! flags it parses); [`Node::start`] from a sim profile and a config (unit tests);
+//! flags it parses); `Node::start` from a sim profile and a config (unit tests);
 //! [`Node::launch`] takes a directory, an emulator and settings prepared by the caller (a
 //! watched config file, a PodResources socket, a checkpoint). Each returns once the daemon
 //! is ready and every planned resource has registered. [`within`] bounds a test's

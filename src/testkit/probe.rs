@@ -1,7 +1,7 @@
 //! What tests read from a running daemon: one request on a fresh connection to its HTTP
 //! endpoint ([`http`]; [`free_port`] for a daemon in another process), `promtool check
-//! metrics` on a scrape ([`promtool_check`]), the CDI spec it wrote ([`read_cdi_spec`],
-//! [`spec_device_names`]). And [`rerun_alone`]: one test in a fresh process, for settings
+//! metrics` on a scrape (`promtool_check`), the CDI spec it wrote ([`read_cdi_spec`],
+//! [`spec_device_names`]). And `rerun_alone`: one test in a fresh process, for settings
 //! only a new process takes (the environment the fake driver reads when loaded).
 
 use std::collections::BTreeSet;

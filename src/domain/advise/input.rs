@@ -1,4 +1,4 @@
-//! The measured usage `advise` works from, in the export format `--from-file` reads (README
+//! The measured usage `advise` works from, in the export format `--from-file` reads (docs/src/advise.md,
 //! "How many GPUs would I get back?"): one record per GPU and one per pod, each holding the
 //! window's aggregates (peak, percentiles, means), not raw samples. The Prometheus reader
 //! (`platform::prometheus`) builds the same [`Export`] from its PromQL answers, so both inputs

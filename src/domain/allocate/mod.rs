@@ -1,12 +1,12 @@
 //! Allocate: the enforcement rules, preferred-allocation policies and response contents of
 //! the device plugin, as pure functions over the plan.
 //!
-//! - [`state`]: live health of every planned device (plan health + health events), and the
+//! - [`crate::domain::view`]: live health of every planned device (plan health + health events), and the
 //!   fan-out from a GPU/MIG event to the resources it touches.
 //! - [`validate`]: checks one container request (known, unique, healthy, share rules).
-//! - [`preferred`]: `packed` / `distributed` / NUMA-aware picking for GetPreferredAllocation.
+//! - [`preferred`](mod@preferred): `packed` / `distributed` / NUMA-aware picking for GetPreferredAllocation.
 //! - [`response`]: what a valid request is answered with (CDI names, annotation, env, mounts).
-//! - [`answer`]: one Allocate call from one snapshot, all or nothing, and what it holds.
+//! - [`answer`](mod@answer): one Allocate call from one snapshot, all or nothing, and what it holds.
 //!
 //! The gRPC edge (`crate::runtime::plugin`) converts to and from prost types and maps
 //! [`AllocateError::class`] to a gRPC code. Nothing here does IO or imports tonic.

@@ -3,7 +3,7 @@
 //! Reads [`Inventory`] values from `crate::domain::inventory`; host device nodes are looked up only
 //! through a [`NodeProbe`] the caller injects (`crate::platform::cdi_host::HostProbe` stats a dev root, [`NoProbe`]
 //! answers nothing), so golden tests and `cdi-specs/` are deterministic. The result is
-//! checked with [`super::validate`] before it is returned: callers never see a spec a
+//! checked with [`super::validate`](fn@super::validate) before it is returned: callers never see a spec a
 //! runtime would reject.
 
 use std::collections::BTreeMap;

@@ -1,8 +1,8 @@
 //! CDI (Container Device Interface) provider: the spec model, the generator and the checks.
 //!
-//! [`generate`] turns an [`Inventory`](crate::domain::inventory::Inventory) into a [`Spec`] (pure;
+//! [`generate`](fn@generate) turns an [`Inventory`](crate::domain::inventory::Inventory) into a [`Spec`] (pure;
 //! host device nodes are looked up through an injected [`generate::NodeProbe`]).
-//! [`validate`] applies the rules that every runtime we target (Podman 4.3.1, containerd
+//! [`validate`](fn@validate) applies the rules that every runtime we target (Podman 4.3.1, containerd
 //! 1.7, CRI-O) enforces when it loads a file; `crate::platform::cdi_writer` puts the file
 //! in place atomically. The device plugin names devices with [`qualified_name`]; the CLI
 //! (`crate::cli::cdi`) wires these together. Container runtimes are the only readers

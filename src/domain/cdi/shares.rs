@@ -4,7 +4,7 @@
 //!
 //! Pure: reads the [`Plan`] (which devices are split how many ways, one replica's memory),
 //! the MPS daemon layout from `crate::domain::mps` (pipe directories, shm), and the host path of
-//! the hook binary given by the caller. [`super::generate`] appends the devices built here
+//! the hook binary given by the caller. [`super::generate`](fn@super::generate) appends the devices built here
 //! to the spec; the device plugin answers a k-replica Allocate with [`share_device_name`].
 //!
 //! Naming: every physical device is already in the spec twice, by UUID and by index

@@ -1,6 +1,6 @@
 //! The rules a CDI spec must meet before any runtime sees it.
 //!
-//! Used by [`super::generate`] on every spec it builds and by `gpu-slicer cdi validate` on
+//! Used by [`super::generate`](fn@super::generate) on every spec it builds and by `gpu-slicer cdi validate` on
 //! files. The rules are those that the CDI libraries inside Podman 4.3.1, containerd 1.7
 //! and CRI-O enforce when they load a file (strict keys, known version, minimum version for
 //! the features used, name syntax, unique names, non-empty edits, `KEY=VALUE` env, hook

@@ -1,6 +1,6 @@
 //! Config: what the operator asked for, in NVIDIA k8s-device-plugin `version: v1` form.
 //!
-//! [`parse`] takes the text of a YAML or JSON file ([`file`] holds the raw shape; reading it is
+//! [`parse`] takes the text of a YAML or JSON file ([`file`](mod@file) holds the raw shape; reading it is
 //! `platform::config_file::load`), applies CLI/env [`Overrides`] with the incumbent's
 //! precedence (flag > env > file > default) and returns a validated [`Config`]. Each setting
 //! of `flags` and `flags.plugin` is one entry of the [`settings`] table; its value travels

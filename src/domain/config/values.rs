@@ -1,5 +1,5 @@
 //! The values settings take: the config file's fixed words (`mixed`, `cdi-cri`,
-//! `memory+mps`), each spelled once in a [`spelled!`] table that gives the parser (with the
+//! `memory+mps`), each spelled once in a `spelled!` table that gives the parser (with the
 //! words it expects), the spelling and the serde form; and the checks of the other
 //! settings' values, as [`Refusal`]s the resolver ([`super::settings`]) blames on the flag,
 //! variable or file field that set them.
@@ -154,7 +154,7 @@ impl Isolation {
     }
 }
 
-/// A word of a [`spelled!`] enum.
+/// A word of a `spelled!` enum.
 pub(super) fn word<T: std::str::FromStr<Err = String>>(text: &str) -> Result<T, Refusal> {
     text.parse().map_err(Refusal::from)
 }

@@ -1,5 +1,5 @@
-//! Label rules against the sim profiles: golden files for the whole set (the README sample
-//! is `tests/golden/labels-mixed-a100.txt`), explicit values for each GFD rule.
+//! Label rules against the sim profiles: golden files for the whole set (the book's sample
+//! in docs/src/fleets.md is `tests/golden/labels-mixed-a100.txt`), explicit values for each GFD rule.
 
 use std::path::Path;
 

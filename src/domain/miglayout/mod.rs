@@ -2,7 +2,7 @@
 //! GPU each entry selects, and the destroy/create steps that take a GPU from its current GPU
 //! and compute instances to the named layout.
 //!
-//! Pure: [`parse`] reads text, [`select`] matches entries to GPU facts, [`steps`] diffs a
+//! Pure: [`parse`] reads text, [`select`](mod@select) matches entries to GPU facts, [`steps`] diffs a
 //! GPU's instances against its target. The platform (`crate::platform::mig`) reads the
 //! current instances through NVML and runs the steps; `gpu-slicer mig apply` (`crate::cli::mig`)
 //! prints them. Placement rules (profiles, starts, collisions) are the product facts in

@@ -15,7 +15,7 @@
 //! `mig-devices` is required when `mig-enabled` is true and must be empty when it is false;
 //! unknown keys are errors. Profile keys must look like a MIG profile (`<G>g.<N>gb`, with an
 //! optional `+me`-style suffix, or `<C>c.<G>g.<N>gb`) and counts are non-negative; whether
-//! a profile exists on a GPU is checked when the layout is matched to it ([`super::select`]).
+//! a profile exists on a GPU is checked when the layout is matched to it ([`super::select`](mod@super::select)).
 //! YAML anchors and merge keys (`<<: *base`) are resolved first, as mig-parted's YAML reader does.
 
 use std::collections::BTreeMap;

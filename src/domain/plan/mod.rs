@@ -9,7 +9,7 @@
 //! [`build_reporting`] runs three steps: the [`candidate`]s the MIG strategy makes of the
 //! inventory, which of them each sharing entry takes ([`assign`], with what is skipped on
 //! this node), and the resources they come out as ([`assemble`]). [`model`] holds the
-//! plan's types, [`diff`] compares two plans.
+//! plan's types, [`diff`](mod@diff) compares two plans.
 
 use serde::Serialize;
 

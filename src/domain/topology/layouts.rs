@@ -1,5 +1,5 @@
-//! The reference layouts (`nvidia-smi topo -m` matrices of real machines, see the README's
-//! "Topology" section) as [`Topology`] values, for tests. The node files under
+//! The reference layouts (`nvidia-smi topo -m` matrices of real machines, see the book's
+//! "Topology" chapter, docs/src/topology.md) as [`Topology`] values, for tests. The node files under
 //! `hack/nodes/topo-*.yaml` carry the same matrices.
 
 use super::{Cell, RawGpu, Topology, from_cells, parse_matrix};

@@ -1,6 +1,6 @@
 //! Parser of glibc's `ld.so.cache` (what `ldconfig` writes and the dynamic loader reads).
 //!
-//! Pure: bytes in, entries out. [`super::discover`] reads the driver root's
+//! Pure: bytes in, entries out. [`super::discover`](fn@super::discover) reads the driver root's
 //! `etc/ld.so.cache` through the in-root resolver and looks up the driver's libraries
 //! here, as the loader would, instead of shelling out to `ldconfig -p` (whose output
 //! format is not stable and which cannot read a cache under another root without a

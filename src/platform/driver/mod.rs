@@ -1,6 +1,6 @@
 //! The NVIDIA user-space driver on this node, and what a container needs of it.
 //!
-//! [`discover`] finds, under the driver root, the files a CUDA container needs besides its
+//! [`discover`](fn@discover) finds, under the driver root, the files a CUDA container needs besides its
 //! device nodes: every `*.so.<driver version>` library (looked up in the root's
 //! `etc/ld.so.cache` with [`ldcache`], or in the standard library folders when there is
 //! none, plus `--library-search-path`), the GSP firmware, the driver's binaries and its IPC
@@ -123,7 +123,7 @@ impl DriverRoot {
     }
 }
 
-/// What [`discover`] needs.
+/// What [`discover`](fn@discover) needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DiscoverOptions {
     /// The driver root.
@@ -165,7 +165,7 @@ pub(crate) struct Driver {
     pub(crate) libraries: Vec<Library>,
     /// GSP firmware.
     pub(crate) firmware: Vec<DriverFile>,
-    /// Binaries ([`BINARIES`] found).
+    /// Binaries ([`BINARIES`](discover::BINARIES) found).
     pub(crate) binaries: Vec<DriverFile>,
     /// IPC sockets found.
     pub(crate) ipc_sockets: Vec<DriverFile>,

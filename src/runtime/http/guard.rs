@@ -15,7 +15,7 @@
 //! * [`AcceptBackoff`] paces accept errors (5 ms doubling to 1 s, reset on success) and
 //!   [`LogEvery`] keeps their log to one line per interval, with the count left out.
 //!
-//! Used by [`super::serve`] only; talks to nothing but the OS resource limit. Hand-written:
+//! Used by [`super::serve_with_state`] only; talks to nothing but the OS resource limit. Hand-written:
 //! a semaphore does not give "close the oldest", and a rate-limiting crate (governor) is a
 //! large dependency for one warning per ten seconds.
 

@@ -213,7 +213,7 @@ pub(crate) async fn serve(
     serve_with_state(listener, metrics, readiness, None, shutdown).await;
 }
 
-/// As [`serve`], with `/v1/state` answered from the usage sampler's `state`.
+/// As `serve` (the tests' form), with `/v1/state` answered from the usage sampler's `state`.
 pub(crate) async fn serve_with_state(
     listener: TcpListener,
     metrics: Arc<Metrics>,

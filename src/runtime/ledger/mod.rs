@@ -5,7 +5,7 @@
 //! Talks to the kubelet (gRPC client over a unix socket), reads the live plan through a
 //! [`ViewSource`] (the state store's views), publishes a [`LedgerSnapshot`] on a
 //! `tokio::sync::watch` channel and mirrors it into [`Metrics`]. The reconciliation itself,
-//! [`reconcile`], is pure.
+//! [`reconcile`](mod@reconcile), is pure.
 //!
 //! In DRA mode ([`LedgerPeers::dra`]) the kubelet reports our devices per container as the
 //! devices of DRA claims (`dynamic_resources`: driver, pool, device): each device of our

@@ -152,7 +152,7 @@ impl Supervisor {
     /// Start one supervising task per daemon on `tracker`; they stop when `cancel` fires.
     ///
     /// Returns at once; every daemon starts as [`DaemonState::Starting`]. Advertise a
-    /// resource only once its daemons are Up ([`Supervisor::wait_up`]).
+    /// resource only once its daemons are Up (`Supervisor::wait_up`, in tests).
     pub(crate) fn start(
         daemons: Vec<DaemonSpec>,
         config: SupervisorConfig,

@@ -1,7 +1,7 @@
 //! The `DevicePlugin` gRPC service of one resource: translates prost messages to the
 //! `crate::domain::allocate` domain and back, once, and maps refusals to gRPC codes. What an
 //! Allocate answers (all or nothing, the generation annotation, what it holds) is decided by
-//! [`allocate::answer`]; this handler records the holding, persists it and translates.
+//! [`allocate::answer`](mod@allocate::answer); this handler records the holding, persists it and translates.
 //!
 //! Every RPC reads one snapshot of the state store: the resource's view, the config and the
 //! device nodes of one generation, never a mix. Never blocks on I/O, except that Allocate

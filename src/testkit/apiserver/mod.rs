@@ -2,7 +2,7 @@
 //! agent's `kube` client uses. Objects are stored as JSON (any kind in its table: Nodes,
 //! Events, Pods, ConfigMaps, ResourceSlices, ResourceClaims, ResourceClaimTemplates,
 //! DeviceClasses) with one resourceVersion counter; it serves `/version`
-//! ([`ApiServer::set_version`]), GET, LIST and WATCH (field and
+//! (`ApiServer::set_version`, in unit tests), GET, LIST and WATCH (field and
 //! label selectors, resourceVersion, bookmarks, 410 Gone after [`ApiServer::compact`],
 //! `timeoutSeconds`, `sendInitialEvents`), create (`generateName` too), update, patch (JSON
 //! merge; strategic merge treated as merge: maps merge, lists are replaced; RFC 6902 JSON

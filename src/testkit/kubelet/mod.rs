@@ -6,8 +6,8 @@
 //! call GetPreferredAllocation then Allocate, tracking what it handed out. It can simulate
 //! a kubelet restart (stop serving, delete every socket in the directory, create
 //! `kubelet.sock` again) and serves PodResources v1 from its allocations and the DRA claims
-//! held for containers ([`KubeletEmulator::hold_claim`]). Like the kubelet's
-//! device manager it keeps `<dir>/kubelet_internal_checkpoint` (see [`write_checkpoint`]).
+//! held for containers (`KubeletEmulator::hold_claim`, in unit tests). Like the kubelet's device manager
+//! it keeps `<dir>/kubelet_internal_checkpoint` (see [`KubeletEmulator::save_checkpoint`]).
 //!
 //! Used by `gpu-slicer demo`, the integration tests and the benchmarks; talks to
 //! `crate::runtime::plugin` only over real unix sockets.
@@ -135,7 +135,7 @@ struct State {
     plugins: BTreeMap<String, PluginConn>,
     devices: BTreeMap<String, watch::Sender<Vec<DeviceInfo>>>,
     allocations: Vec<Allocation>,
-    /// DRA claims prepared for containers (see [`KubeletEmulator::hold_claim`]).
+    /// DRA claims prepared for containers (see `KubeletEmulator::hold_claim`).
     claims: Vec<HeldClaim>,
     next_pod: u64,
     server: Option<(CancellationToken, JoinHandle<()>)>,

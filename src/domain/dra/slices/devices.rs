@@ -153,7 +153,7 @@ pub(crate) fn snapshot_devices(snapshot: &crate::domain::snapshot::Snapshot) -> 
 }
 
 /// [`node_devices`], with the GPUs `dynamic` (`flags.dra.dynamicMig`) selects published as
-/// partitionable ([`super::partition`]) instead of as the plan has them.
+/// partitionable ([`crate::domain::dra::partition`]) instead of as the plan has them.
 pub(crate) fn node_devices_with(
     inv: &Inventory,
     plan: &Plan,
