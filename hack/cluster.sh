@@ -354,6 +354,13 @@ fake_gpus() {
       for (ci = 0; ci < 8; ci++) printf "gpu%d/gi%d/ci%d/access %d\n", g, gi, ci, m + 1 + ci
     }
   }' >"$ROOT/fake-proc/driver/nvidia-caps/mig-minors"
+  # Every capability node the driver lists, as nvidia-modprobe makes them on a MIG node:
+  # an instance made on demand is only usable (and only visible to the fake NVML) with its
+  # nodes present.
+  mkdir -p "$fdr/dev/nvidia-caps"
+  awk '{print $2}' "$ROOT/fake-proc/driver/nvidia-caps/mig-minors" | while read -r m; do
+    [ -e "$fdr/dev/nvidia-caps/nvidia-cap$m" ] || mknod "$fdr/dev/nvidia-caps/nvidia-cap$m" c 1 3
+  done
   mkdir -p "$ROOT/fake-gpu"
   cp "$REPO/hack/cluster/node.yaml" "$ROOT/fake-gpu/node.yaml"
   : >"$ROOT/fake-gpu/limits.json"
