@@ -46,15 +46,18 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
-use super::instances::MadeForClaim;
+use super::instances::{MadeForClaim, MigError};
 use super::status::{StatusJob, StatusQueue};
 use crate::domain::cdi::shares::HookSettings;
 use crate::domain::dra::claim::{ClaimRef, NodeContext, Resolved, ResourceClaim, resolve};
+use crate::domain::dra::claim_error::ClaimError;
 use crate::domain::dra::status::{DeviceStatus, device_status};
 use crate::domain::dra::{cdi as dra_cdi, slices};
-use crate::platform::claims::ClaimSource;
+use crate::platform::claims::{ClaimSource, ClaimSourceError};
 use crate::platform::dra_mig::InstanceOps;
-use crate::platform::dra_state::{DraFiles, Prepared, PreparedClaim, PreparedDevice, holdings};
+use crate::platform::dra_state::{
+    DraFiles, DraStateError, Prepared, PreparedClaim, PreparedDevice, holdings,
+};
 use crate::state::Store;
 
 /// What binds shares and makes dynamic MIG devices, beside the claims and files.
@@ -130,7 +133,75 @@ impl Gate {
 }
 
 /// The outcome of one claim.
-pub(crate) type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+pub(crate) type ClaimOutcome = Result<Vec<PreparedDevice>, ClaimError>;
+
+/// Why a step of the driver's own work (files, checkpoint, MIG) failed, before it is
+/// pinned on a claim as a [`ClaimError`].
+#[derive(Debug, Clone, thiserror::Error)]
+enum StepError {
+    /// A record, spec or checkpoint write or removal (shared by every claim it covered).
+    #[error("{0}")]
+    State(Arc<DraStateError>),
+    /// The blocking task doing it failed.
+    #[error("{what} task failed: {message}")]
+    Task { what: &'static str, message: String },
+    /// A claim reached the spec write without a spec.
+    #[error("no spec was cut")]
+    NoSpec,
+    /// The checkpoint write that covered the claim did not take it.
+    #[error("the checkpoint did not take it")]
+    NotTaken,
+    /// A made MIG instance, on a run without NVML.
+    #[error("its MIG instances were made through NVML, which this run does not have")]
+    NoNvml,
+    /// A made MIG instance that was not destroyed.
+    #[error("MIG instance {uuid} not destroyed: {source}")]
+    Destroy { uuid: String, source: Arc<MigError> },
+}
+
+impl StepError {
+    fn task(what: &'static str, e: &tokio::task::JoinError) -> Self {
+        Self::Task {
+            what,
+            message: e.to_string(),
+        }
+    }
+
+    /// This failure as `claim`'s refusal.
+    fn for_claim(&self, claim: &ClaimRef) -> ClaimError {
+        let claim = claim.to_string();
+        match self {
+            Self::Task { what, message } => ClaimError::Task {
+                claim,
+                what,
+                message: message.clone(),
+            },
+            Self::NoNvml | Self::Destroy { .. } => ClaimError::MigDestroy {
+                claim,
+                message: self.to_string(),
+            },
+            Self::State(_) | Self::NoSpec | Self::NotTaken => ClaimError::Persistence {
+                claim,
+                message: self.to_string(),
+            },
+        }
+    }
+}
+
+impl From<DraStateError> for StepError {
+    fn from(e: DraStateError) -> Self {
+        Self::State(Arc::new(e))
+    }
+}
+
+/// A claim the API could not give.
+fn unreadable(want: &ClaimRef, e: ClaimSourceError) -> ClaimError {
+    let (claim, message) = (want.to_string(), e.to_string());
+    match e {
+        ClaimSourceError::NotFound { .. } => ClaimError::ClaimNotFound { claim, message },
+        _ => ClaimError::ClaimUnreadable { claim, message },
+    }
+}
 
 /// The driver core.
 #[derive(Debug, Clone)]
@@ -177,7 +248,7 @@ struct Reserved {
     /// The change number once its files are on disk and it waits for the checkpoint.
     ready: Option<u64>,
     /// The checkpoint write that was to hold it failed.
-    failed: Option<String>,
+    failed: Option<StepError>,
 }
 
 impl Ledger {
@@ -373,8 +444,13 @@ impl Driver {
             Ok(outcomes) => out.extend(outcomes),
             Err(e) => {
                 for c in claims {
-                    out.entry(c.uid.clone())
-                        .or_insert_with(|| Err(format!("claim {c}: prepare task failed: {e}")));
+                    out.entry(c.uid.clone()).or_insert_with(|| {
+                        Err(ClaimError::Task {
+                            claim: c.to_string(),
+                            what: "prepare",
+                            message: e.to_string(),
+                        })
+                    });
                 }
             }
         }
@@ -382,7 +458,10 @@ impl Driver {
     }
 
     /// GET every claim concurrently; a failure is that claim's alone.
-    async fn fetch(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, Result<ResourceClaim, String>)> {
+    async fn fetch(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> Vec<(ClaimRef, Result<ResourceClaim, ClaimError>)> {
         let mut set = JoinSet::new();
         for (i, c) in claims.into_iter().enumerate() {
             let source = self.inner.claims.clone();
@@ -390,7 +469,7 @@ impl Driver {
                 let got = source
                     .get(&c.namespace, &c.name)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| unreadable(&c, e));
                 (i, c, got)
             });
         }
@@ -402,7 +481,7 @@ impl Driver {
     /// The state-changing part of a Prepare (see the module header for the order).
     async fn prepare_fetched(
         &self,
-        mut fetched: Vec<(ClaimRef, Result<ResourceClaim, String>)>,
+        mut fetched: Vec<(ClaimRef, Result<ResourceClaim, ClaimError>)>,
     ) -> BTreeMap<String, ClaimOutcome> {
         // A task marks its claims busy one by one and may wait for one while holding the
         // others: every task takes them in UID order, so no two wait on each other.
@@ -469,7 +548,11 @@ impl Driver {
 
     /// Resolve `claim` against the node's devices and everything prepared or reserved, and
     /// reserve it; a claim another task works on is waited for first.
-    async fn reserve(&self, want: &ClaimRef, claim: &ResourceClaim) -> Result<Reservation, String> {
+    async fn reserve(
+        &self,
+        want: &ClaimRef,
+        claim: &ResourceClaim,
+    ) -> Result<Reservation, ClaimError> {
         loop {
             let wait = {
                 let mut ledger = self.ledger();
@@ -509,12 +592,12 @@ impl Driver {
         ledger: &Ledger,
         want: &ClaimRef,
         claim: &ResourceClaim,
-    ) -> Result<Resolved, String> {
+    ) -> Result<Resolved, ClaimError> {
         let snapshot = self.inner.store.current();
         if snapshot.spec.is_none() {
-            return Err(format!(
-                "claim {want}: the node's CDI spec is not written yet"
-            ));
+            return Err(ClaimError::SpecNotWritten {
+                claim: want.to_string(),
+            });
         }
         let devices = slices::snapshot_devices(&snapshot);
         let taken = ledger.holdings();
@@ -524,7 +607,7 @@ impl Driver {
             devices: &devices,
             prepared: &taken,
         };
-        resolve(want, claim, &ctx).map_err(|e| e.to_string())
+        resolve(want, claim, &ctx)
     }
 
     /// The claim as the checkpoint records it.
@@ -567,13 +650,25 @@ impl Driver {
     }
 
     /// Make the claim's MIG instances and cut its spec from the node's.
-    async fn make_and_cut(&self, mut w: Work) -> Result<Work, (Work, String)> {
+    async fn make_and_cut(&self, mut w: Work) -> Result<Work, (Work, ClaimError)> {
         let snapshot = self.inner.store.current();
         let ops = self.inner.extras.instances.as_ref();
         match super::instances::make(ops, &w.resolved.devices, &snapshot.config).await {
             Ok(made) => w.made = made,
+            Err(MigError::NeedsNvml { request, device }) => {
+                let claim = w.want.to_string();
+                let e = ClaimError::MigNeedsNvml {
+                    claim,
+                    request,
+                    device,
+                };
+                return Err((w, e));
+            }
             Err(e) => {
-                let e = format!("claim {}: {e}", w.want);
+                let e = ClaimError::MigCreate {
+                    claim: w.want.to_string(),
+                    message: e.to_string(),
+                };
                 return Err((w, e));
             }
         }
@@ -590,7 +685,9 @@ impl Driver {
             r.claim.devices.clone_from(&w.answer);
         }
         let Some(node_spec) = snapshot.spec.as_ref() else {
-            let e = format!("claim {}: the node's CDI spec is not written yet", w.want);
+            let e = ClaimError::SpecNotWritten {
+                claim: w.want.to_string(),
+            };
             return Err((w, e));
         };
         let inputs = dra_cdi::SpecInputs {
@@ -604,16 +701,13 @@ impl Driver {
                 w.spec = Some(s);
                 Ok(w)
             }
-            Err(e) => {
-                let e = e.to_string();
-                Err((w, e))
-            }
+            Err(e) => Err((w, e)),
         }
     }
 
     /// Write every claim's record, one fsync of their folder, then every spec, one fsync of
     /// the CDI directory; the claims whose files are all on disk, and the others.
-    async fn write_files(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, String)>) {
+    async fn write_files(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, ClaimError)>) {
         if work.is_empty() {
             return (work, Vec::new());
         }
@@ -631,7 +725,7 @@ impl Driver {
                 move || {
                     files
                         .write_record(&uid, &boot, &claim)
-                        .map_err(|e| e.to_string())
+                        .map_err(StepError::from)
                 }
             })
             .collect();
@@ -646,8 +740,8 @@ impl Driver {
                 let (files, uid, spec) =
                     (self.inner.files.clone(), w.want.uid.clone(), w.spec.take());
                 move || match spec {
-                    Some(s) => files.write_spec(&uid, &s).map_err(|e| e.to_string()),
-                    None => Err("no spec was cut".to_string()),
+                    Some(s) => files.write_spec(&uid, &s).map_err(StepError::from),
+                    None => Err(StepError::NoSpec),
                 }
             })
             .collect();
@@ -666,24 +760,24 @@ impl Driver {
         work: Vec<Work>,
         jobs: Vec<J>,
         sync: S,
-    ) -> (Vec<Work>, Vec<(Work, String)>)
+    ) -> (Vec<Work>, Vec<(Work, ClaimError)>)
     where
-        J: FnOnce() -> Result<(), String> + Send + 'static,
-        S: FnOnce() -> Result<(), crate::platform::dra_state::DraStateError> + Send + 'static,
+        J: FnOnce() -> Result<(), StepError> + Send + 'static,
+        S: FnOnce() -> Result<(), DraStateError> + Send + 'static,
     {
-        let results: Vec<Result<(), String>> = if jobs.len() == 1 {
+        let results: Vec<Result<(), StepError>> = if jobs.len() == 1 {
             // One claim: its write and the sync in one hop to the blocking pool.
             let job = jobs.into_iter().next().map(|j| {
                 move || {
                     j()?;
-                    sync().map_err(|e| e.to_string())
+                    sync().map_err(StepError::from)
                 }
             });
             match job {
                 Some(j) => vec![
                     tokio::task::spawn_blocking(j)
                         .await
-                        .unwrap_or_else(|e| Err(format!("write task failed: {e}"))),
+                        .unwrap_or_else(|e| Err(StepError::task("write", &e))),
                 ],
                 None => Vec::new(),
             }
@@ -692,15 +786,18 @@ impl Driver {
             for (i, j) in jobs.into_iter().enumerate() {
                 set.spawn_blocking(move || (i, j()));
             }
-            let mut got: Vec<(usize, Result<(), String>)> = Vec::new();
+            let mut got: Vec<(usize, Result<(), StepError>)> = Vec::new();
             while let Some(r) = set.join_next().await {
-                got.push(
-                    r.unwrap_or_else(|e| (usize::MAX, Err(format!("write task failed: {e}")))),
-                );
+                got.push(r.unwrap_or_else(|e| (usize::MAX, Err(StepError::task("write", &e)))));
             }
             got.sort_by_key(|(i, _)| *i);
-            let mut results: Vec<Result<(), String>> = (0..work.len())
-                .map(|_| Err("write task failed".to_string()))
+            let mut results: Vec<Result<(), StepError>> = (0..work.len())
+                .map(|_| {
+                    Err(StepError::Task {
+                        what: "write",
+                        message: "it did not answer".into(),
+                    })
+                })
                 .collect();
             for (i, r) in got {
                 if let Some(slot) = results.get_mut(i) {
@@ -708,9 +805,9 @@ impl Driver {
                 }
             }
             if results.iter().any(Result::is_ok) {
-                let synced = tokio::task::spawn_blocking(move || sync().map_err(|e| e.to_string()))
+                let synced = tokio::task::spawn_blocking(move || sync().map_err(StepError::from))
                     .await
-                    .unwrap_or_else(|e| Err(format!("sync task failed: {e}")));
+                    .unwrap_or_else(|e| Err(StepError::task("sync", &e)));
                 if let Err(e) = synced {
                     for r in &mut results {
                         if r.is_ok() {
@@ -727,7 +824,7 @@ impl Driver {
             match r {
                 Ok(()) => ok.push(w),
                 Err(e) => {
-                    let e = format!("claim {}: {e}", w.want);
+                    let e = e.for_claim(&w.want);
                     failed.push((w, e));
                 }
             }
@@ -736,7 +833,7 @@ impl Driver {
     }
 
     /// Put the claims in the next checkpoint write and, once it is on disk, in memory.
-    async fn commit_prepared(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, String)>) {
+    async fn commit_prepared(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, ClaimError)>) {
         if work.is_empty() {
             return (work, Vec::new());
         }
@@ -764,8 +861,8 @@ impl Driver {
                     .reserved
                     .get(&w.want.uid)
                     .and_then(|r| r.failed.clone())
-                    .unwrap_or_else(|| "the checkpoint did not take it".into());
-                let e = format!("claim {}: {e}", w.want);
+                    .unwrap_or(StepError::NotTaken)
+                    .for_claim(&w.want);
                 failed.push((w, e));
             }
         }
@@ -775,7 +872,7 @@ impl Driver {
     /// Make the checkpoint on disk hold every change up to `upto` (group commit: whoever
     /// writes takes every ready claim and every removal so far); the write's error, if the
     /// one that covered `upto` failed.
-    async fn write_checkpoint(&self, upto: u64) -> Result<(), String> {
+    async fn write_checkpoint(&self, upto: u64) -> Result<(), StepError> {
         let _turn = self.inner.commit.lock().await;
         let (snapshot, seq, included) = {
             let ledger = self.ledger();
@@ -795,8 +892,8 @@ impl Driver {
         let files = self.inner.files.clone();
         let saved = tokio::task::spawn_blocking(move || files.save(&snapshot))
             .await
-            .map_err(|e| format!("checkpoint write task failed: {e}"))
-            .and_then(|r| r.map_err(|e| e.to_string()));
+            .map_err(|e| StepError::task("checkpoint write", &e))
+            .and_then(|r| r.map_err(StepError::from));
         let mut ledger = self.ledger();
         match &saved {
             Ok(()) => {
@@ -844,7 +941,7 @@ impl Driver {
     pub(crate) async fn unprepare(
         &self,
         claims: &[ClaimRef],
-    ) -> BTreeMap<String, Result<(), String>> {
+    ) -> BTreeMap<String, Result<(), ClaimError>> {
         let this = self.clone();
         let owned = claims.to_vec();
         let task = self
@@ -855,10 +952,12 @@ impl Driver {
             claims
                 .iter()
                 .map(|c| {
-                    (
-                        c.uid.clone(),
-                        Err(format!("claim {c}: unprepare task failed: {e}")),
-                    )
+                    let e = ClaimError::Task {
+                        claim: c.to_string(),
+                        what: "unprepare",
+                        message: e.to_string(),
+                    };
+                    (c.uid.clone(), Err(e))
                 })
                 .collect()
         })
@@ -867,7 +966,7 @@ impl Driver {
     async fn unprepare_owned(
         &self,
         mut claims: Vec<ClaimRef>,
-    ) -> BTreeMap<String, Result<(), String>> {
+    ) -> BTreeMap<String, Result<(), ClaimError>> {
         // In UID order, as a Prepare takes them (see `prepare_fetched`).
         claims.sort_by(|a, b| a.uid.cmp(&b.uid));
         let mut out = BTreeMap::new();
@@ -897,7 +996,7 @@ impl Driver {
             match self.destroy_made(known.as_ref()).await {
                 Ok(()) => going.push((c, known.is_some())),
                 Err(e) => {
-                    let e = format!("claim {c}: {e}");
+                    let e = e.for_claim(&c);
                     tracing::warn!(claim = %c, error = %e, "claim not unprepared");
                     self.ledger().busy.remove(&c.uid);
                     out.insert(c.uid.clone(), Err(e));
@@ -920,7 +1019,7 @@ impl Driver {
                     out.insert(c.uid.clone(), Ok(()));
                 }
                 Err(e) => {
-                    let e = format!("claim {c}: {e}");
+                    let e = e.for_claim(&c);
                     tracing::warn!(claim = %c, error = %e, "claim not unprepared");
                     out.insert(c.uid.clone(), Err(e));
                 }
@@ -930,7 +1029,7 @@ impl Driver {
     }
 
     /// Specs (one fsync), memory and checkpoint (group commit), then records (one fsync).
-    async fn remove_claims(&self, going: &[(ClaimRef, bool)]) -> Result<(), String> {
+    async fn remove_claims(&self, going: &[(ClaimRef, bool)]) -> Result<(), StepError> {
         let uids: Vec<String> = going.iter().map(|(c, _)| c.uid.clone()).collect();
         let files = self.inner.files.clone();
         let specs = uids.clone();
@@ -941,8 +1040,7 @@ impl Driver {
             files.sync_specs()
         })
         .await
-        .map_err(|e| format!("remove task failed: {e}"))?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| StepError::task("remove", &e))??;
         #[cfg(test)]
         if let Some(g) = &self.inner.extras.gate {
             g.pass(Stage::BeforeUnprepareCommit).await;
@@ -965,12 +1063,12 @@ impl Driver {
             files.sync_records()
         })
         .await
-        .map_err(|e| format!("remove task failed: {e}"))?
-        .map_err(|e| e.to_string())
+        .map_err(|e| StepError::task("remove", &e))?
+        .map_err(StepError::from)
     }
 
     /// Destroy the MIG instances made for `claim`.
-    async fn destroy_made(&self, claim: Option<&PreparedClaim>) -> Result<(), String> {
+    async fn destroy_made(&self, claim: Option<&PreparedClaim>) -> Result<(), StepError> {
         let made: Vec<_> = claim
             .into_iter()
             .flat_map(|c| c.devices.iter())
@@ -979,13 +1077,19 @@ impl Driver {
         if made.is_empty() {
             return Ok(());
         }
-        let ops = self.inner.extras.instances.as_ref().ok_or_else(|| {
-            "its MIG instances were made through NVML, which this run does not have".to_string()
-        })?;
+        let ops = self
+            .inner
+            .extras
+            .instances
+            .as_ref()
+            .ok_or(StepError::NoNvml)?;
         for m in &made {
             super::instances::destroy(ops, m)
                 .await
-                .map_err(|e| format!("MIG instance {} not destroyed: {e}", m.uuid))?;
+                .map_err(|e| StepError::Destroy {
+                    uuid: m.uuid.clone(),
+                    source: Arc::new(e),
+                })?;
             tracing::info!(gpu = m.gpu_index, gpu_instance = m.gpu_instance_id, mig = %m.uuid,
                 "MIG instance of an unprepared claim destroyed");
         }
