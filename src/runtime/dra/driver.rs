@@ -53,6 +53,7 @@ use crate::domain::dra::claim::{ClaimRef, NodeContext, Resolved, ResourceClaim, 
 use crate::domain::dra::claim_error::ClaimError;
 use crate::domain::dra::status::{DeviceStatus, device_status};
 use crate::domain::dra::{cdi as dra_cdi, slices};
+use crate::domain::usage::{DraReport, PreparedClaimReport, PreparedDeviceReport};
 use crate::platform::claims::{ClaimSource, ClaimSourceError};
 use crate::platform::dra_mig::InstanceOps;
 use crate::platform::dra_state::{
@@ -224,6 +225,9 @@ struct Inner {
     extras: DriverExtras,
     /// Where claim status writes are queued (none: status is not written).
     status: std::sync::OnceLock<StatusQueue>,
+    /// The prepared claims as `/v1/state` shows them: a view beside the store, sent each
+    /// time the committed set changes (see [`Driver::prepared_view`]).
+    view: watch::Sender<Arc<DraReport>>,
 }
 
 /// What is prepared, what is being prepared, and what the checkpoint on disk has caught up
@@ -240,6 +244,9 @@ struct Ledger {
     seq: u64,
     /// The last change the checkpoint on disk holds.
     written: u64,
+    /// When this run committed each prepared claim (Unix ms); claims recovered from the
+    /// checkpoint have none (it does not record the time).
+    prepared_at: BTreeMap<String, u64>,
 }
 
 #[derive(Debug)]
@@ -252,6 +259,32 @@ struct Reserved {
 }
 
 impl Ledger {
+    /// The committed claims as `/v1/state` shows them.
+    fn report(&self) -> DraReport {
+        let prepared_claims = self
+            .prepared
+            .claims
+            .iter()
+            .map(|(uid, c)| PreparedClaimReport {
+                uid: uid.clone(),
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                devices: c
+                    .devices
+                    .iter()
+                    .map(|d| PreparedDeviceReport {
+                        request: d.request.clone(),
+                        device: d.device.clone(),
+                        share_id: d.share_id.clone(),
+                        cdi_ids: d.cdi_ids.clone(),
+                    })
+                    .collect(),
+                prepared_at_ms: self.prepared_at.get(uid).copied(),
+            })
+            .collect();
+        DraReport { prepared_claims }
+    }
+
     /// Device → holdings of committed and reserved claims.
     fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
         holdings(
@@ -298,6 +331,11 @@ impl Driver {
         (files, prepared): (DraFiles, Prepared),
         extras: DriverExtras,
     ) -> Self {
+        let ledger = Ledger {
+            prepared,
+            ..Ledger::default()
+        };
+        let (view, _) = watch::channel(Arc::new(ledger.report()));
         Self {
             inner: Arc::new(Inner {
                 driver: driver.to_string(),
@@ -305,14 +343,12 @@ impl Driver {
                 store,
                 claims,
                 files,
-                ledger: std::sync::Mutex::new(Ledger {
-                    prepared,
-                    ..Ledger::default()
-                }),
+                ledger: std::sync::Mutex::new(ledger),
                 commit: tokio::sync::Mutex::new(()),
                 tasks: TaskTracker::new(),
                 extras,
                 status: std::sync::OnceLock::new(),
+                view,
             }),
         }
     }
@@ -396,6 +432,22 @@ impl Driver {
     /// UIDs of the prepared claims.
     pub(crate) fn prepared_claims(&self) -> Vec<String> {
         self.ledger().prepared.claims.keys().cloned().collect()
+    }
+
+    /// Follow the prepared claims as `/v1/state` shows them. A view beside the store rather
+    /// than in it: the ledger is the driver's own (its locking and group commit are what keep
+    /// memory and disk in step), a claim change is not a change of the node's plan (store
+    /// subscribers such as ListAndWatch and the slice publisher must not wake for it), and the
+    /// usage sampler, which renders `/v1/state`, reads it once per round as it reads the
+    /// PodResources ledger.
+    pub(crate) fn prepared_view(&self) -> watch::Receiver<Arc<DraReport>> {
+        self.inner.view.subscribe()
+    }
+
+    /// Send the committed claims to [`Self::prepared_view`] (with the ledger held, so views
+    /// are sent in the order of the changes).
+    fn publish_view(&self, ledger: &Ledger) {
+        self.inner.view.send_replace(Arc::new(ledger.report()));
     }
 
     /// How many claims are prepared (checkpointed), and how many devices they hold.
@@ -898,10 +950,16 @@ impl Driver {
         match &saved {
             Ok(()) => {
                 ledger.written = seq;
+                let now = unix_ms();
+                let changed = !included.is_empty();
                 for uid in included {
                     if let Some(r) = ledger.reserved.remove(&uid) {
+                        ledger.prepared_at.insert(uid.clone(), now);
                         ledger.prepared.claims.insert(uid, r.claim);
                     }
+                }
+                if changed {
+                    self.publish_view(&ledger);
                 }
             }
             Err(e) => {
@@ -1047,10 +1105,15 @@ impl Driver {
         }
         let upto = {
             let mut ledger = self.ledger();
+            let before = ledger.seq;
             for uid in &uids {
+                ledger.prepared_at.remove(uid);
                 if ledger.prepared.claims.remove(uid).is_some() {
                     ledger.seq += 1;
                 }
+            }
+            if ledger.seq != before {
+                self.publish_view(&ledger);
             }
             ledger.seq
         };
@@ -1095,6 +1158,12 @@ impl Driver {
         }
         Ok(())
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What [`Driver::reserve`] found.

@@ -318,12 +318,31 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     if z[UID_B].is_err() {
         assert_eq!(x[UID_A], y[UID_A]);
     }
+    // The view /v1/state shows: the holder only, with the time this run committed it.
+    let view = r.handle.prepared.borrow().clone();
+    assert_eq!(view.prepared_claims.len(), 1, "{view:?}");
+    let shown = &view.prepared_claims[0];
+    assert_eq!(
+        (
+            shown.uid.as_str(),
+            shown.namespace.as_str(),
+            shown.name.as_str()
+        ),
+        (holder.1, "ml", holder.0)
+    );
+    assert_eq!(shown.devices[0].device, "gpu-2");
+    assert!(shown.prepared_at_ms.is_some_and(|t| t > 0), "{view:?}");
     r.stop().await;
 
     // SIGKILL-like restart: the checkpoint keeps the holder; the loser is still refused.
     let r = run(dir.path(), store(), claims.clone()).await;
     assert_eq!(r.handle.loaded, LoadOutcome::Loaded);
     assert_eq!(r.handle.driver.prepared_claims(), [holder.1.to_string()]);
+    // Recovered from the checkpoint, which does not record when: shown without a time.
+    let view = r.handle.prepared.borrow().clone();
+    assert_eq!(view.prepared_claims.len(), 1, "{view:?}");
+    assert_eq!(view.prepared_claims[0].uid, holder.1);
+    assert_eq!(view.prepared_claims[0].prepared_at_ms, None);
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
     assert!(

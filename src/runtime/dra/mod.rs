@@ -106,6 +106,8 @@ pub(crate) struct DraExposed {
     pub(crate) repairs: Vec<crate::platform::dra_state::Repair>,
     /// The kubelet's last registration verdict.
     pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
+    /// The prepared claims, for `/v1/state`.
+    pub(crate) prepared: watch::Receiver<Arc<crate::domain::usage::DraReport>>,
 }
 
 /// A started driver.
@@ -165,6 +167,7 @@ async fn start(
         settings.extras.clone(),
     );
     driver.write_status_with(queue);
+    let prepared_view = driver.prepared_view();
     let (claims_now, devices_now) = driver.prepared_totals();
     metrics.set_dra_prepared(claims_now, devices_now);
     // A stop waits for the Prepares and Unprepares under way (they outlive their RPCs) and
@@ -242,6 +245,7 @@ async fn start(
         loaded,
         repairs,
         registration,
+        prepared: prepared_view,
     })
 }
 
