@@ -297,7 +297,7 @@ async fn spawn_actors(
             pool: d.driver.node.clone(),
         });
     let front = match settings.dra {
-        Some(dra) => FrontEnd::Dra(Box::new(dra)),
+        Some(dra) => FrontEnd::Dra(Box::new(dra), fs.clone()),
         None => {
             let first = ctx.store.current();
             remove_stale_sockets(&settings.device_plugin_dir, &first.resource_names());
@@ -322,8 +322,8 @@ async fn spawn_actors(
             };
             plugin::spawn(plugin_settings, peers, ctx).into_inner()
         }
-        FrontEnd::Dra(dra) => {
-            dra_view = Some(spawn_dra(*dra, &readiness, ctx).await?);
+        FrontEnd::Dra(dra, fs) => {
+            dra_view = Some(spawn_dra(*dra, &fs, &readiness, ctx).await?);
             // No resource servers, so no resource failures: a closed channel never fires.
             let (_, none) = mpsc::channel(1);
             none
@@ -352,20 +352,25 @@ async fn spawn_actors(
 enum FrontEnd {
     /// Device-plugin servers, registered through the kubelet socket watched here.
     Plugin(plugin::KubeletWatch),
-    /// The DRA driver (boxed: its settings dwarf the watch).
-    Dra(Box<crate::runtime::dra::DraModeSettings>),
+    /// The DRA driver (boxed: its settings dwarf the watch), and the inotify instance its
+    /// registration socket is followed through.
+    Dra(
+        Box<crate::runtime::dra::DraModeSettings>,
+        Arc<crate::platform::fswatch::DirWatch>,
+    ),
 }
 
 /// Start the DRA driver and, with an API, the slice publisher; `/readyz` waits for the
 /// kubelet to accept the driver's registration. Returns the view of its prepared claims.
 async fn spawn_dra(
     dra: crate::runtime::dra::DraModeSettings,
+    fs: &Arc<crate::platform::fswatch::DirWatch>,
     readiness: &Arc<Readiness>,
     ctx: &Context,
 ) -> Result<tokio::sync::watch::Receiver<Arc<crate::domain::usage::DraReport>>, AppError> {
     let name = dra.driver.driver.clone();
     readiness.expect_resources([name.clone()]);
-    let handle = crate::runtime::dra::spawn(dra.driver, dra.claims, ctx).await?;
+    let handle = crate::runtime::dra::spawn_watched(dra.driver, dra.claims, fs, ctx).await?;
     let mut verdicts = handle.get().registration.clone();
     let (readiness, token) = (readiness.clone(), ctx.child_token());
     ctx.tracker.spawn(async move {
