@@ -199,6 +199,55 @@ fn the_front_ends_name_nothing_of_each_other() {
     assert!(edges[&dra].contains(&vec!["runtime".to_string(), "socket".to_string()]));
 }
 
+/// Lines of `code` with a `Result<_, String>`: `Result<`, then `, String>` closing it (not a
+/// `String` that is a type argument of the value, as in `Result<BTreeMap<String, String>, E>`).
+fn string_results(code: &str) -> Vec<String> {
+    code.lines()
+        .filter(|l| {
+            l.find("Result<").is_some_and(|at| {
+                let rest = &l[at..];
+                rest.match_indices("String>").any(|(i, _)| {
+                    let before = rest[..i].trim_end();
+                    let after = &rest[i + "String>".len()..];
+                    before.ends_with(',') && !after.starts_with(',')
+                })
+            })
+        })
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+/// The DRA front-end's refusals are typed (`ClaimError` and the module enums under it):
+/// neither `domain::dra` nor `runtime::dra` returns a `Result<_, String>`. The one `String`
+/// left is the kubelet's own registration verdict, which the driver relays, not makes.
+#[test]
+fn the_dra_front_end_speaks_no_string_errors() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src.join("domain/dra"), &mut files);
+    sources(&src.join("runtime/dra"), &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for line in string_results(&code(&text)) {
+            if line.contains("watch::Sender<Option<Result<(), String>>>")
+                || line.contains("watch::Receiver<Option<Result<(), String>>>")
+            {
+                continue;
+            }
+            found.push(format!("{}: {line}", file.display()));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The reader sees what it looks for, and not a String inside the value type.
+    assert_eq!(
+        string_results(
+            "fn f() -> Result<Vec<u8>, String> {\nfn g() -> Result<BTreeMap<String, String>, E> {"
+        ),
+        ["fn f() -> Result<Vec<u8>, String> {"]
+    );
+}
+
 #[test]
 fn no_two_modules_depend_on_each_other() {
     let edges = graph();

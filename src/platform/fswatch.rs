@@ -1,7 +1,8 @@
 //! One inotify instance for the whole daemon, read by one task on the tokio reactor: no
 //! thread of its own (an idle daemon's thread count is a figure we keep low). The
-//! kubelet-socket watch (`runtime::plugin::watch`) and the config-file watch
-//! (`runtime::triggers`) each register a directory and a handler; events are routed by the
+//! kubelet-socket watch (`runtime::plugin::watch`), the DRA registration socket's removal
+//! watch (`runtime::socket::RemovalWatch`) and the config-file watch (`runtime::triggers`)
+//! each register a directory and a handler; events are routed by the
 //! watch they happened in. Handlers run on the reader task and must not block (they send on
 //! channels).
 //!

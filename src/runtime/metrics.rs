@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::allocate::ResourceView;
+use crate::domain::dra::claim_error::ClaimError;
 use crate::domain::inventory::Health;
 use crate::state::Store;
 
@@ -61,6 +62,13 @@ pub(crate) struct RuleLabels {
 pub(crate) struct OutcomeLabels {
     /// `ok` or `failed`.
     pub(crate) outcome: String,
+}
+
+/// Labels of `dra_claim_refusals_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ClaimRuleLabels {
+    /// The rule the claim broke ([`ClaimError::rule`]).
+    pub(crate) rule: String,
 }
 
 /// Labels of `config_entries_skipped`.
@@ -168,6 +176,9 @@ pub(crate) struct Metrics {
     pub(crate) dra_prepare_seconds: Family<OutcomeLabels, Histogram>,
     /// NodeUnprepareResources calls by outcome.
     pub(crate) dra_unprepare_seconds: Family<OutcomeLabels, Histogram>,
+    /// Claims the DRA driver refused to prepare or unprepare, by rule; every rule is
+    /// present from the start.
+    pub(crate) dra_claim_refusals: Family<ClaimRuleLabels, Counter>,
     /// Claims prepared on this node (checkpointed), after the last call or the start.
     pub(crate) dra_prepared_claims: Gauge,
     /// Devices those claims hold.
@@ -359,6 +370,11 @@ impl Metrics {
                 "Time to answer NodeUnprepareResources, by outcome (failed: any claim not unprepared)",
                 Family::new_with_constructor(claim_call_histogram as fn() -> Histogram),
             ),
+            dra_claim_refusals: r.add(
+                "dra_claim_refusals",
+                "Claims the DRA driver refused to prepare or unprepare, by the rule they broke",
+                Family::default(),
+            ),
             dra_prepared_claims: r.add(
                 "dra_prepared_claims",
                 "DRA claims prepared on this node",
@@ -410,7 +426,22 @@ impl Metrics {
             drop(self.dra_prepare_seconds.get_or_create(&labels));
             drop(self.dra_unprepare_seconds.get_or_create(&labels));
         }
+        for rule in ClaimError::RULES {
+            drop(
+                self.dra_claim_refusals
+                    .get_or_create(&ClaimRuleLabels { rule: rule.into() }),
+            );
+        }
         self.record_skipped(&[]);
+    }
+
+    /// Count one refused claim under its rule.
+    pub(crate) fn record_dra_refusal(&self, error: &ClaimError) {
+        self.dra_claim_refusals
+            .get_or_create(&ClaimRuleLabels {
+                rule: error.rule().into(),
+            })
+            .inc();
     }
 
     /// Record a NodePrepareResources (`prepare`) or NodeUnprepareResources call.

@@ -3,11 +3,20 @@
 //! `platform::uds_authority`, and unlinked when serving stops. `runtime::plugin` (one socket
 //! per resource) and `runtime::dra` (the DRA service and registration sockets) both use it
 //! and name nothing of each other.
+//!
+//! A socket the kubelet may delete (the DRA registration socket, when a kubelet restart
+//! cleans its plugin registry) is followed by a [`RemovalWatch`] on the daemon's one inotify
+//! instance (`crate::platform::fswatch`), as the device plugin follows `kubelet.sock`: no
+//! polling.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+use crate::platform::fswatch::{DirWatch, FsKind, Handler};
 
 pub(crate) use crate::platform::uds_authority::incoming;
 
@@ -55,6 +64,73 @@ pub(crate) fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     Ok(listener)
 }
 
+/// Tells when a served socket file is gone, from its directory's inotify events.
+#[derive(Debug)]
+pub(crate) struct RemovalWatch {
+    path: PathBuf,
+    /// Bumped on every event that may have removed the file.
+    events: watch::Receiver<u64>,
+    /// Keeps the inotify reader alive as long as this watch.
+    _fs: Arc<DirWatch>,
+}
+
+impl RemovalWatch {
+    /// Follow `path` through `fs` (its directory made if missing).
+    pub(crate) fn start(path: &Path, fs: &Arc<DirWatch>) -> Result<Self, SocketError> {
+        let dir = path
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let io = |action: &'static str| {
+            let dir = dir.display().to_string();
+            move |source| SocketError::Io {
+                action,
+                path: dir,
+                source,
+            }
+        };
+        std::fs::create_dir_all(&dir).map_err(io("create directory"))?;
+        let name = path.file_name().map(std::ffi::OsStr::to_os_string);
+        let (tx, rx) = watch::channel(0u64);
+        let handler: Handler = Box::new(move |event| {
+            // On the watcher's reader task: a plain send, nothing that blocks.
+            let ours = event
+                .path
+                .as_ref()
+                .is_some_and(|p| p.file_name().map(std::ffi::OsStr::to_os_string) == name);
+            let may_be_gone = match event.kind {
+                FsKind::Removed | FsKind::Renamed => ours,
+                // Events lost: look.
+                FsKind::Lost => true,
+                FsKind::Created | FsKind::Modified => false,
+            };
+            if may_be_gone {
+                tx.send_modify(|n| *n += 1);
+            }
+        });
+        fs.watch(&dir, handler).map_err(io("watch"))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            events: rx,
+            _fs: fs.clone(),
+        })
+    }
+
+    /// Return once the file is gone: checked now (it may have gone before the watch
+    /// started), then after every event that may have removed it (a rename onto it, or our
+    /// own re-bind replacing it, leaves it there).
+    pub(crate) async fn removed(&mut self) {
+        loop {
+            if std::fs::symlink_metadata(&self.path).is_err() {
+                return;
+            }
+            if self.events.changed().await.is_err() {
+                // The watcher is gone (its reader stopped): nothing more will be heard.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
 /// Remove a socket file; it being gone already (the kubelet deletes sockets) is fine.
 pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
@@ -89,5 +165,39 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         remove(&path).expect("remove");
         remove(&path).expect("already gone is fine");
+    }
+
+    /// A removal is heard through inotify, and the watch wakes only with the file gone (a
+    /// re-bind over it, remove + bind, is not taken for one).
+    #[tokio::test]
+    async fn a_removal_watch_wakes_when_the_socket_is_deleted() {
+        let dir = tempfile::Builder::new()
+            .prefix("gsp")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let path = dir.path().join("r.sock");
+        let fs = DirWatch::new().expect("inotify");
+        let _first = bind(&path).expect("bind");
+        let mut watch = RemovalWatch::start(&path, &fs).expect("watch");
+        // Re-bound in place: its events reach the watch, the file is still there.
+        let _second = bind(&path).expect("bind again");
+        let woke = async {
+            watch.removed().await;
+            // Checked the moment it wakes: gone.
+            std::fs::symlink_metadata(&path).is_err()
+        };
+        let deleted = async {
+            tokio::task::yield_now().await;
+            std::fs::remove_file(&path).expect("delete");
+        };
+        let (woke, ()) = tokio::join!(
+            tokio::time::timeout(std::time::Duration::from_secs(10), woke),
+            deleted
+        );
+        assert_eq!(
+            woke.ok(),
+            Some(true),
+            "heard, and only once the file was gone"
+        );
     }
 }

@@ -297,7 +297,7 @@ async fn spawn_actors(
             pool: d.driver.node.clone(),
         });
     let front = match settings.dra {
-        Some(dra) => FrontEnd::Dra(Box::new(dra)),
+        Some(dra) => FrontEnd::Dra(Box::new(dra), fs.clone()),
         None => {
             let first = ctx.store.current();
             remove_stale_sockets(&settings.device_plugin_dir, &first.resource_names());
@@ -307,6 +307,7 @@ async fn spawn_actors(
     drop(fs);
     crate::runtime::mps::health::spawn(settings.mps, ctx);
     let readiness = Arc::new(Readiness::following(ctx.store.clone()));
+    let mut dra_view = None;
     let failures = match front {
         FrontEnd::Plugin(watch) => {
             let plugin_settings = PluginSettings {
@@ -321,8 +322,8 @@ async fn spawn_actors(
             };
             plugin::spawn(plugin_settings, peers, ctx).into_inner()
         }
-        FrontEnd::Dra(dra) => {
-            spawn_dra(*dra, &readiness, ctx).await?;
+        FrontEnd::Dra(dra, fs) => {
+            dra_view = Some(spawn_dra(*dra, &fs, &readiness, ctx).await?);
             // No resource servers, so no resource failures: a closed channel never fires.
             let (_, none) = mpsc::channel(1);
             none
@@ -333,6 +334,7 @@ async fn spawn_actors(
         node_labels: settings.node_labels,
         ledger: settings.ledger,
         dra_pool,
+        dra_view,
         usage: settings.usage,
         http_listen: settings.http_listen,
         health_monitor: settings.health_monitor,
@@ -350,20 +352,25 @@ async fn spawn_actors(
 enum FrontEnd {
     /// Device-plugin servers, registered through the kubelet socket watched here.
     Plugin(plugin::KubeletWatch),
-    /// The DRA driver (boxed: its settings dwarf the watch).
-    Dra(Box<crate::runtime::dra::DraModeSettings>),
+    /// The DRA driver (boxed: its settings dwarf the watch), and the inotify instance its
+    /// registration socket is followed through.
+    Dra(
+        Box<crate::runtime::dra::DraModeSettings>,
+        Arc<crate::platform::fswatch::DirWatch>,
+    ),
 }
 
 /// Start the DRA driver and, with an API, the slice publisher; `/readyz` waits for the
-/// kubelet to accept the driver's registration.
+/// kubelet to accept the driver's registration. Returns the view of its prepared claims.
 async fn spawn_dra(
     dra: crate::runtime::dra::DraModeSettings,
+    fs: &Arc<crate::platform::fswatch::DirWatch>,
     readiness: &Arc<Readiness>,
     ctx: &Context,
-) -> Result<(), AppError> {
+) -> Result<tokio::sync::watch::Receiver<Arc<crate::domain::usage::DraReport>>, AppError> {
     let name = dra.driver.driver.clone();
     readiness.expect_resources([name.clone()]);
-    let handle = crate::runtime::dra::spawn(dra.driver, dra.claims, ctx).await?;
+    let handle = crate::runtime::dra::spawn_watched(dra.driver, dra.claims, fs, ctx).await?;
     let mut verdicts = handle.get().registration.clone();
     let (readiness, token) = (readiness.clone(), ctx.child_token());
     ctx.tracker.spawn(async move {
@@ -412,7 +419,7 @@ async fn spawn_dra(
     if let Some(p) = dra.publish {
         crate::runtime::dra::publish::spawn(p, ctx);
     }
-    Ok(())
+    Ok(handle.get().prepared.clone())
 }
 
 /// Tell the Node once what the DRA driver's start recovered or repaired, so an operator sees
@@ -450,6 +457,8 @@ struct Followers {
     node_labels: Option<crate::runtime::node_labels::NodeLabelsSettings>,
     ledger: Option<crate::runtime::ledger::LedgerSettings>,
     dra_pool: Option<crate::runtime::ledger::DraPool>,
+    /// The DRA driver's prepared claims, for `/v1/state`.
+    dra_view: Option<tokio::sync::watch::Receiver<Arc<crate::domain::usage::DraReport>>>,
     usage: Option<crate::runtime::usage::UsageSettings>,
     http_listen: Option<String>,
     health_monitor: Option<crate::runtime::health::HealthSettings>,
@@ -486,6 +495,7 @@ impl Followers {
             Some(settings) => {
                 let peers = UsagePeers {
                     ledger: ledger.as_ref().map(Ledger::subscribe),
+                    dra: self.dra_view,
                 };
                 let handle = crate::runtime::usage::spawn(settings, peers, ctx)
                     .map_err(AppError::UsageThread)?;

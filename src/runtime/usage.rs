@@ -24,7 +24,9 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::usage::{self, IdleTracker, Inputs, ReportInputs, Sample, UsageReport};
+use crate::domain::usage::{
+    self, DraReport, IdleTracker, Inputs, ReportInputs, Sample, UsageReport,
+};
 use crate::platform::usage::{UsageSource, read_cgroups, read_checkpoint};
 use crate::runtime::ledger::LedgerSnapshot;
 use crate::runtime::metrics::Metrics;
@@ -83,6 +85,7 @@ struct Sampler {
     settings: UsageSettings,
     store: Store,
     ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
+    dra: Option<watch::Receiver<Arc<DraReport>>>,
     metrics: Arc<Metrics>,
     tx: watch::Sender<Arc<StateDocument>>,
     idle: IdleTracker,
@@ -178,6 +181,7 @@ impl Sampler {
             allocated: &allocated,
         });
         report.error = error;
+        report.dra = self.dra.as_ref().map(|rx| DraReport::clone(&rx.borrow()));
         self.metrics.usage.publish(&report);
         tracing::trace!(
             devices = sample.devices.len(),
@@ -194,6 +198,9 @@ impl Sampler {
 pub(crate) struct UsagePeers {
     /// The PodResources ledger's snapshots, when there is one (holder names come from it).
     pub(crate) ledger: Option<watch::Receiver<Arc<LedgerSnapshot>>>,
+    /// The DRA driver's prepared claims, when the node serves DRA (a view beside the store:
+    /// see `crate::runtime::dra::driver::Driver::prepared_view`).
+    pub(crate) dra: Option<watch::Receiver<Arc<DraReport>>>,
 }
 
 /// Start the sampler thread (first round at once) and the task that stops it when the
@@ -204,6 +211,7 @@ pub(crate) fn spawn(
     ctx: &Context,
 ) -> std::io::Result<Handle<UsageWatch>> {
     let (store, metrics, ledger) = (ctx.store.clone(), ctx.metrics.clone(), peers.ledger);
+    let dra = peers.dra;
     let token = ctx.child_token();
     let interval = settings.interval;
     let initial = UsageReport {
@@ -217,6 +225,7 @@ pub(crate) fn spawn(
         placeable: Vec::new(),
         unattributed_processes: BTreeMap::new(),
         topology: None,
+        dra: dra.as_ref().map(|rx| DraReport::clone(&rx.borrow())),
     };
     let (tx, rx) = watch::channel(Arc::new(StateDocument::new(initial)));
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -225,6 +234,7 @@ pub(crate) fn spawn(
         settings,
         store,
         ledger,
+        dra,
         metrics,
         tx,
         idle: IdleTracker::default(),

@@ -93,14 +93,68 @@ impl Consumed {
     }
 }
 
-/// A quantity as the API writes one (`10Gi`, `30720Mi`, `25`, `0`, `1k`) as an integer.
-/// Fractions (`500m`) and exponents are refused: neither memory nor a percentage comes in
-/// them from a `validRange` with integer steps.
-pub(crate) fn quantity_value(text: &str) -> Result<u64, String> {
+/// A share's `consumedCapacity` that cannot be one of the device, or a share that does not
+/// fit beside the ones prepared (with what is free).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CapacityError {
+    /// A quantity that is not an integer amount.
+    #[error("consumedCapacity.{name} `{text}`: {message}")]
+    Quantity {
+        name: &'static str,
+        text: String,
+        message: String,
+    },
+    /// More memory than the device has.
+    #[error("consumedCapacity.{MEMORY} {} is more than the device's {}", bytes_quantity(*.want), bytes_quantity(*.total))]
+    MemoryAboveDevice { want: u64, total: u64 },
+    /// A compute share that is not a percentage.
+    #[error("consumedCapacity.{COMPUTE} {value} is not between 0 and 100")]
+    ComputeRange { value: u64 },
+    /// Not enough memory left on the device.
+    #[error(
+        "device {device} is over-committed: the claim takes {} of memory but only {} of its {} {} free ({others} other share{} prepared)",
+        bytes_quantity(*.want),
+        bytes_quantity(*.free),
+        bytes_quantity(*.total),
+        if *.free == 1 { "is" } else { "are" },
+        plural(*.others)
+    )]
+    MemoryShort {
+        device: String,
+        want: u64,
+        free: u64,
+        total: u64,
+        others: usize,
+    },
+    /// Not enough compute left on the device.
+    #[error(
+        "device {device} is over-committed: the claim takes {want} % of compute but only {free} % of 100 % is free ({others} other share{} prepared)",
+        plural(*.others)
+    )]
+    ComputeShort {
+        device: String,
+        want: u32,
+        free: u32,
+        others: usize,
+    },
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// A quantity as the API writes one (`10Gi`, `30720Mi`, `25`, `0`, `1k`) as an integer, for
+/// the capacity `name`. Fractions (`500m`) and exponents are refused: neither memory nor a
+/// percentage comes in them from a `validRange` with integer steps.
+fn quantity_value(name: &'static str, text: &str) -> Result<u64, CapacityError> {
     if text.trim() == "0" {
         return Ok(0);
     }
-    crate::domain::config::parse_quantity_text(text).map_err(|e| format!("`{text}`: {e}"))
+    crate::domain::config::parse_quantity_text(text).map_err(|message| CapacityError::Quantity {
+        name,
+        text: text.to_string(),
+        message,
+    })
 }
 
 /// The share a result's `consumedCapacity` describes on a device of `memory_bytes`; `None`
@@ -110,29 +164,28 @@ pub(crate) fn quantity_value(text: &str) -> Result<u64, String> {
 pub(crate) fn consumed(
     capacity: Option<&BTreeMap<String, String>>,
     memory_bytes: u64,
-) -> Result<Consumed, String> {
+) -> Result<Consumed, CapacityError> {
     let Some(capacity) = capacity else {
         return Ok(Consumed::whole(memory_bytes));
     };
     let memory = match capacity.get(MEMORY) {
-        Some(q) => quantity_value(q).map_err(|e| format!("consumedCapacity.{MEMORY} {e}"))?,
+        Some(q) => quantity_value(MEMORY, q)?,
         None => memory_bytes,
     };
     if memory > memory_bytes {
-        return Err(format!(
-            "consumedCapacity.{MEMORY} {} is more than the device's {}",
-            bytes_quantity(memory),
-            bytes_quantity(memory_bytes)
-        ));
+        return Err(CapacityError::MemoryAboveDevice {
+            want: memory,
+            total: memory_bytes,
+        });
     }
     let compute = match capacity.get(COMPUTE) {
-        Some(q) => quantity_value(q).map_err(|e| format!("consumedCapacity.{COMPUTE} {e}"))?,
+        Some(q) => quantity_value(COMPUTE, q)?,
         None => 0,
     };
     let compute_percent = u32::try_from(compute)
         .ok()
         .filter(|c| *c <= FULL_COMPUTE)
-        .ok_or_else(|| format!("consumedCapacity.{COMPUTE} {compute} is not between 0 and 100"))?;
+        .ok_or(CapacityError::ComputeRange { value: compute })?;
     Ok(Consumed {
         memory_bytes: memory,
         compute_percent,
@@ -158,7 +211,7 @@ pub(crate) fn check_fits(
     memory_bytes: u64,
     held: &[Holding],
     want: Consumed,
-) -> Result<(), String> {
+) -> Result<(), CapacityError> {
     let taken = |h: &Holding| h.consumed.unwrap_or(Consumed::whole(memory_bytes));
     let used_memory: u64 = held.iter().map(|h| taken(h).memory_bytes).sum();
     let used_compute: u32 = held.iter().map(|h| taken(h).compute_percent).sum();
@@ -166,21 +219,21 @@ pub(crate) fn check_fits(
     let free_compute = FULL_COMPUTE.saturating_sub(used_compute);
     let others = held.len();
     if want.memory_bytes > free_memory {
-        return Err(format!(
-            "device {device} is over-committed: the claim takes {} of memory but only {} of its {} {} free ({others} other share{} prepared)",
-            bytes_quantity(want.memory_bytes),
-            bytes_quantity(free_memory),
-            bytes_quantity(memory_bytes),
-            if free_memory == 1 { "is" } else { "are" },
-            if others == 1 { "" } else { "s" }
-        ));
+        return Err(CapacityError::MemoryShort {
+            device: device.to_string(),
+            want: want.memory_bytes,
+            free: free_memory,
+            total: memory_bytes,
+            others,
+        });
     }
     if want.compute_percent > free_compute {
-        return Err(format!(
-            "device {device} is over-committed: the claim takes {} % of compute but only {free_compute} % of 100 % is free ({others} other share{} prepared)",
-            want.compute_percent,
-            if others == 1 { "" } else { "s" }
-        ));
+        return Err(CapacityError::ComputeShort {
+            device: device.to_string(),
+            want: want.compute_percent,
+            free: free_compute,
+            others,
+        });
     }
     Ok(())
 }
@@ -253,11 +306,17 @@ mod tests {
         .unwrap();
         assert_eq!((c.memory_bytes, c.compute_percent), (30 << 30, 0));
         assert_eq!(consumed(None, 80 << 30).unwrap(), Consumed::whole(80 << 30));
-        let e = consumed(Some(&m(&[("memory", "90Gi")])), 80 << 30).unwrap_err();
+        let e = consumed(Some(&m(&[("memory", "90Gi")])), 80 << 30)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("90Gi") && e.contains("80Gi"), "{e}");
-        let e = consumed(Some(&m(&[("compute", "101")])), 80 << 30).unwrap_err();
+        let e = consumed(Some(&m(&[("compute", "101")])), 80 << 30)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("101"), "{e}");
-        let e = consumed(Some(&m(&[("memory", "500m")])), 80 << 30).unwrap_err();
+        let e = consumed(Some(&m(&[("memory", "500m")])), 80 << 30)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("500m"), "{e}");
     }
 
@@ -266,12 +325,16 @@ mod tests {
         let held = [share("a", 10, 25), share("b", 30, 50)];
         let want = |gib, compute| share("c", gib, compute).consumed.unwrap();
         assert!(check_fits("gpu-0", 80 << 30, &held, want(40, 25)).is_ok());
-        let e = check_fits("gpu-0", 80 << 30, &held, want(50, 0)).unwrap_err();
+        let e = check_fits("gpu-0", 80 << 30, &held, want(50, 0))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("gpu-0") && e.contains("50Gi") && e.contains("40Gi") && e.contains("80Gi"),
             "{e}"
         );
-        let e = check_fits("gpu-0", 80 << 30, &held, want(1, 30)).unwrap_err();
+        let e = check_fits("gpu-0", 80 << 30, &held, want(1, 30))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("30 %") && e.contains("25 %"), "{e}");
         // A device held whole (prepared before it was shared) has nothing free.
         let whole = Holding {
@@ -279,7 +342,9 @@ mod tests {
             share_id: None,
             consumed: None,
         };
-        let e = check_fits("gpu-0", 80 << 30, &[whole], want(1, 0)).unwrap_err();
+        let e = check_fits("gpu-0", 80 << 30, &[whole], want(1, 0))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("only 0 of its 80Gi"), "{e}");
     }
 

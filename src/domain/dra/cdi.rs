@@ -30,10 +30,84 @@ use crate::domain::cdi::{ContainerEdits, Device, Spec, minimum_version, validate
 use crate::domain::config::Isolation;
 use crate::domain::mps::DaemonSpec;
 
-use super::DraError;
 use super::claim::{Resolved, ResolvedDevice};
+use super::claim_error::ClaimError;
 use super::opaque::Strategy;
 use super::slices::DeviceType;
+
+/// Why a claim device's container edits cannot be made: the claim's config against the
+/// device's isolation, or something the node lacks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EditsError {
+    /// A dynamic MIG device with no instance made for it.
+    #[error("no MIG instance was made for device {device}")]
+    NoMadeInstance { device: String },
+    /// A device the node's spec does not have.
+    #[error("device {device} ({uuid}) is not in the node's spec")]
+    NotInNodeSpec { device: String, uuid: String },
+    /// Memory is enforced but no hook is configured.
+    #[error("device {device} needs the memory-limit hook and none is configured")]
+    NoHook { device: String },
+    /// The device is shared through MPS but its daemon is not there.
+    #[error("device {device} is shared through MPS but has no MPS daemon")]
+    NoMpsDaemon { device: String },
+    /// `sharing.strategy: MPS` on a device no MPS daemon serves.
+    #[error(
+        "the claim's config sets sharing.strategy MPS but device {device}'s isolation is `{isolation}` ({rule}): no MPS daemon serves it"
+    )]
+    MpsStrategyWithoutDaemon {
+        device: String,
+        isolation: &'static str,
+        rule: String,
+    },
+    /// An MPS isolation on a device no MPS daemon serves.
+    #[error(
+        "the claim's config sets isolation `{claim_isolation}` but device {device}'s isolation is `{isolation}` ({rule}): no MPS daemon serves it"
+    )]
+    MpsIsolationWithoutDaemon {
+        claim_isolation: &'static str,
+        device: String,
+        isolation: &'static str,
+        rule: String,
+    },
+    /// `sharing.strategy: TimeSlicing` on a device shared through MPS.
+    #[error(
+        "the claim's config sets sharing.strategy TimeSlicing but device {device}'s isolation is `{isolation}` ({rule}): its tenants share it through its MPS daemon"
+    )]
+    TimeSlicingOnMps {
+        device: String,
+        isolation: &'static str,
+        rule: String,
+    },
+    /// A memory limit on a MIG device.
+    #[error(
+        "the claim's config sets isolation `{claim_isolation}` but device {device} is a MIG device, which has no driver memory limit"
+    )]
+    MemoryLimitOnMig {
+        claim_isolation: &'static str,
+        device: String,
+    },
+}
+
+impl EditsError {
+    /// The rule broken (see [`ClaimError::rule`]).
+    pub(crate) fn rule(&self) -> &'static str {
+        match self {
+            Self::NoMadeInstance { .. } | Self::NotInNodeSpec { .. } => "device_not_in_spec",
+            Self::NoHook { .. } => "hook_missing",
+            Self::NoMpsDaemon { .. } => "mps_daemon_missing",
+            Self::MpsStrategyWithoutDaemon { .. }
+            | Self::MpsIsolationWithoutDaemon { .. }
+            | Self::TimeSlicingOnMps { .. }
+            | Self::MemoryLimitOnMig { .. } => "isolation_conflict",
+        }
+    }
+
+    /// Whether the claim's config is at fault (the other cases are the node's).
+    pub(crate) fn is_input(&self) -> bool {
+        self.rule() == "isolation_conflict"
+    }
+}
 
 /// The CDI class of per-claim specs.
 pub(crate) const CLAIM_CLASS: &str = "claim";
@@ -93,7 +167,7 @@ pub(crate) struct SpecInputs<'a> {
 
 #[cfg(test)]
 /// The spec of `claim`, from the node's spec `node` only (no hook, daemons or made MIG).
-pub(crate) fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, DraError> {
+pub(crate) fn claim_spec(driver: &str, node: &Spec, claim: &Resolved) -> Result<Spec, ClaimError> {
     let made = BTreeMap::new();
     let inputs = SpecInputs {
         node,
@@ -109,15 +183,14 @@ pub(crate) fn claim_spec_with(
     driver: &str,
     inputs: &SpecInputs<'_>,
     claim: &Resolved,
-) -> Result<Spec, DraError> {
-    let fail = |message: String| DraError::Cdi {
-        claim: claim.claim.to_string(),
-        message,
-    };
+) -> Result<Spec, ClaimError> {
     let mut devices = Vec::with_capacity(claim.devices.len());
     for d in &claim.devices {
-        let edits =
-            device_edits(inputs, d).map_err(|m| fail(format!("request {}: {m}", d.request)))?;
+        let edits = device_edits(inputs, d).map_err(|error| ClaimError::Edits {
+            claim: claim.claim.to_string(),
+            request: d.request.clone(),
+            error: Box::new(error),
+        })?;
         devices.push(Device {
             name: resolved_name(&claim.claim.uid, d),
             container_edits: edits,
@@ -132,20 +205,25 @@ pub(crate) fn claim_spec_with(
         container_edits: inputs.node.container_edits.clone(),
     };
     spec.cdi_version = minimum_version(&spec).to_string();
-    validate(&spec).map_err(|e| fail(e.to_string()))?;
+    validate(&spec).map_err(|e| ClaimError::SpecInvalid {
+        claim: claim.claim.to_string(),
+        message: e.to_string(),
+    })?;
     Ok(spec)
 }
 
 /// The edits of one device: its nodes (from the node spec, or the instance made for it)
 /// and what binds its share.
-fn device_edits(inputs: &SpecInputs<'_>, d: &ResolvedDevice) -> Result<ContainerEdits, String> {
+fn device_edits(inputs: &SpecInputs<'_>, d: &ResolvedDevice) -> Result<ContainerEdits, EditsError> {
     let bind = binding(d)?;
     let mut edits = if d.placement.is_some() {
         inputs
             .made
             .get(&d.device)
             .cloned()
-            .ok_or_else(|| format!("no MIG instance was made for device {}", d.device))?
+            .ok_or_else(|| EditsError::NoMadeInstance {
+                device: d.device.clone(),
+            })?
     } else {
         inputs
             .node
@@ -153,18 +231,18 @@ fn device_edits(inputs: &SpecInputs<'_>, d: &ResolvedDevice) -> Result<Container
             .iter()
             .find(|n| n.name == d.uuid)
             .map(|n| n.container_edits.clone())
-            .ok_or_else(|| format!("device {} ({}) is not in the node's spec", d.device, d.uuid))?
+            .ok_or_else(|| EditsError::NotInNodeSpec {
+                device: d.device.clone(),
+                uuid: d.uuid.clone(),
+            })?
     };
     let memory = d
         .share
         .as_ref()
         .map_or(d.memory_bytes, |s| s.consumed.memory_bytes);
     if bind.memory_limit {
-        let hook = inputs.hook.ok_or_else(|| {
-            format!(
-                "device {} needs the memory-limit hook and none is configured",
-                d.device
-            )
+        let hook = inputs.hook.ok_or_else(|| EditsError::NoHook {
+            device: d.device.clone(),
         })?;
         edits.hooks.push(memory_hook(hook, &d.gpu_uuid, memory));
     }
@@ -173,11 +251,8 @@ fn device_edits(inputs: &SpecInputs<'_>, d: &ResolvedDevice) -> Result<Container
             .mps
             .iter()
             .find(|m| m.uuid == d.uuid)
-            .ok_or_else(|| {
-                format!(
-                    "device {} is shared through MPS but has no MPS daemon",
-                    d.device
-                )
+            .ok_or_else(|| EditsError::NoMpsDaemon {
+                device: d.device.clone(),
             })?;
         let mps = d
             .config
@@ -213,7 +288,7 @@ struct Binding {
 
 /// What the device's isolation and the claim's config ask for together, or the conflict
 /// between them, naming both.
-fn binding(d: &ResolvedDevice) -> Result<Binding, String> {
+fn binding(d: &ResolvedDevice) -> Result<Binding, EditsError> {
     let (device_isolation, rule) = match &d.share {
         Some(s) => (s.device.isolation, s.device.rule.as_str()),
         None => (Isolation::None, "no sharing rule of the config covers it"),
@@ -224,40 +299,40 @@ fn binding(d: &ResolvedDevice) -> Result<Binding, String> {
         .as_ref()
         .and_then(|c| c.sharing.as_ref())
         .map(|s| s.strategy);
-    let device = |what: &str| {
-        format!(
-            "device {}'s isolation is `{}` ({rule}){what}",
-            d.device,
-            device_isolation.as_str()
-        )
-    };
+    let (device, isolation, rule) = (
+        d.device.clone(),
+        device_isolation.as_str(),
+        rule.to_string(),
+    );
     if strategy == Some(Strategy::Mps) && !device_isolation.uses_mps() {
-        return Err(format!(
-            "the claim's config sets sharing.strategy MPS but {}",
-            device(": no MPS daemon serves it")
-        ));
+        return Err(EditsError::MpsStrategyWithoutDaemon {
+            device,
+            isolation,
+            rule,
+        });
     }
     if claim_isolation.uses_mps() && !device_isolation.uses_mps() {
-        return Err(format!(
-            "the claim's config sets isolation `{}` but {}",
-            claim_isolation.as_str(),
-            device(": no MPS daemon serves it")
-        ));
+        return Err(EditsError::MpsIsolationWithoutDaemon {
+            claim_isolation: claim_isolation.as_str(),
+            device,
+            isolation,
+            rule,
+        });
     }
     if strategy == Some(Strategy::TimeSlicing) && device_isolation.uses_mps() {
-        return Err(format!(
-            "the claim's config sets sharing.strategy TimeSlicing but {}",
-            device(": its tenants share it through its MPS daemon")
-        ));
+        return Err(EditsError::TimeSlicingOnMps {
+            device,
+            isolation,
+            rule,
+        });
     }
     // A tenant may add enforcement, never remove what the operator set.
     let memory_limit = device_isolation.uses_memory_limit() || claim_isolation.uses_memory_limit();
     if memory_limit && d.kind == DeviceType::Mig {
-        return Err(format!(
-            "the claim's config sets isolation `{}` but device {} is a MIG device, which has no driver memory limit",
-            claim_isolation.as_str(),
-            d.device
-        ));
+        return Err(EditsError::MemoryLimitOnMig {
+            claim_isolation: claim_isolation.as_str(),
+            device,
+        });
     }
     Ok(Binding {
         memory_limit,

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::DraError;
 use super::capacity::{self, Consumed, Holding};
+use super::claim_error::ClaimError;
 use super::opaque::{self, ConfigKind, DeviceConfig};
 use super::partition::Placement;
 use super::slices::{DeviceType, NodeDevices, SharedDevice};
@@ -202,30 +202,31 @@ pub(crate) fn resolve(
     want: &ClaimRef,
     claim: &ResourceClaim,
     ctx: &NodeContext<'_>,
-) -> Result<Resolved, DraError> {
-    let fail = |reason: String| DraError::Claim {
-        claim: want.to_string(),
-        reason,
-    };
+) -> Result<Resolved, ClaimError> {
     if claim.metadata.uid != want.uid {
-        return Err(fail(format!(
-            "the API has UID {} for this name: the claim was deleted and re-created",
-            claim.metadata.uid
-        )));
+        return Err(ClaimError::UidChanged {
+            claim: want.to_string(),
+            api_uid: claim.metadata.uid.clone(),
+        });
     }
     let alloc = claim
         .status
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
-        .ok_or_else(|| fail("is not allocated (no status.allocation)".into()))?;
+        .ok_or_else(|| ClaimError::NotAllocated {
+            claim: want.to_string(),
+        })?;
     let ours: Vec<&AllocationResult> = alloc
         .results
         .iter()
         .filter(|r| r.driver == ctx.driver)
         .collect();
     if ours.is_empty() {
-        return Err(fail(format!("has no device of driver {}", ctx.driver)));
+        return Err(ClaimError::OtherDriver {
+            claim: want.to_string(),
+            driver: ctx.driver.to_string(),
+        });
     }
     let mut devices: Vec<ResolvedDevice> = Vec::with_capacity(ours.len());
     for r in ours {
@@ -254,23 +255,31 @@ fn resolve_result(
     alloc: &DeviceAllocation,
     ctx: &NodeContext<'_>,
     own: &[Holding],
-) -> Result<ResolvedDevice, DraError> {
-    let fail = |reason: String| DraError::Claim {
-        claim: want.to_string(),
-        reason: format!("request {}: {reason}", r.request),
-    };
+) -> Result<ResolvedDevice, ClaimError> {
+    let (claim, request, device) = (want.to_string(), r.request.clone(), r.device.clone());
     if r.pool != ctx.pool {
-        return Err(fail(format!(
-            "device {} is allocated from pool {}, not this node's pool {}",
-            r.device, r.pool, ctx.pool
-        )));
+        return Err(ClaimError::NotThisNode {
+            claim,
+            request,
+            device,
+            pool: r.pool.clone(),
+            node_pool: ctx.pool.to_string(),
+        });
     }
-    let dev = ctx
-        .devices
-        .get(&r.device)
-        .ok_or_else(|| fail(format!("device {} does not exist on this node", r.device)))?;
+    let Some(dev) = ctx.devices.get(&r.device) else {
+        return Err(ClaimError::DeviceUnknown {
+            claim,
+            request,
+            device,
+        });
+    };
     if let Some(reason) = &dev.unhealthy {
-        return Err(fail(format!("device {} is unhealthy ({reason})", r.device)));
+        return Err(ClaimError::DeviceUnhealthy {
+            claim,
+            request,
+            device,
+            reason: reason.clone(),
+        });
     }
     let admin_access = r.admin_access.unwrap_or(false);
     let others: Vec<&Holding> = ctx
@@ -282,10 +291,10 @@ fn resolve_result(
         .collect();
     let share = match &dev.shared {
         None => {
-            exclusive(r, &others, admin_access).map_err(fail)?;
+            exclusive(want, r, &others, admin_access)?;
             None
         }
-        Some(shared) => Some(claim_share(r, shared, &others, own, admin_access).map_err(fail)?),
+        Some(shared) => Some(claim_share(want, r, shared, &others, own, admin_access)?),
     };
     let config = config_for(want, &r.request, dev.kind, alloc, ctx.driver)?;
     Ok(ResolvedDevice {
@@ -308,43 +317,61 @@ fn resolve_result(
 }
 
 /// An exclusive device: no share, and no other claim holding it (admin access aside).
-fn exclusive(r: &AllocationResult, others: &[&Holding], admin_access: bool) -> Result<(), String> {
+fn exclusive(
+    want: &ClaimRef,
+    r: &AllocationResult,
+    others: &[&Holding],
+    admin_access: bool,
+) -> Result<(), ClaimError> {
     if let Some(id) = &r.share_id {
-        return Err(format!(
-            "device {} is not shared on this node (no sharing rule of the config covers it), but the allocation gives it share {id}",
-            r.device
-        ));
+        return Err(ClaimError::DeviceNotShared {
+            claim: want.to_string(),
+            request: r.request.clone(),
+            device: r.device.clone(),
+            share_id: id.clone(),
+        });
     }
     match others.first() {
-        Some(h) if !admin_access => Err(format!(
-            "device {} is already prepared for claim {}",
-            r.device, h.claim
-        )),
+        Some(h) if !admin_access => Err(ClaimError::DeviceHeld {
+            claim: want.to_string(),
+            request: r.request.clone(),
+            device: r.device.clone(),
+            holder: h.claim.clone(),
+        }),
         _ => Ok(()),
     }
 }
 
 /// A shared device: the result's share, checked against what is prepared on it already.
 fn claim_share(
+    want: &ClaimRef,
     r: &AllocationResult,
     shared: &SharedDevice,
     others: &[&Holding],
     own: &[Holding],
     admin_access: bool,
-) -> Result<ClaimShare, String> {
+) -> Result<ClaimShare, ClaimError> {
     if let Some(id) = r
         .share_id
         .as_deref()
         .filter(|id| !capacity::valid_share_id(id))
     {
-        return Err(format!(
-            "device {}: shareID `{}` is not 1-64 of a-z, 0-9 and '-'",
-            r.device,
-            id.chars().take(80).collect::<String>()
-        ));
+        return Err(ClaimError::ShareIdInvalid {
+            claim: want.to_string(),
+            request: r.request.clone(),
+            device: r.device.clone(),
+            share_id: id.chars().take(80).collect(),
+        });
     }
-    let consumed = capacity::consumed(r.consumed_capacity.as_ref(), shared.memory_bytes)
-        .map_err(|e| format!("device {}: {e}", r.device))?;
+    let consumed =
+        capacity::consumed(r.consumed_capacity.as_ref(), shared.memory_bytes).map_err(|error| {
+            ClaimError::ConsumedCapacity {
+                claim: want.to_string(),
+                request: r.request.clone(),
+                device: r.device.clone(),
+                error: Box::new(error),
+            }
+        })?;
     // Admin access looks at a device without taking any of it.
     let consumed = if admin_access {
         Consumed::default()
@@ -356,7 +383,13 @@ fn claim_share(
         .map(|h| (*h).clone())
         .chain(own.iter().cloned())
         .collect();
-    capacity::check_fits(&r.device, shared.memory_bytes, &held, consumed)?;
+    capacity::check_fits(&r.device, shared.memory_bytes, &held, consumed).map_err(|error| {
+        ClaimError::OverCapacity {
+            claim: want.to_string(),
+            request: r.request.clone(),
+            error: Box::new(error),
+        }
+    })?;
     Ok(ClaimShare {
         share_id: r.share_id.clone(),
         consumed,
@@ -373,7 +406,7 @@ fn config_for(
     kind: DeviceType,
     alloc: &DeviceAllocation,
     driver: &str,
-) -> Result<Option<DeviceConfig>, DraError> {
+) -> Result<Option<DeviceConfig>, ClaimError> {
     let parent = request.split('/').next().unwrap_or(request);
     let mut entries: Vec<&AllocationConfig> = alloc
         .config
@@ -391,23 +424,24 @@ fn config_for(
         if !applies {
             continue;
         }
-        let parsed =
-            opaque::parse(&o.parameters, &c.requests).map_err(|error| DraError::Config {
+        let parsed = opaque::parse(&o.parameters, &c.requests).map_err(|error| {
+            ClaimError::OpaqueConfig {
                 claim: want.to_string(),
-                error,
-            })?;
+                error: Box::new(error),
+            }
+        })?;
         let fits = matches!(
             (parsed.kind, kind),
             (ConfigKind::Gpu, DeviceType::Gpu) | (ConfigKind::Mig, DeviceType::Mig)
         );
         if !fits {
-            return Err(DraError::Config {
+            return Err(ClaimError::OpaqueConfig {
                 claim: want.to_string(),
-                error: opaque::ConfigError {
+                error: Box::new(opaque::ConfigError {
                     requests: format!("request {request}"),
                     field: "parameters.kind".into(),
                     message: format!("{:?} config for a {} device", parsed.kind, kind.as_str()),
-                },
+                }),
             });
         }
         out = Some(parsed);

@@ -73,7 +73,7 @@ impl Node {
     }
 }
 
-fn reason(e: DraError) -> String {
+fn reason(e: ClaimError) -> String {
     e.to_string()
 }
 
@@ -305,7 +305,7 @@ fn hook() -> crate::domain::cdi::shares::HookSettings {
     }
 }
 
-fn spec_with(s: &Shared, r: &Resolved) -> Result<crate::domain::cdi::Spec, DraError> {
+fn spec_with(s: &Shared, r: &Resolved) -> Result<crate::domain::cdi::Spec, ClaimError> {
     let made = BTreeMap::new();
     let hook = hook();
     let inputs = crate::domain::dra::cdi::SpecInputs {

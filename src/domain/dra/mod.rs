@@ -18,6 +18,8 @@
 //!   devices refused);
 //! - [`cdi`]: the per-claim transient CDI spec, cut from the node's generated spec
 //!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits;
+//! - [`claim_error`]: why a claim is refused, one variant per rule, with its class and rule
+//!   name (turned into text only at the gRPC edge);
 //! - [`status`]: what a prepared claim's `status.devices` says about each device.
 //!
 //! The runtime (`crate::runtime::dra`) serves the kubelet and publishes the objects; the
@@ -26,6 +28,7 @@
 pub(crate) mod capacity;
 pub(crate) mod cdi;
 pub(crate) mod claim;
+pub(crate) mod claim_error;
 pub(crate) mod classes;
 pub(crate) mod model;
 pub(crate) mod opaque;
@@ -42,7 +45,7 @@ pub(crate) const API_VERSION: &str = "resource.k8s.io/v1";
 /// The first Kubernetes 1.x minor that serves [`API_VERSION`].
 pub(crate) const MIN_SERVER_MINOR: u32 = 34;
 
-/// Errors of the DRA domain: each names the claim, request, device or field concerned.
+/// Errors of the DRA domain's names and versions (a claim's are [`claim_error::ClaimError`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum DraError {
     /// The driver name is not a DNS subdomain of at most 63 characters.
@@ -51,15 +54,6 @@ pub(crate) enum DraError {
     /// The node name cannot name a pool.
     #[error("invalid node name `{name}`: {rule}")]
     NodeName { name: String, rule: String },
-    /// The claim's opaque config for this driver is invalid.
-    #[error("claim {claim}: {error}")]
-    Config {
-        claim: String,
-        error: opaque::ConfigError,
-    },
-    /// The claim cannot be prepared on this node.
-    #[error("claim {claim}: {reason}")]
-    Claim { claim: String, reason: String },
     /// A Kubernetes version (`dra slices --server-version`) older than the first that serves
     /// `resource.k8s.io/v1`.
     #[error(
@@ -69,9 +63,6 @@ pub(crate) enum DraError {
     /// A Kubernetes version (`dra slices --server-version`) that is not `MAJOR.MINOR`.
     #[error("invalid --server-version `{value}`: expected MAJOR.MINOR, e.g. 1.34")]
     ServerVersion { value: String },
-    /// The per-claim CDI spec could not be built.
-    #[error("claim {claim}: CDI spec: {message}")]
-    Cdi { claim: String, message: String },
 }
 
 /// Check a driver name: a lowercase DNS subdomain of at most 63 characters (the limit of

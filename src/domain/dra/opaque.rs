@@ -122,13 +122,24 @@ pub(crate) enum Quantity {
     Text(String),
 }
 
+/// Why a [`Quantity`] stands for no usable number of bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum QuantityError {
+    /// A bare `0`.
+    #[error("must be greater than 0")]
+    Zero,
+    /// A string the quantity parser refused (its words).
+    #[error("{0}")]
+    Text(String),
+}
+
 impl Quantity {
     /// The bytes it stands for.
-    pub(crate) fn bytes(&self) -> Result<u64, String> {
+    pub(crate) fn bytes(&self) -> Result<u64, QuantityError> {
         match self {
-            Quantity::Bytes(0) => Err("must be greater than 0".into()),
+            Quantity::Bytes(0) => Err(QuantityError::Zero),
             Quantity::Bytes(b) => Ok(*b),
-            Quantity::Text(t) => parse_quantity_text(t),
+            Quantity::Text(t) => parse_quantity_text(t).map_err(QuantityError::Text),
         }
     }
 }

@@ -93,28 +93,56 @@ pub(crate) fn selects(selector: &DeviceSelector, gpu: &Gpu) -> bool {
     selector.selects_gpu(gpu.index, &gpu.uuid)
 }
 
+/// Why a GPU `flags.dra.dynamicMig` names is not made dynamic (a warning: the GPU is
+/// published as the plan has it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotDynamic {
+    /// Its MIG mode is off.
+    #[error(
+        "GPU {index} ({uuid}): flags.dra.dynamicMig names it but its MIG mode is off (gpu-slicer never changes MIG mode); published as a whole GPU"
+    )]
+    MigModeOff { index: u32, uuid: String },
+    /// No placement table for its product.
+    #[error(
+        "GPU {index} ({uuid}): flags.dra.dynamicMig names it but gpu-slicer has no MIG placement table for `{product}`; published as the plan has it"
+    )]
+    UnknownProduct {
+        index: u32,
+        uuid: String,
+        product: String,
+    },
+    /// A table without GPU-instance profiles.
+    #[error("GPU {index} ({uuid}): no MIG placement table for `{product}`")]
+    NoProfiles {
+        index: u32,
+        uuid: String,
+        product: String,
+    },
+}
+
 /// Why a GPU the selector names is not dynamic; `Ok`: its product and profiles.
 pub(crate) fn dynamic_product(
     gpu: &Gpu,
-) -> Result<(&'static Product, &'static [GiProfile]), String> {
+) -> Result<(&'static Product, &'static [GiProfile]), NotDynamic> {
     if !gpu.mig_mode.current {
-        return Err(format!(
-            "GPU {} ({}): flags.dra.dynamicMig names it but its MIG mode is off (gpu-slicer never changes MIG mode); published as a whole GPU",
-            gpu.index, gpu.uuid
-        ));
+        return Err(NotDynamic::MigModeOff {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+        });
     }
-    let product = node_spec::lookup_product(&gpu.product).ok_or_else(|| {
-        format!(
-            "GPU {} ({}): flags.dra.dynamicMig names it but gpu-slicer has no MIG placement table for `{}`; published as the plan has it",
-            gpu.index, gpu.uuid, gpu.product
-        )
-    })?;
+    let product =
+        node_spec::lookup_product(&gpu.product).ok_or_else(|| NotDynamic::UnknownProduct {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            product: gpu.product.clone(),
+        })?;
     let profiles = node_spec::gi_profiles(product);
     if profiles.is_empty() {
-        return Err(format!(
-            "GPU {} ({}): no MIG placement table for `{}`",
-            gpu.index, gpu.uuid, gpu.product
-        ));
+        return Err(NotDynamic::NoProfiles {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            product: gpu.product.clone(),
+        });
     }
     Ok((product, profiles))
 }
@@ -246,7 +274,7 @@ mod tests {
     fn a_gpu_without_mig_mode_is_not_dynamic() {
         let mut gpu = a100();
         gpu.mig_mode.current = false;
-        let e = dynamic_product(&gpu).unwrap_err();
+        let e = dynamic_product(&gpu).unwrap_err().to_string();
         assert!(e.contains("GPU 3") && e.contains("MIG mode is off"), "{e}");
         assert!(selects(
             &DeviceSelector::List(vec![DeviceRef::Uuid("GPU-3".into())]),

@@ -31,7 +31,10 @@ mod report;
 pub(crate) use cgroup::PodCgroup;
 pub(crate) use cgroup::parse_cgroup;
 pub(crate) use checkpoint::{CheckpointEntry, parse_checkpoint};
-pub(crate) use report::{ReportInputs, ShareReport, TopologyReport, UsageReport, report};
+pub(crate) use report::{
+    DraReport, PreparedClaimReport, PreparedDeviceReport, ReportInputs, ShareReport,
+    TopologyReport, UsageReport, report,
+};
 
 /// Errors of the usage domain.
 #[derive(Debug, thiserror::Error)]

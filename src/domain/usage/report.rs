@@ -112,6 +112,49 @@ pub(crate) struct UsageReport {
     /// The GPU-pair topology read at discovery, when the backend read one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) topology: Option<TopologyReport>,
+    /// The DRA driver's prepared claims, when the node serves DRA (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) dra: Option<DraReport>,
+}
+
+/// What the DRA driver has prepared, as its ledger held it when the round began.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DraReport {
+    /// The prepared (checkpointed) claims, by UID.
+    pub(crate) prepared_claims: Vec<PreparedClaimReport>,
+}
+
+/// One prepared claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PreparedClaimReport {
+    /// Claim UID.
+    pub(crate) uid: String,
+    /// Claim namespace.
+    pub(crate) namespace: String,
+    /// Claim name.
+    pub(crate) name: String,
+    /// Its devices, in allocation order.
+    pub(crate) devices: Vec<PreparedDeviceReport>,
+    /// When this run committed it, Unix milliseconds; `None`: prepared before this start
+    /// (recovered from the checkpoint, which does not record the time).
+    pub(crate) prepared_at_ms: Option<u64>,
+}
+
+/// One device of a prepared claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PreparedDeviceReport {
+    /// The claim's request it answers.
+    pub(crate) request: String,
+    /// Published device name.
+    pub(crate) device: String,
+    /// The share of a shared device (`None`: whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) share_id: Option<String>,
+    /// The CDI device IDs handed to the kubelet.
+    pub(crate) cdi_ids: Vec<String>,
 }
 
 /// The node's GPU-pair topology as `nvidia-smi topo -m` cells.
@@ -280,5 +323,6 @@ pub(crate) fn report(i: &ReportInputs<'_>) -> UsageReport {
         placeable,
         unattributed_processes,
         topology: i.inventory.topology.as_ref().map(TopologyReport::new),
+        dra: None,
     }
 }

@@ -481,7 +481,9 @@ mod batches {
                                 let refs: Vec<_> = ix.iter().map(|i| claim_ref(*i)).collect();
                                 let out = driver.prepare(&refs).await;
                                 out.into_iter().find_map(|(_, o)| match o {
-                                    Err(e) if !e.contains("already prepared") => Some(e),
+                                    Err(e) if !e.to_string().contains("already prepared") => {
+                                        Some(e)
+                                    }
                                     _ => None,
                                 })
                             }

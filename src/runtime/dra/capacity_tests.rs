@@ -134,6 +134,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                     (Err(e), false) => {
                         prop_assert!(!fits, "refused although it fits: {e}");
+                        prop_assert_eq!(e.rule(), "share_over_capacity", "{}", e);
+                        let e = e.to_string();
                         prop_assert!(e.contains("gpu-2") && e.contains("free"), "{e}");
                     }
                     (Err(e), true) => prop_assert!(false, "a prepared claim failed: {e}"),

@@ -46,15 +46,19 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 
-use super::instances::MadeForClaim;
+use super::instances::{MadeForClaim, MigError};
 use super::status::{StatusJob, StatusQueue};
 use crate::domain::cdi::shares::HookSettings;
 use crate::domain::dra::claim::{ClaimRef, NodeContext, Resolved, ResourceClaim, resolve};
+use crate::domain::dra::claim_error::ClaimError;
 use crate::domain::dra::status::{DeviceStatus, device_status};
 use crate::domain::dra::{cdi as dra_cdi, slices};
-use crate::platform::claims::ClaimSource;
+use crate::domain::usage::{DraReport, PreparedClaimReport, PreparedDeviceReport};
+use crate::platform::claims::{ClaimSource, ClaimSourceError};
 use crate::platform::dra_mig::InstanceOps;
-use crate::platform::dra_state::{DraFiles, Prepared, PreparedClaim, PreparedDevice, holdings};
+use crate::platform::dra_state::{
+    DraFiles, DraStateError, Prepared, PreparedClaim, PreparedDevice, holdings,
+};
 use crate::state::Store;
 
 /// What binds shares and makes dynamic MIG devices, beside the claims and files.
@@ -130,7 +134,75 @@ impl Gate {
 }
 
 /// The outcome of one claim.
-pub(crate) type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+pub(crate) type ClaimOutcome = Result<Vec<PreparedDevice>, ClaimError>;
+
+/// Why a step of the driver's own work (files, checkpoint, MIG) failed, before it is
+/// pinned on a claim as a [`ClaimError`].
+#[derive(Debug, Clone, thiserror::Error)]
+enum StepError {
+    /// A record, spec or checkpoint write or removal (shared by every claim it covered).
+    #[error("{0}")]
+    State(Arc<DraStateError>),
+    /// The blocking task doing it failed.
+    #[error("{what} task failed: {message}")]
+    Task { what: &'static str, message: String },
+    /// A claim reached the spec write without a spec.
+    #[error("no spec was cut")]
+    NoSpec,
+    /// The checkpoint write that covered the claim did not take it.
+    #[error("the checkpoint did not take it")]
+    NotTaken,
+    /// A made MIG instance, on a run without NVML.
+    #[error("its MIG instances were made through NVML, which this run does not have")]
+    NoNvml,
+    /// A made MIG instance that was not destroyed.
+    #[error("MIG instance {uuid} not destroyed: {source}")]
+    Destroy { uuid: String, source: Arc<MigError> },
+}
+
+impl StepError {
+    fn task(what: &'static str, e: &tokio::task::JoinError) -> Self {
+        Self::Task {
+            what,
+            message: e.to_string(),
+        }
+    }
+
+    /// This failure as `claim`'s refusal.
+    fn for_claim(&self, claim: &ClaimRef) -> ClaimError {
+        let claim = claim.to_string();
+        match self {
+            Self::Task { what, message } => ClaimError::Task {
+                claim,
+                what,
+                message: message.clone(),
+            },
+            Self::NoNvml | Self::Destroy { .. } => ClaimError::MigDestroy {
+                claim,
+                message: self.to_string(),
+            },
+            Self::State(_) | Self::NoSpec | Self::NotTaken => ClaimError::Persistence {
+                claim,
+                message: self.to_string(),
+            },
+        }
+    }
+}
+
+impl From<DraStateError> for StepError {
+    fn from(e: DraStateError) -> Self {
+        Self::State(Arc::new(e))
+    }
+}
+
+/// A claim the API could not give.
+fn unreadable(want: &ClaimRef, e: ClaimSourceError) -> ClaimError {
+    let (claim, message) = (want.to_string(), e.to_string());
+    match e {
+        ClaimSourceError::NotFound { .. } => ClaimError::ClaimNotFound { claim, message },
+        _ => ClaimError::ClaimUnreadable { claim, message },
+    }
+}
 
 /// The driver core.
 #[derive(Debug, Clone)]
@@ -153,6 +225,9 @@ struct Inner {
     extras: DriverExtras,
     /// Where claim status writes are queued (none: status is not written).
     status: std::sync::OnceLock<StatusQueue>,
+    /// The prepared claims as `/v1/state` shows them: a view beside the store, sent each
+    /// time the committed set changes (see [`Driver::prepared_view`]).
+    view: watch::Sender<Arc<DraReport>>,
 }
 
 /// What is prepared, what is being prepared, and what the checkpoint on disk has caught up
@@ -169,6 +244,9 @@ struct Ledger {
     seq: u64,
     /// The last change the checkpoint on disk holds.
     written: u64,
+    /// When this run committed each prepared claim (Unix ms); claims recovered from the
+    /// checkpoint have none (it does not record the time).
+    prepared_at: BTreeMap<String, u64>,
 }
 
 #[derive(Debug)]
@@ -177,10 +255,36 @@ struct Reserved {
     /// The change number once its files are on disk and it waits for the checkpoint.
     ready: Option<u64>,
     /// The checkpoint write that was to hold it failed.
-    failed: Option<String>,
+    failed: Option<StepError>,
 }
 
 impl Ledger {
+    /// The committed claims as `/v1/state` shows them.
+    fn report(&self) -> DraReport {
+        let prepared_claims = self
+            .prepared
+            .claims
+            .iter()
+            .map(|(uid, c)| PreparedClaimReport {
+                uid: uid.clone(),
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                devices: c
+                    .devices
+                    .iter()
+                    .map(|d| PreparedDeviceReport {
+                        request: d.request.clone(),
+                        device: d.device.clone(),
+                        share_id: d.share_id.clone(),
+                        cdi_ids: d.cdi_ids.clone(),
+                    })
+                    .collect(),
+                prepared_at_ms: self.prepared_at.get(uid).copied(),
+            })
+            .collect();
+        DraReport { prepared_claims }
+    }
+
     /// Device → holdings of committed and reserved claims.
     fn holdings(&self) -> BTreeMap<String, Vec<crate::domain::dra::capacity::Holding>> {
         holdings(
@@ -227,6 +331,11 @@ impl Driver {
         (files, prepared): (DraFiles, Prepared),
         extras: DriverExtras,
     ) -> Self {
+        let ledger = Ledger {
+            prepared,
+            ..Ledger::default()
+        };
+        let (view, _) = watch::channel(Arc::new(ledger.report()));
         Self {
             inner: Arc::new(Inner {
                 driver: driver.to_string(),
@@ -234,14 +343,12 @@ impl Driver {
                 store,
                 claims,
                 files,
-                ledger: std::sync::Mutex::new(Ledger {
-                    prepared,
-                    ..Ledger::default()
-                }),
+                ledger: std::sync::Mutex::new(ledger),
                 commit: tokio::sync::Mutex::new(()),
                 tasks: TaskTracker::new(),
                 extras,
                 status: std::sync::OnceLock::new(),
+                view,
             }),
         }
     }
@@ -327,6 +434,22 @@ impl Driver {
         self.ledger().prepared.claims.keys().cloned().collect()
     }
 
+    /// Follow the prepared claims as `/v1/state` shows them. A view beside the store rather
+    /// than in it: the ledger is the driver's own (its locking and group commit are what keep
+    /// memory and disk in step), a claim change is not a change of the node's plan (store
+    /// subscribers such as ListAndWatch and the slice publisher must not wake for it), and the
+    /// usage sampler, which renders `/v1/state`, reads it once per round as it reads the
+    /// PodResources ledger.
+    pub(crate) fn prepared_view(&self) -> watch::Receiver<Arc<DraReport>> {
+        self.inner.view.subscribe()
+    }
+
+    /// Send the committed claims to [`Self::prepared_view`] (with the ledger held, so views
+    /// are sent in the order of the changes).
+    fn publish_view(&self, ledger: &Ledger) {
+        self.inner.view.send_replace(Arc::new(ledger.report()));
+    }
+
     /// How many claims are prepared (checkpointed), and how many devices they hold.
     pub(crate) fn prepared_totals(&self) -> (usize, usize) {
         let ledger = self.ledger();
@@ -373,8 +496,13 @@ impl Driver {
             Ok(outcomes) => out.extend(outcomes),
             Err(e) => {
                 for c in claims {
-                    out.entry(c.uid.clone())
-                        .or_insert_with(|| Err(format!("claim {c}: prepare task failed: {e}")));
+                    out.entry(c.uid.clone()).or_insert_with(|| {
+                        Err(ClaimError::Task {
+                            claim: c.to_string(),
+                            what: "prepare",
+                            message: e.to_string(),
+                        })
+                    });
                 }
             }
         }
@@ -382,7 +510,10 @@ impl Driver {
     }
 
     /// GET every claim concurrently; a failure is that claim's alone.
-    async fn fetch(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, Result<ResourceClaim, String>)> {
+    async fn fetch(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> Vec<(ClaimRef, Result<ResourceClaim, ClaimError>)> {
         let mut set = JoinSet::new();
         for (i, c) in claims.into_iter().enumerate() {
             let source = self.inner.claims.clone();
@@ -390,7 +521,7 @@ impl Driver {
                 let got = source
                     .get(&c.namespace, &c.name)
                     .await
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| unreadable(&c, e));
                 (i, c, got)
             });
         }
@@ -402,7 +533,7 @@ impl Driver {
     /// The state-changing part of a Prepare (see the module header for the order).
     async fn prepare_fetched(
         &self,
-        mut fetched: Vec<(ClaimRef, Result<ResourceClaim, String>)>,
+        mut fetched: Vec<(ClaimRef, Result<ResourceClaim, ClaimError>)>,
     ) -> BTreeMap<String, ClaimOutcome> {
         // A task marks its claims busy one by one and may wait for one while holding the
         // others: every task takes them in UID order, so no two wait on each other.
@@ -469,7 +600,11 @@ impl Driver {
 
     /// Resolve `claim` against the node's devices and everything prepared or reserved, and
     /// reserve it; a claim another task works on is waited for first.
-    async fn reserve(&self, want: &ClaimRef, claim: &ResourceClaim) -> Result<Reservation, String> {
+    async fn reserve(
+        &self,
+        want: &ClaimRef,
+        claim: &ResourceClaim,
+    ) -> Result<Reservation, ClaimError> {
         loop {
             let wait = {
                 let mut ledger = self.ledger();
@@ -509,12 +644,12 @@ impl Driver {
         ledger: &Ledger,
         want: &ClaimRef,
         claim: &ResourceClaim,
-    ) -> Result<Resolved, String> {
+    ) -> Result<Resolved, ClaimError> {
         let snapshot = self.inner.store.current();
         if snapshot.spec.is_none() {
-            return Err(format!(
-                "claim {want}: the node's CDI spec is not written yet"
-            ));
+            return Err(ClaimError::SpecNotWritten {
+                claim: want.to_string(),
+            });
         }
         let devices = slices::snapshot_devices(&snapshot);
         let taken = ledger.holdings();
@@ -524,7 +659,7 @@ impl Driver {
             devices: &devices,
             prepared: &taken,
         };
-        resolve(want, claim, &ctx).map_err(|e| e.to_string())
+        resolve(want, claim, &ctx)
     }
 
     /// The claim as the checkpoint records it.
@@ -567,13 +702,25 @@ impl Driver {
     }
 
     /// Make the claim's MIG instances and cut its spec from the node's.
-    async fn make_and_cut(&self, mut w: Work) -> Result<Work, (Work, String)> {
+    async fn make_and_cut(&self, mut w: Work) -> Result<Work, (Work, ClaimError)> {
         let snapshot = self.inner.store.current();
         let ops = self.inner.extras.instances.as_ref();
         match super::instances::make(ops, &w.resolved.devices, &snapshot.config).await {
             Ok(made) => w.made = made,
+            Err(MigError::NeedsNvml { request, device }) => {
+                let claim = w.want.to_string();
+                let e = ClaimError::MigNeedsNvml {
+                    claim,
+                    request,
+                    device,
+                };
+                return Err((w, e));
+            }
             Err(e) => {
-                let e = format!("claim {}: {e}", w.want);
+                let e = ClaimError::MigCreate {
+                    claim: w.want.to_string(),
+                    message: e.to_string(),
+                };
                 return Err((w, e));
             }
         }
@@ -590,7 +737,9 @@ impl Driver {
             r.claim.devices.clone_from(&w.answer);
         }
         let Some(node_spec) = snapshot.spec.as_ref() else {
-            let e = format!("claim {}: the node's CDI spec is not written yet", w.want);
+            let e = ClaimError::SpecNotWritten {
+                claim: w.want.to_string(),
+            };
             return Err((w, e));
         };
         let inputs = dra_cdi::SpecInputs {
@@ -604,16 +753,13 @@ impl Driver {
                 w.spec = Some(s);
                 Ok(w)
             }
-            Err(e) => {
-                let e = e.to_string();
-                Err((w, e))
-            }
+            Err(e) => Err((w, e)),
         }
     }
 
     /// Write every claim's record, one fsync of their folder, then every spec, one fsync of
     /// the CDI directory; the claims whose files are all on disk, and the others.
-    async fn write_files(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, String)>) {
+    async fn write_files(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, ClaimError)>) {
         if work.is_empty() {
             return (work, Vec::new());
         }
@@ -631,7 +777,7 @@ impl Driver {
                 move || {
                     files
                         .write_record(&uid, &boot, &claim)
-                        .map_err(|e| e.to_string())
+                        .map_err(StepError::from)
                 }
             })
             .collect();
@@ -646,8 +792,8 @@ impl Driver {
                 let (files, uid, spec) =
                     (self.inner.files.clone(), w.want.uid.clone(), w.spec.take());
                 move || match spec {
-                    Some(s) => files.write_spec(&uid, &s).map_err(|e| e.to_string()),
-                    None => Err("no spec was cut".to_string()),
+                    Some(s) => files.write_spec(&uid, &s).map_err(StepError::from),
+                    None => Err(StepError::NoSpec),
                 }
             })
             .collect();
@@ -666,24 +812,24 @@ impl Driver {
         work: Vec<Work>,
         jobs: Vec<J>,
         sync: S,
-    ) -> (Vec<Work>, Vec<(Work, String)>)
+    ) -> (Vec<Work>, Vec<(Work, ClaimError)>)
     where
-        J: FnOnce() -> Result<(), String> + Send + 'static,
-        S: FnOnce() -> Result<(), crate::platform::dra_state::DraStateError> + Send + 'static,
+        J: FnOnce() -> Result<(), StepError> + Send + 'static,
+        S: FnOnce() -> Result<(), DraStateError> + Send + 'static,
     {
-        let results: Vec<Result<(), String>> = if jobs.len() == 1 {
+        let results: Vec<Result<(), StepError>> = if jobs.len() == 1 {
             // One claim: its write and the sync in one hop to the blocking pool.
             let job = jobs.into_iter().next().map(|j| {
                 move || {
                     j()?;
-                    sync().map_err(|e| e.to_string())
+                    sync().map_err(StepError::from)
                 }
             });
             match job {
                 Some(j) => vec![
                     tokio::task::spawn_blocking(j)
                         .await
-                        .unwrap_or_else(|e| Err(format!("write task failed: {e}"))),
+                        .unwrap_or_else(|e| Err(StepError::task("write", &e))),
                 ],
                 None => Vec::new(),
             }
@@ -692,15 +838,18 @@ impl Driver {
             for (i, j) in jobs.into_iter().enumerate() {
                 set.spawn_blocking(move || (i, j()));
             }
-            let mut got: Vec<(usize, Result<(), String>)> = Vec::new();
+            let mut got: Vec<(usize, Result<(), StepError>)> = Vec::new();
             while let Some(r) = set.join_next().await {
-                got.push(
-                    r.unwrap_or_else(|e| (usize::MAX, Err(format!("write task failed: {e}")))),
-                );
+                got.push(r.unwrap_or_else(|e| (usize::MAX, Err(StepError::task("write", &e)))));
             }
             got.sort_by_key(|(i, _)| *i);
-            let mut results: Vec<Result<(), String>> = (0..work.len())
-                .map(|_| Err("write task failed".to_string()))
+            let mut results: Vec<Result<(), StepError>> = (0..work.len())
+                .map(|_| {
+                    Err(StepError::Task {
+                        what: "write",
+                        message: "it did not answer".into(),
+                    })
+                })
                 .collect();
             for (i, r) in got {
                 if let Some(slot) = results.get_mut(i) {
@@ -708,9 +857,9 @@ impl Driver {
                 }
             }
             if results.iter().any(Result::is_ok) {
-                let synced = tokio::task::spawn_blocking(move || sync().map_err(|e| e.to_string()))
+                let synced = tokio::task::spawn_blocking(move || sync().map_err(StepError::from))
                     .await
-                    .unwrap_or_else(|e| Err(format!("sync task failed: {e}")));
+                    .unwrap_or_else(|e| Err(StepError::task("sync", &e)));
                 if let Err(e) = synced {
                     for r in &mut results {
                         if r.is_ok() {
@@ -727,7 +876,7 @@ impl Driver {
             match r {
                 Ok(()) => ok.push(w),
                 Err(e) => {
-                    let e = format!("claim {}: {e}", w.want);
+                    let e = e.for_claim(&w.want);
                     failed.push((w, e));
                 }
             }
@@ -736,7 +885,7 @@ impl Driver {
     }
 
     /// Put the claims in the next checkpoint write and, once it is on disk, in memory.
-    async fn commit_prepared(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, String)>) {
+    async fn commit_prepared(&self, work: Vec<Work>) -> (Vec<Work>, Vec<(Work, ClaimError)>) {
         if work.is_empty() {
             return (work, Vec::new());
         }
@@ -764,8 +913,8 @@ impl Driver {
                     .reserved
                     .get(&w.want.uid)
                     .and_then(|r| r.failed.clone())
-                    .unwrap_or_else(|| "the checkpoint did not take it".into());
-                let e = format!("claim {}: {e}", w.want);
+                    .unwrap_or(StepError::NotTaken)
+                    .for_claim(&w.want);
                 failed.push((w, e));
             }
         }
@@ -775,7 +924,7 @@ impl Driver {
     /// Make the checkpoint on disk hold every change up to `upto` (group commit: whoever
     /// writes takes every ready claim and every removal so far); the write's error, if the
     /// one that covered `upto` failed.
-    async fn write_checkpoint(&self, upto: u64) -> Result<(), String> {
+    async fn write_checkpoint(&self, upto: u64) -> Result<(), StepError> {
         let _turn = self.inner.commit.lock().await;
         let (snapshot, seq, included) = {
             let ledger = self.ledger();
@@ -795,16 +944,22 @@ impl Driver {
         let files = self.inner.files.clone();
         let saved = tokio::task::spawn_blocking(move || files.save(&snapshot))
             .await
-            .map_err(|e| format!("checkpoint write task failed: {e}"))
-            .and_then(|r| r.map_err(|e| e.to_string()));
+            .map_err(|e| StepError::task("checkpoint write", &e))
+            .and_then(|r| r.map_err(StepError::from));
         let mut ledger = self.ledger();
         match &saved {
             Ok(()) => {
                 ledger.written = seq;
+                let now = unix_ms();
+                let changed = !included.is_empty();
                 for uid in included {
                     if let Some(r) = ledger.reserved.remove(&uid) {
+                        ledger.prepared_at.insert(uid.clone(), now);
                         ledger.prepared.claims.insert(uid, r.claim);
                     }
+                }
+                if changed {
+                    self.publish_view(&ledger);
                 }
             }
             Err(e) => {
@@ -844,7 +999,7 @@ impl Driver {
     pub(crate) async fn unprepare(
         &self,
         claims: &[ClaimRef],
-    ) -> BTreeMap<String, Result<(), String>> {
+    ) -> BTreeMap<String, Result<(), ClaimError>> {
         let this = self.clone();
         let owned = claims.to_vec();
         let task = self
@@ -855,10 +1010,12 @@ impl Driver {
             claims
                 .iter()
                 .map(|c| {
-                    (
-                        c.uid.clone(),
-                        Err(format!("claim {c}: unprepare task failed: {e}")),
-                    )
+                    let e = ClaimError::Task {
+                        claim: c.to_string(),
+                        what: "unprepare",
+                        message: e.to_string(),
+                    };
+                    (c.uid.clone(), Err(e))
                 })
                 .collect()
         })
@@ -867,7 +1024,7 @@ impl Driver {
     async fn unprepare_owned(
         &self,
         mut claims: Vec<ClaimRef>,
-    ) -> BTreeMap<String, Result<(), String>> {
+    ) -> BTreeMap<String, Result<(), ClaimError>> {
         // In UID order, as a Prepare takes them (see `prepare_fetched`).
         claims.sort_by(|a, b| a.uid.cmp(&b.uid));
         let mut out = BTreeMap::new();
@@ -897,7 +1054,7 @@ impl Driver {
             match self.destroy_made(known.as_ref()).await {
                 Ok(()) => going.push((c, known.is_some())),
                 Err(e) => {
-                    let e = format!("claim {c}: {e}");
+                    let e = e.for_claim(&c);
                     tracing::warn!(claim = %c, error = %e, "claim not unprepared");
                     self.ledger().busy.remove(&c.uid);
                     out.insert(c.uid.clone(), Err(e));
@@ -920,7 +1077,7 @@ impl Driver {
                     out.insert(c.uid.clone(), Ok(()));
                 }
                 Err(e) => {
-                    let e = format!("claim {c}: {e}");
+                    let e = e.for_claim(&c);
                     tracing::warn!(claim = %c, error = %e, "claim not unprepared");
                     out.insert(c.uid.clone(), Err(e));
                 }
@@ -930,7 +1087,7 @@ impl Driver {
     }
 
     /// Specs (one fsync), memory and checkpoint (group commit), then records (one fsync).
-    async fn remove_claims(&self, going: &[(ClaimRef, bool)]) -> Result<(), String> {
+    async fn remove_claims(&self, going: &[(ClaimRef, bool)]) -> Result<(), StepError> {
         let uids: Vec<String> = going.iter().map(|(c, _)| c.uid.clone()).collect();
         let files = self.inner.files.clone();
         let specs = uids.clone();
@@ -941,18 +1098,22 @@ impl Driver {
             files.sync_specs()
         })
         .await
-        .map_err(|e| format!("remove task failed: {e}"))?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| StepError::task("remove", &e))??;
         #[cfg(test)]
         if let Some(g) = &self.inner.extras.gate {
             g.pass(Stage::BeforeUnprepareCommit).await;
         }
         let upto = {
             let mut ledger = self.ledger();
+            let before = ledger.seq;
             for uid in &uids {
+                ledger.prepared_at.remove(uid);
                 if ledger.prepared.claims.remove(uid).is_some() {
                     ledger.seq += 1;
                 }
+            }
+            if ledger.seq != before {
+                self.publish_view(&ledger);
             }
             ledger.seq
         };
@@ -965,12 +1126,12 @@ impl Driver {
             files.sync_records()
         })
         .await
-        .map_err(|e| format!("remove task failed: {e}"))?
-        .map_err(|e| e.to_string())
+        .map_err(|e| StepError::task("remove", &e))?
+        .map_err(StepError::from)
     }
 
     /// Destroy the MIG instances made for `claim`.
-    async fn destroy_made(&self, claim: Option<&PreparedClaim>) -> Result<(), String> {
+    async fn destroy_made(&self, claim: Option<&PreparedClaim>) -> Result<(), StepError> {
         let made: Vec<_> = claim
             .into_iter()
             .flat_map(|c| c.devices.iter())
@@ -979,18 +1140,30 @@ impl Driver {
         if made.is_empty() {
             return Ok(());
         }
-        let ops = self.inner.extras.instances.as_ref().ok_or_else(|| {
-            "its MIG instances were made through NVML, which this run does not have".to_string()
-        })?;
+        let ops = self
+            .inner
+            .extras
+            .instances
+            .as_ref()
+            .ok_or(StepError::NoNvml)?;
         for m in &made {
             super::instances::destroy(ops, m)
                 .await
-                .map_err(|e| format!("MIG instance {} not destroyed: {e}", m.uuid))?;
+                .map_err(|e| StepError::Destroy {
+                    uuid: m.uuid.clone(),
+                    source: Arc::new(e),
+                })?;
             tracing::info!(gpu = m.gpu_index, gpu_instance = m.gpu_instance_id, mig = %m.uuid,
                 "MIG instance of an unprepared claim destroyed");
         }
         Ok(())
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What [`Driver::reserve`] found.

@@ -15,8 +15,53 @@ use crate::domain::config::Config;
 use crate::domain::dra::claim::ResolvedDevice;
 use crate::domain::dra::partition::MadeInstance;
 use crate::domain::inventory::Inventory;
-use crate::platform::dra_mig::{InstanceOps, Made};
+use crate::platform::dra_mig::{InstanceError, InstanceOps, Made};
 use crate::platform::dra_state::Prepared;
+
+/// Why a claim's MIG instance was not made or destroyed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MigError {
+    /// A device made on demand, on a run without NVML.
+    #[error(
+        "request {request}: device {device} is made on demand (flags.dra.dynamicMig), which needs the NVML backend"
+    )]
+    NeedsNvml { request: String, device: String },
+    /// Making the instance, or its container edits, failed (every one made is undone).
+    #[error("request {request}: device {device}: {source}")]
+    Make {
+        request: String,
+        device: String,
+        #[source]
+        source: Box<MakeError>,
+    },
+    /// An instance could not be destroyed.
+    #[error("{0}")]
+    Destroy(InstanceError),
+    /// The blocking task running the NVML call failed.
+    #[error("MIG {what} task failed: {message}")]
+    Task { what: &'static str, message: String },
+}
+
+/// What went wrong making one instance.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MakeError {
+    /// NVML refused the create.
+    #[error("{0}")]
+    Create(InstanceError),
+    /// The CDI generator failed on the made device.
+    #[error("MIG device {uuid}: {source}")]
+    Generate {
+        uuid: String,
+        #[source]
+        source: Box<crate::domain::cdi::CdiError>,
+    },
+    /// The generated spec does not have the made device.
+    #[error("MIG device {uuid} is not in its generated spec")]
+    NotGenerated { uuid: String },
+    /// The blocking task failed.
+    #[error("MIG create task failed: {0}")]
+    Task(String),
+}
 
 /// What [`make`] made for one claim: the container edits and the record of each dynamic
 /// device, by published device name.
@@ -34,21 +79,21 @@ pub(crate) async fn make(
     ops: Option<&Arc<dyn InstanceOps>>,
     devices: &[ResolvedDevice],
     config: &Config,
-) -> Result<MadeForClaim, String> {
+) -> Result<MadeForClaim, MigError> {
     let mut out = MadeForClaim::default();
     for d in devices {
         let Some(at) = d.placement.clone() else {
             continue;
         };
         let Some(ops) = ops else {
-            return Err(format!(
-                "request {}: device {} is made on demand (flags.dra.dynamicMig), which needs the NVML backend",
-                d.request, d.device
-            ));
+            return Err(MigError::NeedsNvml {
+                request: d.request.clone(),
+                device: d.device.clone(),
+            });
         };
         let (ops2, config2) = (ops.clone(), config.clone());
         let made = tokio::task::spawn_blocking(move || {
-            let made = ops2.create(&at).map_err(|e| e.to_string())?;
+            let made = ops2.create(&at).map_err(MakeError::Create)?;
             let edits = match edits_of(&made, &config2) {
                 Ok(e) => e,
                 Err(e) => {
@@ -56,10 +101,10 @@ pub(crate) async fn make(
                     return Err(e);
                 }
             };
-            Ok::<_, String>((made.record, edits))
+            Ok::<_, MakeError>((made.record, edits))
         })
         .await
-        .map_err(|e| format!("MIG create task failed: {e}"))
+        .map_err(|e| MakeError::Task(e.to_string()))
         .and_then(|r| r);
         match made {
             Ok((record, edits)) => {
@@ -69,9 +114,13 @@ pub(crate) async fn make(
                 out.edits.insert(d.device.clone(), edits);
                 out.records.insert(d.device.clone(), record);
             }
-            Err(e) => {
+            Err(source) => {
                 undo(ops, out.records.values().cloned().collect()).await;
-                return Err(format!("request {}: device {}: {e}", d.request, d.device));
+                return Err(MigError::Make {
+                    request: d.request.clone(),
+                    device: d.device.clone(),
+                    source: Box::new(source),
+                });
             }
         }
     }
@@ -80,7 +129,7 @@ pub(crate) async fn make(
 
 /// The container edits of the MIG device `made` describes: its GPU's node and its two
 /// capability nodes, by the same generator and host probe as the node's spec.
-fn edits_of(made: &Made, config: &Config) -> Result<ContainerEdits, String> {
+fn edits_of(made: &Made, config: &Config) -> Result<ContainerEdits, MakeError> {
     let inventory = Inventory {
         source: "dra".into(),
         gpus: vec![made.gpu.clone()],
@@ -97,17 +146,16 @@ fn edits_of(made: &Made, config: &Config) -> Result<ContainerEdits, String> {
         &config.driver_root,
         config.container_driver_root.as_deref(),
     );
-    let spec = generate(&inventory, &opts, &probe)
-        .map_err(|e| format!("MIG device {}: {e}", made.record.uuid))?;
+    let spec = generate(&inventory, &opts, &probe).map_err(|source| MakeError::Generate {
+        uuid: made.record.uuid.clone(),
+        source: Box::new(source),
+    })?;
     spec.devices
         .into_iter()
         .find(|d| d.name == made.record.uuid)
         .map(|d| d.container_edits)
-        .ok_or_else(|| {
-            format!(
-                "MIG device {} is not in its generated spec",
-                made.record.uuid
-            )
+        .ok_or_else(|| MakeError::NotGenerated {
+            uuid: made.record.uuid.clone(),
         })
 }
 
@@ -122,11 +170,17 @@ pub(crate) async fn undo(ops: &Arc<dyn InstanceOps>, made: Vec<MadeInstance>) {
 }
 
 /// Destroy one made instance (gone already: success).
-pub(crate) async fn destroy(ops: &Arc<dyn InstanceOps>, made: &MadeInstance) -> Result<(), String> {
+pub(crate) async fn destroy(
+    ops: &Arc<dyn InstanceOps>,
+    made: &MadeInstance,
+) -> Result<(), MigError> {
     let (ops, m) = (ops.clone(), made.clone());
-    tokio::task::spawn_blocking(move || ops.destroy(&m).map_err(|e| e.to_string()))
+    tokio::task::spawn_blocking(move || ops.destroy(&m).map_err(MigError::Destroy))
         .await
-        .map_err(|e| format!("MIG destroy task failed: {e}"))?
+        .map_err(|e| MigError::Task {
+            what: "destroy",
+            message: e.to_string(),
+        })?
 }
 
 /// At start: on every dynamic GPU (`dynamic`: index and UUID), destroy the GPU instances no

@@ -260,6 +260,23 @@ async fn every_bad_claim_gets_its_own_error_and_the_good_one_is_prepared() {
         e.contains("ml/bad-config") && e.contains("parameters.kind") && e.contains("Bogus"),
         "{e}"
     );
+    // Each refusal is counted once, under its own rule; rules nobody broke stay at 0.
+    let text = r.metrics.encode_prometheus();
+    for (rule, n) in [
+        ("not_this_node", 1),
+        ("device_unknown", 1),
+        ("device_unhealthy", 1),
+        ("not_allocated", 1),
+        ("uid_changed", 1),
+        ("claim_unreadable", 1),
+        ("claim_not_found", 1),
+        ("opaque_config", 1),
+        ("device_held", 0),
+        ("persistence_failed", 0),
+    ] {
+        let line = format!("gpu_slicer_dra_claim_refusals_total{{rule=\"{rule}\"}} {n}\n");
+        assert!(text.contains(&line), "{line} not in\n{text}");
+    }
     // Only the good claim left a spec (and a record, in the records folder beside them).
     let files = |d: &str| -> Vec<_> {
         std::fs::read_dir(dir.path().join(d))
@@ -301,12 +318,31 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     if z[UID_B].is_err() {
         assert_eq!(x[UID_A], y[UID_A]);
     }
+    // The view /v1/state shows: the holder only, with the time this run committed it.
+    let view = r.handle.prepared.borrow().clone();
+    assert_eq!(view.prepared_claims.len(), 1, "{view:?}");
+    let shown = &view.prepared_claims[0];
+    assert_eq!(
+        (
+            shown.uid.as_str(),
+            shown.namespace.as_str(),
+            shown.name.as_str()
+        ),
+        (holder.1, "ml", holder.0)
+    );
+    assert_eq!(shown.devices[0].device, "gpu-2");
+    assert!(shown.prepared_at_ms.is_some_and(|t| t > 0), "{view:?}");
     r.stop().await;
 
     // SIGKILL-like restart: the checkpoint keeps the holder; the loser is still refused.
     let r = run(dir.path(), store(), claims.clone()).await;
     assert_eq!(r.handle.loaded, LoadOutcome::Loaded);
     assert_eq!(r.handle.driver.prepared_claims(), [holder.1.to_string()]);
+    // Recovered from the checkpoint, which does not record when: shown without a time.
+    let view = r.handle.prepared.borrow().clone();
+    assert_eq!(view.prepared_claims.len(), 1, "{view:?}");
+    assert_eq!(view.prepared_claims[0].uid, holder.1);
+    assert_eq!(view.prepared_claims[0].prepared_at_ms, None);
     let kubelet = register(&reg_socket(dir.path())).await.unwrap();
     let again = kubelet.prepare(&[k(loser.0, loser.1)], None).await.unwrap();
     assert!(
@@ -448,6 +484,10 @@ async fn prepare_and_unprepare_are_timed_by_outcome_and_the_prepared_counted() {
     ] {
         assert!(fresh.contains(line), "{line} not in\n{fresh}");
     }
+    for rule in crate::domain::dra::claim_error::ClaimError::RULES {
+        let line = format!("gpu_slicer_dra_claim_refusals_total{{rule=\"{rule}\"}} 0\n");
+        assert!(fresh.contains(&line), "{line} not in\n{fresh}");
+    }
     let dir = tempfile::tempdir().unwrap();
     let claims = two_claims_for_one_gpu(UID_A, UID_B);
     let r = run(dir.path(), store(), claims.clone()).await;
@@ -462,6 +502,8 @@ async fn prepare_and_unprepare_are_timed_by_outcome_and_the_prepared_counted() {
         "gpu_slicer_dra_prepare_duration_seconds_count{outcome=\"failed\"} 1",
         "gpu_slicer_dra_prepared_claims 1",
         "gpu_slicer_dra_prepared_devices 1",
+        "gpu_slicer_dra_claim_refusals_total{rule=\"device_held\"} 1\n",
+        "gpu_slicer_dra_claim_refusals_total{rule=\"share_over_capacity\"} 0\n",
     ] {
         assert!(text.contains(line), "{line} not in\n{text}");
     }

@@ -7,7 +7,8 @@
 //! sockets (stale ones removed) and serves them on the context's `TaskTracker` until the
 //! daemon stops it. When the registration socket disappears (the kubelet's plugin
 //! directory wiped, a kubelet restart that cleans it), it is bound again, which makes the
-//! plugin watcher register the driver anew. Claims are read through a [`ClaimSource`] (the
+//! plugin watcher register the driver anew; the removal is heard through inotify
+//! (`crate::runtime::socket::RemovalWatch` on the daemon's one watch, no polling). Claims are read through a [`ClaimSource`] (the
 //! Kubernetes API in the daemon, a map in tests), which also takes their `status.devices`
 //! (`status`: written after the answer, never holding it). [`publish`] keeps the node's ResourceSlices
 //! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
@@ -30,8 +31,9 @@ pub(crate) use crate::platform::claims::{ClaimSource, ClaimSourceError};
 pub(crate) use driver::{Driver, DriverExtras};
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
+use crate::platform::fswatch::DirWatch;
 use crate::proto::{dra_v1, dra_v1beta1, drahealth_v1, drahealth_v1alpha1, pluginregistration};
-use crate::runtime::socket::{SocketError, bind};
+use crate::runtime::socket::{RemovalWatch, SocketError, bind};
 use crate::state::Store;
 
 /// Errors starting the DRA driver.
@@ -43,6 +45,13 @@ pub(crate) enum DraRuntimeError {
     /// The checkpoint could not be read or kept aside.
     #[error(transparent)]
     State(#[from] crate::platform::dra_state::DraStateError),
+    /// No inotify instance for the registration socket's watch.
+    #[error("cannot watch {path}: {source}")]
+    Watch {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Settings of the DRA driver.
@@ -64,7 +73,8 @@ pub(crate) struct DraSettings {
     pub(crate) proc_root: PathBuf,
     /// Health stream resend interval.
     pub(crate) health_resend: Duration,
-    /// How often the registration socket's presence is checked.
+    /// Base of the delay between tries when the registration socket cannot be bound again
+    /// (its removal itself is heard through inotify).
     pub(crate) socket_check: Duration,
     /// The memory-limit hook, MIG instance operations and fault point of
     /// [`Driver::with_extras`].
@@ -106,21 +116,39 @@ pub(crate) struct DraExposed {
     pub(crate) repairs: Vec<crate::platform::dra_state::Repair>,
     /// The kubelet's last registration verdict.
     pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
+    /// The prepared claims, for `/v1/state`.
+    pub(crate) prepared: watch::Receiver<Arc<crate::domain::usage::DraReport>>,
 }
 
 /// A started driver.
 pub(crate) type DraHandle = crate::runtime::Handle<DraExposed>;
 
 /// Start the driver on `ctx` (its store, tracker and a child token): load the checkpoint,
-/// bind and serve both sockets until the daemon stops it.
+/// bind and serve both sockets until the daemon stops it. The registration socket is
+/// followed through an inotify instance of its own; the daemon shares its one through
+/// [`spawn_watched`].
 pub(crate) async fn spawn(
     settings: DraSettings,
     claims: Arc<dyn ClaimSource>,
     ctx: &crate::runtime::Context,
 ) -> Result<DraHandle, DraRuntimeError> {
+    let fs = DirWatch::new().map_err(|source| DraRuntimeError::Watch {
+        path: settings.registration_socket().display().to_string(),
+        source,
+    })?;
+    spawn_watched(settings, claims, &fs, ctx).await
+}
+
+/// [`spawn`] on the daemon's inotify instance `fs`.
+pub(crate) async fn spawn_watched(
+    settings: DraSettings,
+    claims: Arc<dyn ClaimSource>,
+    fs: &Arc<DirWatch>,
+    ctx: &crate::runtime::Context,
+) -> Result<DraHandle, DraRuntimeError> {
     let stop = ctx.child_token();
     let exposed = start(
-        settings,
+        (settings, fs),
         ctx.store.clone(),
         claims,
         &ctx.metrics,
@@ -132,7 +160,7 @@ pub(crate) async fn spawn(
 }
 
 async fn start(
-    settings: DraSettings,
+    (settings, fs): (DraSettings, &Arc<DirWatch>),
     store: Store,
     claims: Arc<dyn ClaimSource>,
     metrics: &Arc<crate::runtime::metrics::Metrics>,
@@ -165,6 +193,7 @@ async fn start(
         settings.extras.clone(),
     );
     driver.write_status_with(queue);
+    let prepared_view = driver.prepared_view();
     let (claims_now, devices_now) = driver.prepared_totals();
     metrics.set_dra_prepared(claims_now, devices_now);
     // A stop waits for the Prepares and Unprepares under way (they outlive their RPCs) and
@@ -229,8 +258,9 @@ async fn start(
     };
     let reg_path = settings.registration_socket();
     let first = bind(&reg_path)?;
+    let removal = RemovalWatch::start(&reg_path, fs)?;
     tracker.spawn(registration_loop(
-        reg_path,
+        (reg_path, removal),
         first,
         registrar,
         settings.socket_check,
@@ -242,6 +272,7 @@ async fn start(
         loaded,
         repairs,
         registration,
+        prepared: prepared_view,
     })
 }
 
@@ -344,7 +375,7 @@ async fn clean_dynamic_gpus(
 
 /// Serve the registration socket; bind it again whenever it disappears.
 async fn registration_loop(
-    path: PathBuf,
+    (path, mut removal): (PathBuf, RemovalWatch),
     first: tokio::net::UnixListener,
     registrar: service::Registrar,
     check: Duration,
@@ -380,15 +411,7 @@ async fn registration_loop(
                 crate::runtime::socket::incoming(l),
                 gone.clone().cancelled_owned(),
             );
-        let watch_path = path.clone();
-        let watcher = async {
-            loop {
-                tokio::time::sleep(check).await;
-                if std::fs::symlink_metadata(&watch_path).is_err() {
-                    break;
-                }
-            }
-        };
+        let watcher = removal.removed();
         tokio::pin!(server);
         tokio::select! {
             r = &mut server => {

@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use super::driver::Driver;
 use crate::domain::dra::claim::ClaimRef;
+use crate::domain::dra::claim_error::ClaimError;
 use crate::domain::dra::slices;
 use crate::platform::dra_state::PreparedDevice;
 use crate::proto::{
@@ -66,7 +67,7 @@ macro_rules! dra_service {
                     &self.driver,
                     true,
                     started,
-                    outcomes.values().all(Result::is_ok),
+                    outcomes.values(),
                 );
                 let claims = outcomes
                     .into_iter()
@@ -78,7 +79,8 @@ macro_rules! dra_service {
                             },
                             Err(error) => $pb::NodePrepareResourceResponse {
                                 devices: Vec::new(),
-                                error,
+                                // The one place a refusal becomes text.
+                                error: error.to_string(),
                             },
                         };
                         (uid, answer)
@@ -105,12 +107,12 @@ macro_rules! dra_service {
                     &self.driver,
                     false,
                     started,
-                    outcomes.values().all(Result::is_ok),
+                    outcomes.values(),
                 );
                 let claims = outcomes
                     .into_iter()
                     .map(|(uid, r)| {
-                        let error = r.err().unwrap_or_default();
+                        let error = r.err().map(|e| e.to_string()).unwrap_or_default();
                         (uid, $pb::NodeUnprepareResourceResponse { error })
                     })
                     .collect();
@@ -122,8 +124,21 @@ macro_rules! dra_service {
     };
 }
 
-/// A call's duration and outcome, and the prepared totals after it.
-fn record(metrics: &Metrics, driver: &Driver, prepare: bool, started: Instant, ok: bool) {
+/// A call's duration and outcome, each refused claim under its rule, and the prepared
+/// totals after it.
+fn record<'a, T: 'a>(
+    metrics: &Metrics,
+    driver: &Driver,
+    prepare: bool,
+    started: Instant,
+    outcomes: impl Iterator<Item = &'a Result<T, ClaimError>>,
+) {
+    let mut ok = true;
+    for e in outcomes.filter_map(|o| o.as_ref().err()) {
+        ok = false;
+        tracing::debug!(rule = e.rule(), class = e.class().as_str(), "claim refused");
+        metrics.record_dra_refusal(e);
+    }
     metrics.record_dra_call(prepare, started.elapsed(), ok);
     let (claims, devices) = driver.prepared_totals();
     metrics.set_dra_prepared(claims, devices);

@@ -427,7 +427,10 @@ async fn dra_claims_are_attributed_to_the_pods_that_hold_them() {
         uid: uid.into(),
         name: "train".into(),
     };
-    let prepared = kubelet.prepare(&[claim], None).await.expect("prepare");
+    let prepared = kubelet
+        .prepare(std::slice::from_ref(&claim), None)
+        .await
+        .expect("prepare");
     let devices = prepared[uid].clone().expect("claim prepared");
     h.emulator.hold_claim(HeldClaim {
         pod: PodRef {
@@ -468,6 +471,27 @@ async fn dra_claims_are_attributed_to_the_pods_that_hold_them() {
     assert_eq!(state["gpus"][0]["uuid"], GPU0);
     let shares = state["gpus"][0]["shares"].to_string();
     assert!(shares.contains("\"trainer\""), "{shares}");
+    // The prepared claim, beside the usage (the fields above unchanged).
+    let dra = &state["dra"]["preparedClaims"];
+    assert_eq!(dra.as_array().map(Vec::len), Some(1), "{state}");
+    assert_eq!(
+        (&dra[0]["uid"], &dra[0]["namespace"], &dra[0]["name"]),
+        (
+            &serde_json::json!(uid),
+            &serde_json::json!("ml"),
+            &serde_json::json!("train")
+        )
+    );
+    assert_eq!(dra[0]["devices"][0]["device"], "gpu-0");
+    assert_eq!(dra[0]["devices"][0]["request"], "gpu");
+    assert_eq!(
+        dra[0]["devices"][0]["cdiIds"][0],
+        format!("k8s.gpu-slicer.io/claim={uid}-gpu-0")
+    );
+    assert!(
+        dra[0]["preparedAtMs"].as_u64().is_some_and(|t| t > 0),
+        "{state}"
+    );
     let report: UsageReport = serde_json::from_str(&text).expect("the report top reads");
     let frame = crate::cli::top::render(&report, false);
     assert!(frame.contains("ml/trainer/main"), "{frame}");
@@ -479,5 +503,15 @@ async fn dra_claims_are_attributed_to_the_pods_that_hold_them() {
         &["gpu_slicer_allocated_devices{resource=\"nvidia.com/gpu\"} 0".to_string()],
     )
     .await;
+    // Unprepared: the claim leaves /v1/state.
+    let done = kubelet.unprepare(&[claim]).await.expect("unprepare");
+    assert_eq!(done[uid], "");
+    let gone = crate::testkit::node::wait_until(Duration::from_secs(10), || async {
+        let state: serde_json::Value = serde_json::from_str(&get(addr, "/v1/state").await).ok()?;
+        let claims = state["dra"]["preparedClaims"].as_array()?.len();
+        (claims == 0).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "{}", get(addr, "/v1/state").await);
     h.stop().await.expect("clean stop");
 }

@@ -194,7 +194,7 @@ pub(crate) fn node_devices_with(
                         .extend(devices.into_iter().map(|d| (d.name.clone(), d)));
                     continue;
                 }
-                Err(why) => out.warnings.push(why),
+                Err(why) => out.warnings.push(why.to_string()),
             }
         }
         if served.contains(gpu.uuid.as_str()) {
