@@ -7,6 +7,7 @@
 #   hack/cluster.sh status   what runs, where its log is
 #   hack/cluster.sh env      `export` lines: eval "$(hack/cluster.sh env)" then use kubectl
 #   hack/cluster.sh deploy   (re)deploy the agent in $CLUSTER_MODE; removes the other mode's
+#   hack/cluster.sh restart COMPONENT   stop one (SIGTERM, SIGKILL after 20 s) and start it again
 #
 # Start order: etcd (embedded, hack/cluster/kube), kube-apiserver, kube-controller-manager,
 # kube-scheduler, containerd, kubelet, then the agent (`kubectl apply -k` of a test overlay
@@ -509,8 +510,16 @@ down) down ;;
 status) status ;;
 env) env_lines ;;
 deploy) deploy_agent ;;
+restart)
+  case ${2:-} in
+  etcd | kube-apiserver | kube-controller-manager | kube-scheduler | containerd | kubelet) ;;
+  *) die "restart: name one of etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet" ;;
+  esac
+  stop "$2"
+  up
+  ;;
 *)
-  echo "usage: hack/cluster.sh up|down|status|env|deploy" >&2
+  echo "usage: hack/cluster.sh up|down|status|env|deploy|restart COMPONENT" >&2
   exit 2
   ;;
 esac

@@ -29,6 +29,11 @@ want() { [[ $1 =~ $ONLY ]] || { skipped=$((skipped + 1)); return 1; }; }
 
 finish() {
   local rc=$?
+  [ -z "${MEM_SAMPLER:-}" ] || kill "$MEM_SAMPLER" 2>/dev/null || true
+  if [ -f "$REPO/target/cluster-peak-mem" ]; then
+    read -r peak rss <"$REPO/target/cluster-peak-mem"
+    echo "peak memory: $((peak / 1024)) MiB used above the machine's baseline; cluster processes' RSS at most $((rss / 1024)) MiB"
+  fi
   if [ "$fail" -gt 0 ] || [ "$rc" -ne 0 ]; then
     local keepdir
     keepdir=$REPO/target/cluster-logs/$(date +%Y%m%d-%H%M%S)
@@ -50,6 +55,21 @@ finish() {
 }
 trap finish EXIT
 
+# Peak memory of the tier: the machine's used memory (MemTotal - MemAvailable) sampled every
+# second, above what it was before `up`; and the cluster processes' own RSS at their peak.
+used_kib() { awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print t - a}' /proc/meminfo; }
+mem_base=$(used_kib)
+(
+  peak=0 rss_peak=0
+  while sleep 1; do
+    u=$(($(used_kib) - mem_base))
+    [ "$u" -gt "$peak" ] && peak=$u
+    r=$(ps -eo rss=,args= | awk -v d="$CLUSTER_DIR" '$0 ~ d || / kube (apiserver|etcd|scheduler|controller-manager|kubelet)/ || /containerd-shim|gpu-slicer run/ {s += $1} END {print s + 0}')
+    [ "$r" -gt "$rss_peak" ] && rss_peak=$r
+    echo "$peak $rss_peak" >"$REPO/target/cluster-peak-mem"
+  done
+) &
+MEM_SAMPLER=$!
 t0=$(date +%s)
 if ! CLUSTER_MODE=dra hack/cluster.sh up; then
   ko "cluster up" "hack/cluster.sh up failed"
@@ -91,11 +111,15 @@ pod() {
     printf '  terminationGracePeriodSeconds: 1\n'
     [ -n "$claims" ] && printf '  resourceClaims:\n%b' "$claims"
     printf '  volumes:\n  - name: fake-gpu\n    hostPath: {path: %s/fake-gpu, type: Directory}\n' "$CLUSTER_DIR"
+    printf '  - name: fake-state\n    hostPath: {path: %s/fake-events, type: DirectoryOrCreate}\n' "$CLUSTER_DIR"
     printf '  containers:\n  - name: main\n    image: localhost/gpu-slicer-test:latest\n    imagePullPolicy: Never\n'
     printf '    command: ["sh", "-c", %s]\n' "$(printf '%s' "$cmd" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')"
     printf '    env:\n    - {name: FAKE_NVML_NODE, value: /run/fake-gpu/node.yaml}\n'
     printf '    - {name: FAKE_GPU_DEV_ROOT, value: /}\n    - {name: FAKE_NVML_LIMITS_FILE, value: /run/fake-gpu/limits.json}\n'
+    # The driver's MIG state, as every process on a node sees one driver (read-only here).
+    printf '    - {name: FAKE_NVML_STATE, value: /run/fake-state/mig-state.json}\n'
     printf '    volumeMounts:\n    - {name: fake-gpu, mountPath: /run/fake-gpu, readOnly: true}\n'
+    printf '    - {name: fake-state, mountPath: /run/fake-state, readOnly: true}\n'
     if [ -n "$limits$refs" ]; then
       printf '    resources:\n'
       [ -n "$limits" ] && printf '      limits:\n%b' "$limits"
@@ -315,15 +339,15 @@ if want "rbac: the agent's token cannot write another node's slice or another dr
 fi
 
 # ============================== faults ==============================
+restart() { CLUSTER_MODE=dra hack/cluster.sh restart "$1" >>"$CLUSTER_DIR/logs/restarts.log" 2>&1; }
 slice_names() { k get resourceslices -o jsonpath='{range .items[?(@.spec.driver=="gpu-slicer.io")]}{.metadata.name}{"\n"}{end}' | sort; }
 if want "fault: kubelet restart"; then
   pod fault-keep --claim whole
   wait_running fault-keep || true
   before_dev=$(gpus_seen fault-keep)
   restarts0=$(k -n "$NS" get pod fault-keep -o jsonpath='{.status.containerStatuses[0].restartCount}')
-  kill -TERM "$(cat "$CLUSTER_DIR/run/kubelet.pid")"
-  sleep 1
-  CLUSTER_MODE=dra hack/cluster.sh up >/dev/null 2>&1
+  uids0=$(k get resourceslices -o jsonpath='{.items[*].metadata.uid}')
+  restart kubelet
   n=0
   for i in $(seq 1 60); do
     n=$(dra_devices 2>/dev/null || echo 0)
@@ -333,7 +357,10 @@ if want "fault: kubelet restart"; then
   pod fault-after --claim mig
   if [ "$n" -gt 0 ] && wait_running fault-after && [ "$(phase_of fault-keep)" = Running ] &&
     [ "$(k -n "$NS" get pod fault-keep -o jsonpath='{.status.containerStatuses[0].restartCount}')" = "$restarts0" ]; then
-    ok "fault: kubelet restart (slices back with $n devices, running pod kept $before_dev, a new claim prepared)"
+    uids1=$(k get resourceslices -o jsonpath='{.items[*].metadata.uid}')
+    how="the same slices"
+    [ "$uids0" != "$uids1" ] && how="slices wiped by the kubelet and re-created"
+    ok "fault: kubelet restart ($how, $n devices; the running pod kept $before_dev; a new claim prepared)"
   else
     ko "fault: kubelet restart" "devices published $n; fault-keep $(phase_of fault-keep); new pod: $(why fault-after)"
   fi
@@ -363,9 +390,7 @@ fi
 
 if want "fault: the API server restarts"; then
   before=$(slice_names)
-  kill -TERM "$(cat "$CLUSTER_DIR/run/kube-apiserver.pid")"
-  sleep 1
-  CLUSTER_MODE=dra hack/cluster.sh up >/dev/null 2>&1
+  restart kube-apiserver
   pod api-after --claim mig
   if wait_running api-after 120; then
     after=$(slice_names)
@@ -377,12 +402,14 @@ if want "fault: the API server restarts"; then
   delete_pods api-after
 fi
 
+delete_pods fault-keep
 if want "fault: an XID taints the device, new pods avoid it, and it recovers"; then
   G5=$(uuid 5)
   taints() { slices_json | python3 -c 'import json,sys
 for s in json.load(sys.stdin)["items"]:
     for d in s["spec"].get("devices", []):
         if d["name"] == "gpu-5": print(" ".join(t["key"] + ":" + t["effect"] for t in d.get("taints", [])))'; }
+  template gpu5 gpu.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].uuid == '$G5'"
   printf '{"gpu":5,"kind":"xid","xid":79}\n' >"$CLUSTER_DIR/fake-events/.events.tmp"
   mv "$CLUSTER_DIR/fake-events/.events.tmp" "$CLUSTER_DIR/fake-events/events.jsonl"
   tainted=""
@@ -391,18 +418,27 @@ for s in json.load(sys.stdin)["items"]:
     [ -n "$tainted" ] && break
     sleep 0.5
   done
-  template gpu5 gpu.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].uuid == '$G5'"
+  # A pod that can only have GPU 5: unscheduled while the taint is there (the agent's quiet
+  # period is 15 s here), scheduled and running once the GPU recovered.
   pod xid-after --claim gpu5
-  # The pod can only have GPU 5: it runs once the taint is gone (quiet period 5 s).
-  if [ -n "$tainted" ] && wait_running xid-after 120 && [ "$(gpus_seen xid-after)" = "$G5 " ]; then
-    ok "fault: an XID taints the device, new pods avoid it, and it recovers (taint $tainted; the pod needing GPU 5 ran after recovery)"
+  avoided=0 broke=""
+  for i in $(seq 1 120); do
+    t=$(taints)
+    n=$(k -n "$NS" get pod xid-after -o jsonpath='{.spec.nodeName}')
+    [ -n "$t" ] && [ -z "$n" ] && avoided=1
+    [ -n "$t" ] && [ -n "$n" ] && broke="scheduled onto the tainted GPU"
+    [ -z "$t" ] && break
+    sleep 0.5
+  done
+  if [ -n "$tainted" ] && [ "$avoided" = 1 ] && [ -z "$broke" ] && wait_running xid-after 120 &&
+    [ "$(gpus_seen xid-after)" = "$G5 " ]; then
+    ok "fault: an XID taints the device, new pods avoid it, and it recovers (taint $tainted; a pod needing GPU 5 waited, then ran on it)"
   else
-    ko "fault: an XID taints the device, new pods avoid it, and it recovers" "taints [$tainted], now [$(taints)]; $(why xid-after)"
+    ko "fault: an XID taints the device, new pods avoid it, and it recovers" "taints [$tainted], now [$(taints)], waited while tainted: $avoided $broke; $(why xid-after)"
   fi
   delete_pods xid-after
 fi
 
-delete_pods fault-keep
 # ============================== device-plugin mode ==============================
 # DRA first, then this: a node that served nvidia.com/gpu through a device plugin keeps the
 # stale resource in its status for the kubelet's grace period (5 min), and the scheduler then

@@ -84,7 +84,7 @@ def render(repo, root, out, api, mode, rel):
         # sessions and restarts (the fake keeps them in memory otherwise).
         {"name": "FAKE_NVML_STATE", "value": "/run/fake-events/mig-state.json"},
         # Recovery after an injected XID within the tests' patience (default 60s).
-        {"name": "HEALTH_QUIET_PERIOD", "value": "5s"},
+        {"name": "HEALTH_QUIET_PERIOD", "value": "15s"},
         {"name": "KUBERNETES_SERVICE_HOST", "value": u.hostname},
         {"name": "KUBERNETES_SERVICE_PORT", "value": str(u.port)},
     ]
