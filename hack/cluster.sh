@@ -18,7 +18,8 @@
 # Environment:
 #   CLUSTER_DIR    the state directory (default /var/lib/gpu-slicer-cluster): etcd, PKI,
 #                  logs, kubelet root, containerd root/state, CDI specs, the fake driver root
-#   CLUSTER_MODE   dra (default) or device-plugin: how `up` and `deploy` run the agent
+#   CLUSTER_MODE   dra (default), device-plugin (deploy/) or label-configs
+#                  (deploy/label-configs/): how `up` and `deploy` run the agent
 #   GPU_SLICER_BIN the gpu-slicer binary baked into the agent image (default: a dev build)
 #
 # Network: the bridge gsc0 (10.244.0.1/16) is the only pod network; pods have no DNS, no
@@ -56,7 +57,7 @@ HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/run/netns "$KU
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (mounts, the bridge, containerd)"
-case $MODE in dra | device-plugin) ;; *) die "CLUSTER_MODE must be dra or device-plugin, not '$MODE'" ;; esac
+case $MODE in dra | device-plugin | label-configs) ;; *) die "CLUSTER_MODE must be dra, device-plugin or label-configs, not '$MODE'" ;; esac
 
 pidfile() { echo "$ROOT/run/$1.pid"; }
 running() { # name
@@ -322,7 +323,7 @@ EOF
     --kubeconfig="$ROOT/pki/node.kubeconfig" \
     --root-dir="$KUBELET_ROOT" --cert-dir="$ROOT/kubelet/pki" \
     --hostname-override="$NODE" --node-ip="$GW" \
-    --node-labels=nvidia.com/gpu.present=true
+    --node-labels=nvidia.com/gpu.present=true,gpu-slicer.io/gpu=true
   wait_for "node $NODE Ready" 120 node_ready
 }
 node_ready() {
@@ -374,10 +375,10 @@ gpu_slicer() {
 }
 
 deploy_agent() {
-  local other=device-plugin
-  [ "$MODE" = device-plugin ] && other=dra
+  local other
   python3 "$REPO/hack/cluster/overlay.py" --repo "$REPO" --root "$ROOT" --out "$ROOT/overlay" --api "https://$GW:$API_PORT"
-  if kc -n "$AGENT_NS" get daemonset gpu-slicer -o jsonpath='{.metadata.annotations.gpu-slicer\.io/cluster-mode}' 2>/dev/null | grep -qx "$other"; then
+  other=$(kc -n "$AGENT_NS" get daemonset gpu-slicer -o jsonpath='{.metadata.annotations.gpu-slicer\.io/cluster-mode}' 2>/dev/null || true)
+  if [ -n "$other" ] && [ "$other" != "$MODE" ]; then
     # Only the DaemonSet: the namespace, its config and the RBAC stay for the new mode's
     # apply (deleting the namespace would leave it Terminating under the next apply).
     log "removing the $other agent"

@@ -373,8 +373,9 @@ if want "fault: the agent is SIGKILLed while pods come and go"; then
   kill -KILL "$apid" 2>/dev/null
   pod churn-2 --claim mig
   delete_pods churn-1 &
+  deleting=$!
   pod churn-3 --claim mig
-  wait
+  wait "$deleting"
   ok_all=1
   for p in churn-2 churn-3; do wait_running "$p" 120 || ok_all=0; done
   devs=$( (for p in churn-2 churn-3 fault-keep; do claim_devices "$(claim_of "$p")"; done) | tr ' ' '\n' | grep . | sort)
@@ -505,6 +506,44 @@ if want "dp: deleting a pod frees its devices"; then
     ko "dp: deleting a pod frees its devices" "before: $before; $(why dp-all-shares)"
   fi
   delete_pods dp-all-shares
+fi
+
+# ============================== steering by node label ==============================
+# deploy/label-configs/: named configs in a ConfigMap, the Node's
+# nvidia.com/device-plugin.config label picks one, live.
+if want "steering: a node label changes the served resources"; then
+  if CLUSTER_MODE=label-configs hack/cluster.sh deploy >/dev/null 2>&1; then
+    expect_default=$("$BIN" inventory --backend "sim:$NODE_FILE" --config <(k -n gpu-slicer get configmap gpu-slicer-configs -o jsonpath='{.data.default}') 2>/dev/null |
+      awk '/^RESOURCE/ {r = 1; next} r && $1 == "nvidia.com/gpu" {print $2}')
+    expect_shared=$("$BIN" inventory --backend "sim:$NODE_FILE" --config <(k -n gpu-slicer get configmap gpu-slicer-configs -o jsonpath='{.data.inference}') 2>/dev/null |
+      awk '/^RESOURCE/ {r = 1; next} r && $1 == "nvidia.com/gpu.shared" {print $2}')
+    wait_alloc() { # resource value
+      local i
+      for ((i = 0; i < 120; i++)); do [ "$(alloc "$1")" = "$2" ] && return 0; sleep 0.5; done
+      return 1
+    }
+    state() { k get node "$NODE_NAME" -o jsonpath='{.metadata.labels.gpu-slicer\.io/config\.state}'; }
+    if wait_alloc nvidia.com/gpu "$expect_default"; then
+      k label node "$NODE_NAME" nvidia.com/device-plugin.config=inference --overwrite >/dev/null
+      if wait_alloc nvidia.com/gpu.shared "$expect_shared"; then
+        st=""
+        for i in $(seq 1 60); do st=$(state); [ -n "$st" ] && break; sleep 0.5; done
+        ev=$(k get events -A --field-selector involvedObject.kind=Node -o jsonpath='{range .items[*]}{.reason}{" "}{end}' 2>/dev/null)
+        if [ -n "$st" ] && [ -n "$ev" ]; then
+          ok "steering: a node label changes the served resources (default: nvidia.com/gpu=$expect_default; label inference: nvidia.com/gpu.shared=$expect_shared; gpu-slicer.io/config.state=$st; Node events: $ev)"
+        else
+          ko "steering: a node label changes the served resources" "resources changed, but state label [$st], Node events [$ev]"
+        fi
+      else
+        ko "steering: a node label changes the served resources" "after the label: nvidia.com/gpu.shared=$(alloc nvidia.com/gpu.shared), want $expect_shared"
+      fi
+      k label node "$NODE_NAME" nvidia.com/device-plugin.config- >/dev/null 2>&1
+    else
+      ko "steering: a node label changes the served resources" "default config: nvidia.com/gpu=$(alloc nvidia.com/gpu), want $expect_default"
+    fi
+  else
+    ko "steering: a node label changes the served resources" "CLUSTER_MODE=label-configs hack/cluster.sh deploy failed"
+  fi
 fi
 
 echo "RESULT: $pass passed, $fail failed${skipped:+, $skipped not selected}"

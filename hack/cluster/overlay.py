@@ -20,7 +20,7 @@ import argparse, json, os, subprocess, sys, urllib.parse
 
 import yaml
 
-MODES = {"device-plugin": "deploy", "dra": "deploy/dra"}
+MODES = {"device-plugin": "deploy", "dra": "deploy/dra", "label-configs": "deploy/label-configs"}
 
 
 def daemonset(repo, rel):
@@ -121,12 +121,14 @@ def render(repo, root, out, api, mode, rel):
             "value": f"--cdi-hook-path={root}/hook-bin/gpu-slicer",
         }
     ]
-    config = open(os.path.join(repo, f"hack/cluster/config-{mode}.yaml")).read()
+    # label-configs keeps deploy/'s named configs: they are what the scenario steers between.
+    cfg_path = os.path.join(repo, f"hack/cluster/config-{mode}.yaml")
+    config = open(cfg_path).read() if os.path.exists(cfg_path) else None
     cm = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "gpu-slicer-config", "namespace": ds["metadata"]["namespace"]},
-        "data": {"config.yaml": config},
+        "data": {"config.yaml": config or ""},
     }
     d = os.path.join(out, mode)
     os.makedirs(d, exist_ok=True)
@@ -135,12 +137,12 @@ def render(repo, root, out, api, mode, rel):
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [base],
-        "patches": [
-            {"path": "agent.yaml"},
-            {"path": "config.yaml"},
-            {"target": {"kind": "DaemonSet", "name": "gpu-slicer"}, "patch": json.dumps(ops)},
-        ],
+        "patches": [{"path": "config.yaml"}] if config else [],
     }
+    kust["patches"] += [
+            {"path": "agent.yaml"},
+            {"target": {"kind": "DaemonSet", "name": "gpu-slicer"}, "patch": json.dumps(ops)},
+    ]
     header = "# Rendered by hack/cluster/overlay.py for the local cluster; not for real nodes.\n"
     for name, obj in (("kustomization.yaml", kust), ("agent.yaml", patch), ("config.yaml", cm)):
         with open(os.path.join(d, name), "w") as f:
