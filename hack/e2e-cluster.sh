@@ -528,8 +528,10 @@ if want "steering: a node label changes the served resources"; then
       if wait_alloc nvidia.com/gpu.shared "$expect_shared"; then
         st=""
         for i in $(seq 1 60); do st=$(state); [ -n "$st" ] && break; sleep 0.5; done
-        ev=$(k get events -A --field-selector involvedObject.kind=Node -o jsonpath='{range .items[*]}{.reason}{" "}{end}' 2>/dev/null)
-        if [ -n "$st" ] && [ -n "$ev" ]; then
+        # The agent's own Events on the Node (the kubelet's are there too).
+        ev=$(k get events -A --field-selector involvedObject.kind=Node -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' 2>/dev/null |
+          grep -x 'Config[A-Za-z]*' | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
+        if [ -n "$st" ] && [[ $ev == *ConfigApplied* ]]; then
           ok "steering: a node label changes the served resources (default: nvidia.com/gpu=$expect_default; label inference: nvidia.com/gpu.shared=$expect_shared; gpu-slicer.io/config.state=$st; Node events: $ev)"
         else
           ko "steering: a node label changes the served resources" "resources changed, but state label [$st], Node events [$ev]"
