@@ -40,7 +40,7 @@ use raw::{
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MigOpError {
     /// An NVML call failed.
-    #[error("NVML: {call} on GPU {gpu}: {source}")]
+    #[error("NVML: {call} on GPU {gpu}: {}", nvml_words(.source))]
     Nvml {
         call: &'static str,
         gpu: u32,
@@ -150,6 +150,32 @@ pub(crate) fn describe(step: &Step) -> String {
         Some(p) => format!("{action} {kind} {}@{p}", step.profile),
         None => format!("{action} {kind} {}", step.profile),
     }
+}
+
+/// An NVML error in words, naming the return codes nvml-wrapper 0.13 has no variant for.
+/// Creating an instance on a taken placement answers `NVML_ERROR_INSUFFICIENT_RESOURCES`
+/// (23), which the wrapper would print as "unexpected enum variant value: 23" (seen on the
+/// cluster tier, `hack/e2e-cluster.sh`).
+fn nvml_words(e: &NvmlError) -> String {
+    use nvml_wrapper_sys::bindings as b;
+    let NvmlError::UnexpectedVariant(code) = e else {
+        return e.to_string();
+    };
+    let words = match *code {
+        b::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => {
+            "insufficient resources: the placement, or the GPU's slices or instance count, is taken"
+        }
+        b::nvmlReturn_enum_NVML_ERROR_FREQ_NOT_SUPPORTED => "frequency not supported",
+        b::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => {
+            "argument version mismatch (a driver older than the call)"
+        }
+        b::nvmlReturn_enum_NVML_ERROR_DEPRECATED => "deprecated call",
+        b::nvmlReturn_enum_NVML_ERROR_NOT_READY => "not ready",
+        b::nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND => "GPU not found",
+        b::nvmlReturn_enum_NVML_ERROR_INVALID_STATE => "invalid state",
+        _ => return format!("NVML return code {code}"),
+    };
+    format!("{words} (NVML return code {code})")
 }
 
 fn err(call: &'static str, gpu: u32) -> impl FnOnce(NvmlError) -> MigOpError {
@@ -453,4 +479,28 @@ pub(crate) fn destroy_at(
         compute_instance_id: None,
     });
     apply(nvml, &gpu, &steps).map_err(|f| format!("GPU {index} ({}): {f}", gpu.facts.uuid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_the_wrapper_does_not_know_are_named() {
+        let taken = MigOpError::Nvml {
+            call: "nvmlDeviceCreateGpuInstanceWithPlacement",
+            gpu: 0,
+            source: NvmlError::UnexpectedVariant(23),
+        };
+        assert_eq!(
+            taken.to_string(),
+            "NVML: nvmlDeviceCreateGpuInstanceWithPlacement on GPU 0: insufficient resources: \
+             the placement, or the GPU's slices or instance count, is taken (NVML return code 23)"
+        );
+        assert_eq!(
+            nvml_words(&NvmlError::UnexpectedVariant(999)),
+            "NVML return code 999"
+        );
+        assert_eq!(nvml_words(&NvmlError::InUse), NvmlError::InUse.to_string());
+    }
 }
