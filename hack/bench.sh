@@ -25,7 +25,9 @@
 # BENCH_CALLGRIND=<dir> cargo bench --bench socket: instruction profiles of the start path to the
 # first Register, of Allocate (1 and 4 replicas), a no-op RPC and XID rounds, under callgrind.
 # BENCH_QUICK=1 runs fewer calls, only the socket bench's end-to-end figures and the idle RSS
-# (3 starts), and skips the usage-sampling runs (about a minute instead of several). Each bench's
+# (3 starts), and skips the usage-sampling runs (about a minute instead of several).
+# BENCH_CLUSTER=1 (or =cold) adds the cluster tier's build, up, down, RSS and disk figures
+# (hack/cluster/bench.sh; root). Each bench's
 # method lines (METHOD|) are printed under the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -137,6 +139,11 @@ hz=$(getconf CLK_TCK)
   echo "FIGURE|usage sampling CPU per round (sim dgx-h100, 32 processes; 100 rounds in 10 s)|$(awk -v a="$on_ticks" -v b="$off_ticks" -v hz="$hz" 'BEGIN { printf "%.2f ms", (a - b) * 1000 / hz / 100 }')"
   echo "FIGURE|run RSS with usage sampling on / off|${on_rss} KiB / ${off_rss} KiB"
 } >>"$wd/figures.log"
+fi
+
+# The cluster tier (opt-in: root, minutes): BENCH_CLUSTER=1 (warm Go caches) or =cold.
+if [ -n "${BENCH_CLUSTER:-}" ]; then
+  hack/cluster/bench.sh | tee -a "$wd/figures.log"
 fi
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)

@@ -56,8 +56,20 @@ HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/run/netns "$KU
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
+# Bad input exits 2, before anything is touched (and before the root check).
+usage() { log "$*"; exit 2; }
+case $MODE in dra | device-plugin | label-configs) ;; *) usage "CLUSTER_MODE must be dra, device-plugin or label-configs, not '$MODE'" ;; esac
+case ${1:-} in
+up | down | status | env | deploy) ;;
+restart)
+  case ${2:-} in
+  etcd | kube-apiserver | kube-controller-manager | kube-scheduler | containerd | kubelet) ;;
+  *) usage "restart: name one of etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet, not '${2:-}'" ;;
+  esac
+  ;;
+*) usage "usage: hack/cluster.sh up|down|status|env|deploy|restart COMPONENT" ;;
+esac
 [ "$(id -u)" = 0 ] || die "must run as root (mounts, the bridge, containerd)"
-case $MODE in dra | device-plugin | label-configs) ;; *) die "CLUSTER_MODE must be dra, device-plugin or label-configs, not '$MODE'" ;; esac
 
 pidfile() { echo "$ROOT/run/$1.pid"; }
 running() { # name
@@ -512,15 +524,7 @@ status) status ;;
 env) env_lines ;;
 deploy) deploy_agent ;;
 restart)
-  case ${2:-} in
-  etcd | kube-apiserver | kube-controller-manager | kube-scheduler | containerd | kubelet) ;;
-  *) die "restart: name one of etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet" ;;
-  esac
   stop "$2"
   up
-  ;;
-*)
-  echo "usage: hack/cluster.sh up|down|status|env|deploy|restart COMPONENT" >&2
-  exit 2
   ;;
 esac

@@ -88,7 +88,7 @@ G4=$(uuid 4)
 NS=e2e
 k create namespace "$NS" >/dev/null 2>&1 || true
 
-# pod NAME [--shared N | --gpu N | --mig N | --claim TEMPLATE...] [--cmd CMD]: a test pod on
+# pod NAME [--res RESOURCE N]... [--claim TEMPLATE]...: a test pod (nvidia-smi -L, then sleep) on
 # the test image, with the fake NVML's inputs (read-only) and no token, DNS or retries.
 pod() {
   local name=$1 limits="" claims="" refs="" cmd='nvidia-smi -L; nvidia-smi; sleep 3600'
@@ -101,7 +101,6 @@ pod() {
       refs+="      - name: $2\n"
       shift
       ;;
-    --cmd) cmd=$2; shift ;;
     esac
     shift
   done
@@ -152,12 +151,12 @@ wait_pending_reason() {
   return 1
 }
 gpus_seen() { k -n "$NS" logs "$1" 2>/dev/null | grep -oE '(GPU|MIG)-[0-9a-f-]{36}' | sort -u | tr '\n' ' '; }
+# nvidia-smi -L lists a MIG device under its parent GPU's line: the MIG UUIDs alone.
+migs_seen() { gpus_seen "$1" | tr ' ' '\n' | grep '^MIG-' | tr '\n' ' '; }
 why() { echo "phase $(phase_of "$1"); $(k -n "$NS" describe pod "$1" 2>&1 | sed -n '/^Events:/,$p' | tail -5 | tr -s ' ' | tr '\n' ';') logs: $(k -n "$NS" logs "$1" 2>&1 | head -8 | tr '\n' ';')"; }
 delete_pods() { k -n "$NS" delete pod "$@" --wait=true --timeout=60s >/dev/null 2>&1 || true; }
 alloc() { k get node "$NODE_NAME" -o jsonpath="{.status.allocatable['${1//./\\.}']}"; }
 agent_pod() { k -n gpu-slicer get pods -l app.kubernetes.io/name=gpu-slicer -o jsonpath='{.items[0].metadata.name}'; }
-agent_ip() { k -n gpu-slicer get pods -l app.kubernetes.io/name=gpu-slicer -o jsonpath='{.items[0].status.podIP}'; }
-agent_get() { curl -fsS --max-time 5 "http://$(agent_ip):9400$1"; }
 
 # ============================== DRA mode ==============================
 
@@ -222,8 +221,7 @@ if want "dra: a MIG 1g.10gb"; then
   template mig mig.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].profile == '1g.10gb' && !device.attributes['gpu-slicer.io'].onDemand"
   pod dra-mig --claim mig
   if wait_running dra-mig; then
-    # nvidia-smi -L lists a MIG device under its parent GPU's line: one MIG UUID, one GPU.
-    seen=$(gpus_seen dra-mig | tr ' ' '\n' | grep '^MIG-' | tr '\n' ' ')
+    seen=$(migs_seen dra-mig)
     devs=$(claim_devices "$(claim_of dra-mig)")
     [ "$(wc -w <<<"$seen")" = 1 ] && [ "$(gpus_seen dra-mig | wc -w)" = 2 ] && [[ $devs == *1g10gb* ]] &&
       ok "dra: a MIG 1g.10gb ($devs -> $seen)" ||
@@ -273,7 +271,7 @@ if want "dra: a MIG device made on demand"; then
   template ondemand mig.gpu-slicer.io --cel "device.attributes['gpu-slicer.io'].profile == '1g.10gb' && device.attributes['gpu-slicer.io'].onDemand"
   pod dra-ondemand --claim ondemand
   if wait_running dra-ondemand; then
-    seen=$(gpus_seen dra-ondemand | tr ' ' '\n' | grep '^MIG-' | tr '\n' ' ')
+    seen=$(migs_seen dra-ondemand)
     devs=$(claim_devices "$(claim_of dra-ondemand)")
     [ "$(wc -w <<<"$seen")" = 1 ] && [ "$(gpus_seen dra-ondemand | wc -w)" = 2 ] &&
       ok "dra: a MIG device made on demand ($devs -> $seen)" ||

@@ -129,3 +129,88 @@ fn docs_links_resolve_and_the_msrv_is_declared_once() {
     assert!(out.status.success(), "{t}");
     assert!(t.contains("check-docs self-test: ok"), "{t}");
 }
+
+/// `hack/cluster.sh` refuses bad input with exit 2 and the value as given, before it checks
+/// for root or touches the machine.
+#[test]
+fn cluster_script_refuses_a_bad_mode_component_or_command() {
+    for (script, want) in [
+        (
+            "CLUSTER_MODE=bogus hack/cluster.sh up",
+            "cluster: CLUSTER_MODE must be dra, device-plugin or label-configs, not 'bogus'",
+        ),
+        (
+            "hack/cluster.sh restart nope",
+            "cluster: restart: name one of etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet, not 'nope'",
+        ),
+        (
+            "hack/cluster.sh upp",
+            "cluster: usage: hack/cluster.sh up|down|status|env|deploy|restart COMPONENT",
+        ),
+    ] {
+        let out = bash(script);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{script}: {t}");
+        assert_eq!(t.trim_end(), want, "{script}");
+    }
+}
+
+/// Without a nightly toolchain the smoke runs cargo-fuzz on stable with RUSTC_BOOTSTRAP=1;
+/// without cargo-fuzz it fails (exit 1) and says how to install it, rather than skipping.
+#[test]
+fn fuzz_smoke_falls_back_to_stable_and_never_skips() {
+    let dir = common::short_tempdir();
+    let cargo = dir.path().join("cargo");
+    let stub = |fuzz_installed: bool| {
+        let script = format!(
+            r##"#!/usr/bin/env bash
+case "$*" in
+  "+nightly --version") echo "no nightly" >&2; exit 1 ;;
+  "fuzz --version") {installed} ;;
+  fuzz*) [ "$RUSTC_BOOTSTRAP" = 1 ] || {{ echo "no RUSTC_BOOTSTRAP: $*" >&2; exit 4; }}
+    case "$*" in
+      "fuzz list --fuzz-dir fuzz") echo alpha ;;
+      "fuzz build --fuzz-dir fuzz") ;;
+      "fuzz run"*) echo "stat::number_of_executed_units: 5"; echo "#1 cov: 2" ;;
+      *) echo "unexpected: $*" >&2; exit 3 ;;
+    esac ;;
+  *) echo "unexpected: $*" >&2; exit 3 ;;
+esac
+"##,
+            installed = if fuzz_installed {
+                "echo stub"
+            } else {
+                "exit 101"
+            }
+        );
+        std::fs::write(&cargo, script).unwrap();
+        std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Command::new("hack/fuzz.sh")
+            .arg("1")
+            .current_dir(root())
+            .env("PATH", path)
+            .env_remove("RUSTC_BOOTSTRAP")
+            .output()
+            .expect("run hack/fuzz.sh")
+    };
+    let out = stub(true);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("fuzz: building 1 targets on stable with RUSTC_BOOTSTRAP=1"),
+        "{t}"
+    );
+    assert!(t.contains("PASS alpha: 5 executions in 1s, cov: 2"), "{t}");
+    let out = stub(false);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("fuzz: cargo-fuzz is not installed (hack/install-deps.sh, or cargo install --locked cargo-fuzz)"),
+        "{t}"
+    );
+}

@@ -128,7 +128,7 @@ def render(repo, root, out, api, mode, rel):
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "gpu-slicer-config", "namespace": ds["metadata"]["namespace"]},
-        "data": {"config.yaml": config or ""},
+        "data": {"config.yaml": config},
     }
     d = os.path.join(out, mode)
     os.makedirs(d, exist_ok=True)
@@ -137,14 +137,15 @@ def render(repo, root, out, api, mode, rel):
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [base],
-        "patches": [{"path": "config.yaml"}] if config else [],
-    }
-    kust["patches"] += [
+        "patches": ([{"path": "config.yaml"}] if config else [])
+        + [
             {"path": "agent.yaml"},
             {"target": {"kind": "DaemonSet", "name": "gpu-slicer"}, "patch": json.dumps(ops)},
-    ]
+        ],
+    }
     header = "# Rendered by hack/cluster/overlay.py for the local cluster; not for real nodes.\n"
-    for name, obj in (("kustomization.yaml", kust), ("agent.yaml", patch), ("config.yaml", cm)):
+    files = [("kustomization.yaml", kust), ("agent.yaml", patch)] + ([("config.yaml", cm)] if config else [])
+    for name, obj in files:
         with open(os.path.join(d, name), "w") as f:
             f.write(header + yaml.safe_dump(obj, sort_keys=False))
 
