@@ -22,6 +22,9 @@ phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 phase "build binaries for the scripts" cargo build --workspace --lib --bins --tests --quiet
 export GPU_SLICER_BIN=$PWD/target/debug/gpu-slicer FAKE_NVML_LIB=$PWD/target/debug/libnvidia_ml.so \
   FAKE_CUDA_LIB=$PWD/target/debug/libcuda.so FAKE_SMI_BIN=$PWD/target/debug/fake-nvidia-smi
+# Every command the README and the book show, run as written on the simulated node (or
+# skipped for a named reason: a GPU, a cluster, root, the network), and the output they show.
+phase "docs commands" hack/docs-commands.py
 phase "validate manifests" hack/validate-manifests.sh
 # The kube-scheduler's DRA allocator (Go, k8s.io/dynamic-resource-allocation v0.37.2) on what
 # `dra slices` publishes: every example claim, consumable capacity, counters, refusals.

@@ -214,3 +214,72 @@ esac
         "{t}"
     );
 }
+
+/// `hack/docs-commands.py` (the README's and the book's commands, run as shown): a command
+/// that prints what the docs show passes; a shown line it does not print, an output block
+/// naming no command, and a command no rule runs or skips each fail the check.
+#[test]
+fn docs_commands_run_as_shown_and_their_output_is_checked() {
+    let dir = common::short_tempdir();
+    let page = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).expect("write page");
+        path
+    };
+    let check = |path: &Path| {
+        Command::new("python3")
+            .arg(root().join("hack/docs-commands.py"))
+            .arg(path)
+            .env("GPU_SLICER_BIN", env!("CARGO_BIN_EXE_gpu-slicer"))
+            .env("FAKE_SMI_BIN", "/bin/true")
+            .output()
+            .expect("run docs-commands.py")
+    };
+    let good = page(
+        "good.md",
+        "```sh\n\
+         cargo run -q -- inventory --backend sim:mixed-a100 --config hack/configs/per-gpu.yaml\n\
+         gpu-slicer cdi generate --backend sim:mixed-a100 --output /tmp/spec.yaml   # a file\n\
+         kubectl apply -k deploy/dra/\n\
+         ```\n\n\
+         <!-- output of: inventory --backend sim:mixed-a100 --config hack/configs/per-gpu.yaml -->\n\
+         ```\n\
+         nvidia.com/gpu                           1       1  -                            GPU 2\n\
+         ```\n",
+    );
+    let out = check(&good);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("RESULT: 3 passed, 0 failed, 1 skipped"), "{t}");
+
+    let wrong_output = page(
+        "wrong.md",
+        "```sh\n\
+         gpu-slicer inventory --backend sim:mixed-a100\n\
+         nvidia.com/gpu    9    9  -    GPU 7\n\
+         ```\n",
+    );
+    let out = check(&wrong_output);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("the docs show a line it did not print: nvidia.com/gpu    9    9  -    GPU 7"),
+        "{t}"
+    );
+
+    let orphan = page(
+        "orphan.md",
+        "<!-- output of: labels --backend sim:mixed-a100 -->\n```\nanything\n```\n",
+    );
+    let t = text(&check(&orphan));
+    assert!(t.contains("names no command that ran"), "{t}");
+
+    let unknown = page("unknown.md", "```sh\nhack/new-tool.sh --all\n```\n");
+    let out = check(&unknown);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("no rule runs or skips `hack/new-tool.sh --all`"),
+        "{t}"
+    );
+}

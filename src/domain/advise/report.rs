@@ -288,9 +288,10 @@ pub(crate) fn text(s: &Summary) -> String {
     for p in &s.pools {
         let _ = writeln!(
             out,
-            "pool {} ({} nodes): {}",
+            "pool {} ({} node{}): {}",
             p.name,
             p.nodes,
+            if p.nodes == 1 { "" } else { "s" },
             p.gpus.join(" | ")
         );
     }
