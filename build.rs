@@ -43,6 +43,12 @@ fn compile(
     // on the wire side moves them into the message instead of re-hashing every entry into
     // a `HashMap` on each call, and encodes them in a stable order.
     config.btree_map([".v1beta1.ContainerAllocateResponse"]);
+    // ListAndWatch frames are sent as bytes encoded from per-device fragments
+    // (src/proto.rs, `frame`): the same wire message, without re-encoding every device.
+    config.extern_path(
+        ".v1beta1.ListAndWatchResponse",
+        "crate::proto::frame::ListAndWatchResponse",
+    );
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

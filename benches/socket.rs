@@ -423,7 +423,8 @@ fn follow(
                 wall_us: wall_us(),
             };
             let down = frame
-                .devices
+                .devices()
+                .expect("a valid frame")
                 .into_iter()
                 .filter(|d| d.health != gpu_slicer::proto::HEALTHY)
                 .map(|d| d.id)
@@ -604,7 +605,12 @@ async fn device_ids(client: &mut DevicePluginClient<Channel>) -> Vec<String> {
         .expect("list-and-watch")
         .into_inner();
     let frame = stream.message().await.expect("frame").expect("a frame");
-    let mut ids: Vec<String> = frame.devices.into_iter().map(|d| d.id).collect();
+    let mut ids: Vec<String> = frame
+        .devices()
+        .expect("a valid frame")
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
     ids.sort();
     assert_eq!(ids.len(), GPUS * REPLICAS);
     ids

@@ -15,6 +15,112 @@
 )]
 pub mod deviceplugin {
     tonic::include_proto!("v1beta1");
+    pub use super::frame::ListAndWatchResponse;
+}
+
+/// `v1beta1.ListAndWatchResponse` as bytes already encoded (`build.rs` maps the message
+/// here with `extern_path`). A frame is the concatenation of its devices' encodings, so the
+/// ListAndWatch stream can build one from per-device fragments it keeps, instead of
+/// allocating three strings per device and encoding them again on every health change
+/// (the cost of an XID's frame on a 512-replica resource). Decoding (the tests' and the
+/// emulator's client side) keeps the same bytes; [`ListAndWatchResponse::devices`] reads them.
+pub mod frame {
+    use prost::bytes::{Buf, BufMut};
+    use prost::encoding::{DecodeContext, WireType};
+
+    use super::deviceplugin::Device;
+
+    /// Field number of `repeated Device devices` in `ListAndWatchResponse`.
+    const DEVICES: u32 = 1;
+
+    /// A ListAndWatch frame, encoded.
+    #[derive(Clone, PartialEq, Eq, Default, Debug)]
+    pub struct ListAndWatchResponse {
+        encoded: Vec<u8>,
+    }
+
+    impl ListAndWatchResponse {
+        /// The frame listing `devices`.
+        pub fn from_devices<'a>(devices: impl IntoIterator<Item = &'a Device>) -> Self {
+            let mut encoded = Vec::new();
+            for d in devices {
+                encoded.extend_from_slice(&fragment(d));
+            }
+            Self { encoded }
+        }
+
+        /// A frame from device fragments made by [`fragment`].
+        pub(crate) fn from_fragments<'a>(
+            fragments: impl IntoIterator<Item = &'a [u8]>,
+            capacity: usize,
+        ) -> Self {
+            let mut encoded = Vec::with_capacity(capacity);
+            for f in fragments {
+                encoded.extend_from_slice(f);
+            }
+            Self { encoded }
+        }
+
+        /// The devices the frame lists.
+        ///
+        /// # Errors
+        /// When the bytes are not a valid frame (only frames decoded from a peer can be).
+        pub fn devices(&self) -> Result<Vec<Device>, prost::DecodeError> {
+            let mut buf = self.encoded.as_slice();
+            let mut out = Vec::new();
+            while buf.has_remaining() {
+                let (tag, wire_type) = prost::encoding::decode_key(&mut buf)?;
+                debug_assert_eq!(tag, DEVICES);
+                let mut device = Device::default();
+                prost::encoding::message::merge(
+                    wire_type,
+                    &mut device,
+                    &mut buf,
+                    DecodeContext::default(),
+                )?;
+                out.push(device);
+            }
+            Ok(out)
+        }
+    }
+
+    /// One device as it appears in a frame: field key, length, message.
+    pub fn fragment(device: &Device) -> Vec<u8> {
+        let mut buf = Vec::new();
+        prost::encoding::message::encode(DEVICES, device, &mut buf);
+        buf
+    }
+
+    impl prost::Message for ListAndWatchResponse {
+        fn encode_raw(&self, buf: &mut impl BufMut) {
+            buf.put_slice(&self.encoded);
+        }
+
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: WireType,
+            buf: &mut impl Buf,
+            ctx: DecodeContext,
+        ) -> Result<(), prost::DecodeError> {
+            if tag != DEVICES {
+                return prost::encoding::skip_field(wire_type, tag, buf, ctx);
+            }
+            // Decoded to check it, then kept encoded (unknown fields of a device dropped).
+            let mut device = Device::default();
+            prost::encoding::message::merge(wire_type, &mut device, buf, ctx)?;
+            prost::encoding::message::encode(DEVICES, &device, &mut self.encoded);
+            Ok(())
+        }
+
+        fn encoded_len(&self) -> usize {
+            self.encoded.len()
+        }
+
+        fn clear(&mut self) {
+            self.encoded.clear();
+        }
+    }
 }
 
 /// PodResources API v1 (`PodResourcesLister`).
@@ -104,3 +210,42 @@ pub const HEALTHY: &str = "Healthy";
 
 /// Health value of an unusable device.
 pub(crate) const UNHEALTHY: &str = "Unhealthy";
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::deviceplugin::{Device, ListAndWatchResponse, NumaNode, TopologyInfo};
+
+    /// The bytes a frame carries are protobuf's own encoding of `repeated Device devices = 1`
+    /// (worked out by hand here, not with the code under test), and what a client decodes
+    /// from them is what was sent; fields a newer kubelet API might add are skipped.
+    #[test]
+    fn frames_are_the_wire_message_and_decode_back() {
+        let plain = Device {
+            id: "a".into(),
+            health: "Healthy".into(),
+            topology: None,
+        };
+        let frame = ListAndWatchResponse::from_devices([&plain]);
+        let mut expected = vec![0x0a, 12, 0x0a, 1, b'a', 0x12, 7];
+        expected.extend_from_slice(b"Healthy");
+        assert_eq!(frame.encode_to_vec(), expected);
+
+        let numa = Device {
+            id: "GPU-x::3".into(),
+            health: "Unhealthy".into(),
+            topology: Some(TopologyInfo {
+                nodes: vec![NumaNode { id: 1 }],
+            }),
+        };
+        let frame = ListAndWatchResponse::from_devices([&plain, &numa]);
+        let mut wire = frame.encode_to_vec();
+        // An unknown field 7 (varint 5) after the devices.
+        wire.extend_from_slice(&[0x38, 5]);
+        let decoded = ListAndWatchResponse::decode(wire.as_slice()).unwrap();
+        assert_eq!(decoded.devices().unwrap(), vec![plain, numa]);
+        assert_eq!(decoded, frame);
+        assert!(ListAndWatchResponse::decode(&[0x0a, 40, 1][..]).is_err());
+    }
+}

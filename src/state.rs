@@ -75,6 +75,48 @@ impl Store {
     /// quiet. The spec it computed is the one written (`spec_written`). Returns the
     /// committed snapshot.
     pub(crate) fn commit(&self, next: Computed) -> Arc<Snapshot> {
+        self.commit_as(next, false)
+    }
+
+    /// [`Store::commit`], with the spec not yet written: readers see the plan, but
+    /// ListAndWatch and Allocate wait ([`Store::spec_on_disk`]) until
+    /// [`Store::spec_now_written`] says the write of `generation` finished.
+    pub(crate) fn commit_before_write(&self, next: Computed) -> Arc<Snapshot> {
+        self.commit_as(next, true)
+    }
+
+    /// The spec of `generation` is on disk: the snapshot of that generation (and any made
+    /// from it since, by health or held changes) is marked written, waking the readers that
+    /// wait for it. A later transition already committed is left alone.
+    pub(crate) fn spec_now_written(&self, generation: u64) {
+        self.tx.send_if_modified(|current| {
+            if !current.spec_pending || current.generation < generation {
+                return false;
+            }
+            let mut next = Snapshot::clone(current);
+            next.spec_pending = false;
+            next.spec_written = next.spec.is_some();
+            *current = Arc::new(next);
+            true
+        });
+    }
+
+    /// The current snapshot once its spec is on disk (at once, except right after start
+    /// while the first spec is being written), or `None` if that takes longer than `limit`.
+    pub(crate) async fn spec_on_disk(&self, limit: std::time::Duration) -> Option<Arc<Snapshot>> {
+        let current = self.current();
+        if !current.spec_pending {
+            return Some(current);
+        }
+        let mut rx = self.subscribe();
+        let waited = tokio::time::timeout(limit, rx.wait_for(|s| !s.spec_pending)).await;
+        match waited {
+            Ok(Ok(s)) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    fn commit_as(&self, next: Computed, pending: bool) -> Arc<Snapshot> {
         let mut out = None;
         self.tx.send_modify(|current| {
             let generation = current.generation + 1;
@@ -84,7 +126,8 @@ impl Store {
                 overlay: current.overlay.clone(),
                 views: Arc::new(views),
                 held: current.held.clone(),
-                spec_written: next.spec.is_some(),
+                spec_written: !pending && next.spec.is_some(),
+                spec_pending: pending && next.spec.is_some(),
                 config: next.config,
                 inventory: next.inventory,
                 plan: next.plan,

@@ -165,7 +165,7 @@ async fn flood(nofile: u64) {
         stream.message().await.expect("first frame").expect("open")
     })
     .await;
-    assert_eq!(devices.devices.len(), 2, "{devices:?}");
+    assert_eq!(devices.devices().unwrap().len(), 2, "{devices:?}");
     assert!(child.try_wait().expect("child").is_none(), "daemon died");
 
     drop(idle);

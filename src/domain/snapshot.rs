@@ -48,6 +48,11 @@ pub(crate) struct Snapshot {
     pub(crate) mps: Arc<Vec<DaemonSpec>>,
     /// Whether a spec describing this plan has been written (for `/readyz`).
     pub(crate) spec_written: bool,
+    /// The plan is committed but its spec is still being written (only at start, so the
+    /// kubelet's registration does not wait on the write): ListAndWatch sends no frame and
+    /// Allocate answers nothing from such a snapshot, so nothing is advertised or handed out
+    /// that the spec on disk lacks.
+    pub(crate) spec_pending: bool,
 }
 
 /// The part of a [`Snapshot`] a transition computes; the rest (generation, health

@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::cdi::generate::{NodeInfo, NodeProbe};
@@ -109,7 +109,7 @@ pub(crate) async fn spawn(
     settings: ReloaderSettings,
     peers: ReloaderPeers,
     ctx: &Context,
-) -> Result<Handle<Reloads>, AppError> {
+) -> Result<(Handle<Reloads>, FirstSpec), AppError> {
     let (status, status_rx) = watch::channel(ReloadStatus {
         applied: 0,
         unchanged: 0,
@@ -128,16 +128,52 @@ pub(crate) async fn spawn(
         status,
         unkeepable: std::sync::Mutex::default(),
     };
-    // The first transition: discover, plan, write the spec (held devices kept), commit.
-    reloader.start(settings.config).await?;
+    // The first transition: discover, plan, commit; the spec (held devices kept) is written
+    // beside what starts next, and the reloader serves triggers once it is on disk.
+    let write = ctx.tracker.spawn(reloader.start(settings.config).await?);
     let token = ctx.child_token();
     let triggers = Triggers::start(&settings.triggers, &peers.fs, &ctx.tracker, &token)?;
     let requester = triggers.requester();
-    ctx.tracker.spawn(reloader.run(triggers, token));
-    Ok(Handle::new(Reloads {
-        requester,
-        status: status_rx,
-    }))
+    let (first_tx, first_rx) = oneshot::channel();
+    ctx.tracker.spawn(async move {
+        // A reload must not race the first write: it would commit (and write) a spec the
+        // first write could then overwrite.
+        let first = match write.await {
+            Ok(result) => result,
+            Err(e) => Err(AppError::Blocking {
+                task: "CDI spec writing",
+                message: e.to_string(),
+            }),
+        };
+        let ok = first.is_ok();
+        let _ = first_tx.send(first);
+        if ok {
+            reloader.run(triggers, token).await;
+        }
+    });
+    Ok((
+        Handle::new(Reloads {
+            requester,
+            status: status_rx,
+        }),
+        FirstSpec(first_rx),
+    ))
+}
+
+/// The first spec's write, started by [`spawn`] beside the front-ends: awaited by the
+/// supervisor, whose start fails as before when the write does.
+#[derive(Debug)]
+pub(crate) struct FirstSpec(oneshot::Receiver<Result<(), AppError>>);
+
+impl FirstSpec {
+    /// Wait until the first spec is on disk (or its write failed).
+    pub(crate) async fn written(self) -> Result<(), AppError> {
+        match self.0.await {
+            Ok(result) => result,
+            // The writer went away: only when the daemon is being stopped.
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 /// The reload actor and its dependencies.
@@ -199,7 +235,10 @@ impl Reloader {
     /// The first transition, from the snapshot an earlier run left. Its errors stop the
     /// daemon (nothing is served yet). With `failOnInitError: false` a node whose driver
     /// cannot be initialised serves nothing instead of crash-looping, as NVIDIA's plugin.
-    async fn start(&self, config: Config) -> Result<(), AppError> {
+    async fn start(
+        &self,
+        config: Config,
+    ) -> Result<impl Future<Output = Result<(), AppError>> + Send + 'static, AppError> {
         let backend = self.backend.clone();
         let discovered = blocking("inventory discovery", move || backend.discover()).await?;
         let (inventory, no_driver) = match discovered {
@@ -214,18 +253,41 @@ impl Reloader {
             }
             Err(e) => return Err(e.into()),
         };
-        let diff = self
-            .apply(Arc::new(config), Arc::new(inventory), no_driver)
+        let current = self.store.current();
+        let next = self
+            .next(&current, Arc::new(config), Arc::new(inventory), no_driver)
             .await?;
-        let snapshot = self.store.current();
+        // Committed before the spec is written: the plugin servers start and register while
+        // the spec is made durable, and serve nothing from this plan until it is (see
+        // `Snapshot::spec_pending`). Nothing can be handed out before that, so the write
+        // needs no second round for devices handed out meanwhile.
+        let spec = next.state.spec.clone();
+        let kept = next.state.kept.clone();
+        let snapshot = self.store.commit_before_write(next.state);
+        self.metrics.record_skipped(&snapshot.skipped);
         tracing::info!(
             source = %snapshot.inventory.source,
             gpus = snapshot.inventory.gpus.len(),
-            resources = diff.added.len(),
+            resources = next.diff.added.len(),
             "plan built"
         );
         self.status.send_modify(|s| s.plan = snapshot.plan.clone());
-        Ok(())
+        let (store, dir, generation) = (
+            self.store.clone(),
+            self.cdi_dir.clone(),
+            snapshot.generation,
+        );
+        let unkeepable = missing_held(&snapshot);
+        if !unkeepable.is_empty() {
+            self.report_unkeepable(unkeepable);
+        }
+        Ok(async move {
+            if let Some(spec) = spec {
+                blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
+            }
+            store.spec_now_written(generation);
+            Ok(())
+        })
     }
 
     /// Serve reload triggers until `token` is cancelled. A reload in progress is abandoned
@@ -286,6 +348,45 @@ impl Reloader {
         let mut first_diff = None;
         for _ in 0..MAX_ROUNDS {
             let current = self.store.current();
+            let next = self
+                .next(&current, config.clone(), inventory.clone(), no_driver)
+                .await?;
+            if let Some(spec) = next.state.spec.clone() {
+                let (dir, kept) = (self.cdi_dir.clone(), next.state.kept.clone());
+                blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
+            }
+            let committed = self.store.commit(next.state);
+            self.metrics.record_skipped(&committed.skipped);
+            first_diff.get_or_insert(next.diff);
+            let missing = missing_held(&committed);
+            if missing.is_empty() {
+                break;
+            }
+            // Held before this round and still missing: neither this node nor the previous
+            // spec has them (a checkpoint from another node, a GPU swapped). A rewrite
+            // cannot add them; say so once instead of retrying.
+            let known = current.held.cdi_names();
+            let (unkeepable, handed_out): (Vec<String>, Vec<String>) =
+                missing.into_iter().partition(|n| known.contains(n));
+            self.report_unkeepable(unkeepable);
+            if handed_out.is_empty() {
+                break;
+            }
+            tracing::info!("a device was handed out during the reload; writing the spec again");
+        }
+        Ok(first_diff.unwrap_or_default())
+    }
+
+    /// Device nodes, their probe and the driver's spec edits, then the transition from
+    /// `current`: what the next spec and plan are (nothing written or committed).
+    async fn next(
+        &self,
+        current: &Snapshot,
+        config: Arc<Config>,
+        inventory: Arc<Inventory>,
+        no_driver: bool,
+    ) -> Result<transition::Next, AppError> {
+        {
             let devices = Arc::new(transition::device_nodes(&inventory, no_driver)?);
             let host = {
                 let (devs, cfg, inv) = (devices.clone(), config.clone(), inventory.clone());
@@ -321,33 +422,10 @@ impl Reloader {
                     no_driver,
                 }
             };
-            let next =
-                transition::next(&current, config.clone(), inventory.clone(), devices, &host)?;
+            let next = transition::next(current, config.clone(), inventory, devices, &host)?;
             crate::runtime::report::log_skipped(&config.source, &next.state.skipped);
-            if let Some(spec) = next.state.spec.clone() {
-                let (dir, kept) = (self.cdi_dir.clone(), next.state.kept.clone());
-                blocking("CDI spec writing", move || write(&dir, &spec, &kept)).await??;
-            }
-            let committed = self.store.commit(next.state);
-            self.metrics.record_skipped(&committed.skipped);
-            first_diff.get_or_insert(next.diff);
-            let missing = missing_held(&committed);
-            if missing.is_empty() {
-                break;
-            }
-            // Held before this round and still missing: neither this node nor the previous
-            // spec has them (a checkpoint from another node, a GPU swapped). A rewrite
-            // cannot add them; say so once instead of retrying.
-            let known = current.held.cdi_names();
-            let (unkeepable, handed_out): (Vec<String>, Vec<String>) =
-                missing.into_iter().partition(|n| known.contains(n));
-            self.report_unkeepable(unkeepable);
-            if handed_out.is_empty() {
-                break;
-            }
-            tracing::info!("a device was handed out during the reload; writing the spec again");
+            Ok(next)
         }
-        Ok(first_diff.unwrap_or_default())
     }
 
     /// Log, once per name for the life of the daemon, held CDI devices no spec can carry.

@@ -287,7 +287,8 @@ async fn spawn_actors(
         cdi_dir: settings.cdi_dir,
         hook,
     };
-    let reloads = reloader::spawn(reloader, ReloaderPeers { fs: fs.clone() }, ctx).await?;
+    let (reloads, first_spec) =
+        reloader::spawn(reloader, ReloaderPeers { fs: fs.clone() }, ctx).await?;
     // The ledger attributes the devices of this driver's claims on this node's pool.
     let dra_pool = settings
         .dra
@@ -320,9 +321,14 @@ async fn spawn_actors(
                 held: held.clone(),
                 readiness: readiness.clone(),
             };
-            plugin::spawn(plugin_settings, peers, ctx).into_inner()
+            // The servers register while the first spec is written; their streams and
+            // Allocate wait for it, and a failed write stops the start as before.
+            let failures = plugin::spawn(plugin_settings, peers, ctx).into_inner();
+            first_spec.written().await?;
+            failures
         }
         FrontEnd::Dra(dra, fs) => {
+            first_spec.written().await?;
             dra_view = Some(spawn_dra(*dra, &fs, &readiness, ctx).await?);
             // No resource servers, so no resource failures: a closed channel never fires.
             let (_, none) = mpsc::channel(1);

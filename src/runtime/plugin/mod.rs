@@ -318,7 +318,8 @@ mod tests {
         );
         let ids = |store: &crate::state::Store| -> Vec<String> {
             service::frame(&store.view("nvidia.com/gpu").expect("whole GPUs"))
-                .devices
+                .devices()
+                .unwrap()
                 .into_iter()
                 .map(|d| d.id)
                 .collect()
@@ -333,11 +334,8 @@ mod tests {
         assert_eq!(ids(&store), [GPU3]);
         store.drain(GPU2, None).unwrap();
         let frame = service::frame(&store.view("nvidia.com/gpu").unwrap());
-        let gpu2 = frame
-            .devices
-            .iter()
-            .find(|d| d.id == GPU2)
-            .expect("listed again");
+        let devices = frame.devices().unwrap();
+        let gpu2 = devices.iter().find(|d| d.id == GPU2).expect("listed again");
         assert_eq!(gpu2.health, crate::proto::UNHEALTHY, "the XID stays");
     }
 }

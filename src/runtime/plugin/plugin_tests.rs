@@ -537,3 +537,97 @@ async fn allocate_names_exist_in_the_written_spec() {
     within("stop", app).await.unwrap().unwrap();
     emulator.shutdown().await;
 }
+
+/// Right after start the plan is committed before its spec is on disk: the servers register
+/// at once, but no ListAndWatch frame is sent and no Allocate answered from that snapshot
+/// until the write is reported; then both go on by themselves.
+#[tokio::test]
+async fn nothing_is_advertised_or_handed_out_before_the_first_spec_is_written() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use tokio_stream::{Stream, StreamExt};
+
+    use crate::domain::snapshot::Snapshot;
+    use crate::domain::transition::{self, Host};
+    use crate::proto::deviceplugin as pb;
+    use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
+    use crate::state::Store;
+
+    let (inventory, config, _) = fixtures::planned("mixed-a100", SHARED_CONFIG);
+    let devices = Arc::new(transition::device_nodes(&inventory, false).unwrap());
+    let host = Host {
+        nodes: std::collections::BTreeMap::new(),
+        hook: None,
+        driver: None,
+        no_driver: false,
+    };
+    let empty = Snapshot::default();
+    let next = transition::next(
+        &empty,
+        Arc::new(config),
+        Arc::new(inventory),
+        devices,
+        &host,
+    )
+    .unwrap();
+    let store = Store::new(Snapshot::default());
+    let committed = store.commit_before_write(next.state);
+    assert!(committed.spec_pending && !committed.spec_written);
+    let service = super::service::DevicePluginService::new(
+        "nvidia.com/gpu",
+        store.clone(),
+        crate::runtime::held::HeldCheckpoint::new(None, store.clone()),
+        Arc::default(),
+        Arc::default(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let mut stream = service
+        .list_and_watch(tonic::Request::new(pb::Empty {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids = vec![rep(GPU2, 0)];
+    let request = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest {
+            devices_ids: ids.clone(),
+        }],
+    };
+    let mut allocate = Box::pin(service.allocate(tonic::Request::new(request)));
+    // Polled by hand: both are waiting on the store, not on time.
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    assert!(matches!(
+        std::pin::Pin::new(&mut stream).poll_next(&mut cx),
+        Poll::Pending
+    ));
+    assert!(allocate.as_mut().poll(&mut cx).is_pending());
+    // A health event meanwhile keeps the snapshot pending.
+    store.set_health(GPU3, Health::Unhealthy, "xid 79").unwrap();
+    assert!(store.current().spec_pending);
+    assert!(matches!(
+        std::pin::Pin::new(&mut stream).poll_next(&mut cx),
+        Poll::Pending
+    ));
+
+    store.spec_now_written(committed.generation);
+    let now = store.current();
+    assert!(!now.spec_pending && now.spec_written);
+    let frame = within("the first frame", stream.next())
+        .await
+        .expect("a frame once the spec is written")
+        .expect("frame")
+        .devices()
+        .unwrap();
+    assert_eq!(frame.len(), 8, "every replica of GPUs 2 and 3");
+    assert_eq!(
+        frame.iter().filter(|d| d.health == "Unhealthy").count(),
+        4,
+        "the event that came meanwhile is in the first frame"
+    );
+    let answer = within("the Allocate", allocate)
+        .await
+        .expect("the Allocate answered once the spec is written");
+    assert_eq!(answer.into_inner().container_responses.len(), 1);
+}

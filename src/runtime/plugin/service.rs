@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status};
 
 use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorClass, ResourceView};
 use crate::domain::inventory::Health;
+use crate::domain::plan::Resource;
 use crate::proto::deviceplugin as pb;
 use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::metrics::Metrics;
@@ -58,7 +59,25 @@ pub(crate) struct DevicePluginService {
     token: CancellationToken,
 }
 
+/// How long a request right after start waits for the first spec to be written before it
+/// is refused as unavailable (the kubelet retries): a write that slow is a sick disk.
+const SPEC_WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl DevicePluginService {
+    /// The current snapshot, once its spec is on disk: only right after start can a plan be
+    /// served before its spec is written, and nothing may be answered from it until then.
+    async fn written(&self) -> Result<Arc<Snapshot>, Status> {
+        self.store
+            .spec_on_disk(SPEC_WRITE_WAIT)
+            .await
+            .ok_or_else(|| {
+                Status::unavailable(format!(
+                    "{}: the CDI spec is still being written",
+                    self.resource
+                ))
+            })
+    }
+
     pub(crate) fn new(
         resource: &str,
         store: Store,
@@ -77,8 +96,10 @@ impl DevicePluginService {
         }
     }
 
-    fn snapshot_view(&self) -> Result<(Arc<Snapshot>, Arc<ResourceView>), Status> {
-        let snapshot = self.store.current();
+    /// The current snapshot once its spec is on disk (see [`Self::written`]) and this
+    /// resource's view in it.
+    async fn snapshot_view(&self) -> Result<(Arc<Snapshot>, Arc<ResourceView>), Status> {
+        let snapshot = self.written().await?;
         let view = snapshot.view(&self.resource).cloned().ok_or_else(|| {
             Status::failed_precondition(format!("resource {} is no longer served", self.resource))
         })?;
@@ -94,6 +115,8 @@ pub(crate) struct ViewStream {
     resource: Arc<str>,
     snapshots: WatchStream<Arc<Snapshot>>,
     last: Option<Arc<ResourceView>>,
+    /// The devices of `last`'s resource, encoded (built with the first frame).
+    fragments: Option<Fragments>,
     stop: Pin<Box<WaitForCancellationFutureOwned>>,
     open: Arc<AtomicUsize>,
 }
@@ -129,12 +152,28 @@ impl Stream for ViewStream {
             let Some(view) = snapshot.view(&self.resource) else {
                 return Poll::Ready(None);
             };
+            // Right after start the plan is served before its spec is on disk: the first
+            // frame waits for the write, so no device is advertised that the spec lacks.
+            if snapshot.spec_pending {
+                continue;
+            }
             if self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, view)) {
                 continue;
             }
             self.last = Some(view.clone());
-            let frame = frame(view);
-            tracing::trace!(resource = %self.resource, devices = frame.devices.len(), "list-and-watch frame");
+            let view = view.clone();
+            if !self
+                .fragments
+                .as_ref()
+                .is_some_and(|f| Arc::ptr_eq(&f.resource, &view.resource))
+            {
+                self.fragments = Some(Fragments::of(&view.resource));
+            }
+            let frame = self
+                .fragments
+                .as_ref()
+                .map_or_else(|| frame(&view), |f| f.frame(&view));
+            tracing::trace!(resource = %self.resource, devices = view.health.len(), "list-and-watch frame");
             return Poll::Ready(Some(Ok(frame)));
         }
     }
@@ -142,22 +181,58 @@ impl Stream for ViewStream {
 
 /// The ListAndWatch frame of a view: every device but those of a drained GPU.
 pub(crate) fn frame(view: &ResourceView) -> pb::ListAndWatchResponse {
-    pb::ListAndWatchResponse {
-        devices: view
-            .devices()
-            .filter(|(_, h)| !h.drained)
-            .map(|(d, h)| pb::Device {
-                id: d.id.clone(),
-                health: match h.health {
-                    Health::Healthy => crate::proto::HEALTHY,
-                    Health::Unhealthy => crate::proto::UNHEALTHY,
-                }
-                .to_string(),
-                topology: d.numa_node.map(|n| pb::TopologyInfo {
-                    nodes: vec![pb::NumaNode { id: n }],
-                }),
+    Fragments::of(&view.resource).frame(view)
+}
+
+/// Each device of one planned resource encoded as it appears in a frame, healthy and
+/// unhealthy: a frame is then these bytes concatenated, with no per-device allocation or
+/// encoding when a health event changes a few of 512 devices. Rebuilt only when the plan's
+/// resource changes (a reload), found by identity.
+struct Fragments {
+    resource: Arc<Resource>,
+    /// `[healthy, unhealthy]` per device, in the resource's device order.
+    encoded: Vec<[Vec<u8>; 2]>,
+}
+
+impl Fragments {
+    fn of(resource: &Arc<Resource>) -> Self {
+        let encoded = resource
+            .devices
+            .iter()
+            .map(|d| {
+                let device = |health: &str| pb::Device {
+                    id: d.id.clone(),
+                    health: health.to_string(),
+                    topology: d.numa_node.map(|n| pb::TopologyInfo {
+                        nodes: vec![pb::NumaNode { id: n }],
+                    }),
+                };
+                [
+                    crate::proto::frame::fragment(&device(crate::proto::HEALTHY)),
+                    crate::proto::frame::fragment(&device(crate::proto::UNHEALTHY)),
+                ]
             })
-            .collect(),
+            .collect();
+        Self {
+            resource: resource.clone(),
+            encoded,
+        }
+    }
+
+    /// The frame of `view`, whose resource must be this one.
+    fn frame(&self, view: &ResourceView) -> pb::ListAndWatchResponse {
+        let listed = || {
+            view.health
+                .iter()
+                .zip(&self.encoded)
+                .filter(|(h, _)| !h.drained)
+                .map(|(h, e)| match h.health {
+                    Health::Healthy => e[0].as_slice(),
+                    Health::Unhealthy => e[1].as_slice(),
+                })
+        };
+        let len = listed().map(<[u8]>::len).sum();
+        pb::ListAndWatchResponse::from_fragments(listed(), len)
     }
 }
 
@@ -219,6 +294,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             resource: self.resource.clone(),
             snapshots: WatchStream::new(self.store.subscribe()),
             last: None,
+            fragments: None,
             stop: Box::pin(self.token.clone().cancelled_owned()),
             open: self.streams.clone(),
         };
@@ -238,7 +314,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         request: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
         let started = std::time::Instant::now();
-        let (snapshot, view) = self.snapshot_view()?;
+        let (snapshot, view) = self.snapshot_view().await?;
         let policy = snapshot.config.allocation_policy;
         let container_responses = request
             .into_inner()
@@ -272,8 +348,9 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             .into_iter()
             .map(|c| c.devices_ids)
             .collect();
-        // One snapshot for the whole call: view, config and device nodes of one generation.
-        let snapshot = self.store.current();
+        // One snapshot for the whole call: view, config and device nodes of one generation,
+        // and its spec on disk.
+        let snapshot = self.written().await?;
         let answer = match allocate::answer(&snapshot, &self.resource, &requests) {
             Ok(answer) => answer,
             Err(e) => {
