@@ -15,7 +15,7 @@ if [ -z "$bin" ]; then
   cargo build -q --release --bin gpu-slicer
   bin=${CARGO_TARGET_DIR:-target}/release/gpu-slicer
 fi
-for tool in prometheus promtool python3 /usr/bin/time; do
+for tool in prometheus promtool python3; do
   command -v "$tool" >/dev/null || { echo "advise-prom-bench: $tool not found (hack/install-deps.sh)" >&2; exit 1; }
 done
 gpus=${GPUS:-10000}
@@ -103,9 +103,23 @@ while time.time() - since < 10:
 print(f"advise-prom-bench: {last} blocks after compaction", file=sys.stderr)
 PY
 t4=$(date +%s.%N)
-RUST_LOG=gpu_slicer=debug /usr/bin/time -f "%e %M" -o "$wd/time" "$bin" advise --prometheus "http://127.0.0.1:$port" \
-  --metrics gpu-slicer --window 7d --at "$end" --query-timeout 600s \
-  --summary-json "$wd/summary.json" --output "$wd/plan" --report "$wd/report.html" >"$wd/advise.txt" 2>"${BENCH_ADVISE_LOG:-$wd/advise.log}"
+# Wall time and peak RSS of the advise process (python's rusage of its one child: no
+# /usr/bin/time needed).
+RUST_LOG=gpu_slicer=debug python3 - "$wd/time" "${BENCH_ADVISE_LOG:-$wd/advise.log}" "$bin" advise \
+  --prometheus "http://127.0.0.1:$port" --metrics gpu-slicer --window 7d --at "$end" \
+  --query-timeout 600s --summary-json "$wd/summary.json" --output "$wd/plan" \
+  --report "$wd/report.html" <<'PY'
+import resource, subprocess, sys, time
+out, log, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
+t = time.monotonic()
+with open(log, "w") as err:
+    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err).returncode
+wall = time.monotonic() - t
+if rc != 0:
+    sys.exit(f"advise-prom-bench: advise exited {rc}: {open(log).read()[-2000:]}")
+with open(out, "w") as f:
+    f.write(f"{wall:.2f} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\n")
+PY
 read -r wall rss_kib <"$wd/time"
 python3 - "$wd/summary.json" "$gpus" <<'PY'
 import json, sys
@@ -117,5 +131,19 @@ blocks=$(find "$wd/data" -maxdepth 1 -name '01*' -type d | wc -l)
 awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v e="$t4" -v n="$gpus" -v s="$step" -v w="$wall" -v r="$rss_kib" -v k="$blocks" 'BEGIN {
   printf "FIGURE|advise --prometheus, %d GPUs x 7 days (1 sample / %d s): wall / peak RSS|%.2f s / %.0f MiB\n", n, s, w, r / 1024
   printf "FIGURE|  its backfill: openmetrics written / promtool / start-up compaction (%d blocks)|%.0f s / %.0f s / %.0f s\n", k, b - a, c - b, e - d
-  printf "METHOD|advise-prom-bench: Debian prometheus 2.42 on the same box, series backfilled by promtool in 2-hour blocks (not compacted), advise release build writing plan, report and summary; /usr/bin/time\n"
+  printf "METHOD|advise-prom-bench: Debian prometheus 2.42 on the same box, series backfilled by promtool in 2-hour blocks (not compacted), advise writing plan, report and summary; wall and ru_maxrss from python\n"
 }'
+# Where the time goes: each query's time (the log line of the next query, or of the advice).
+python3 - "${BENCH_ADVISE_LOG:-$wd/advise.log}" "$bin" <<'PY'
+import datetime, re, sys
+stamps = []
+for line in open(sys.argv[1]):
+    m = re.match(r"(\S+Z) DEBUG .*?(?:query=(.*)|advice ready)", line)
+    if m:
+        t = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        stamps.append((t, m.group(2)))
+for (t, q), (u, _) in zip(stamps, stamps[1:]):
+    if q:
+        print(f"METHOD|advise-prom-bench query {u - t:.2f} s: {q}")
+print(f"METHOD|advise-prom-bench binary: {sys.argv[2]}")
+PY
