@@ -429,7 +429,9 @@ def main():
     if (dcgm_plan["gpusAfter"], dcgm_plan["lowerBound"]) != (plan["gpusAfter"], plan["lowerBound"]):
         fail(f"dcgm-exporter input: {dcgm_plan['gpusAfter']} GPUs (bound {dcgm_plan['lowerBound']}), "
              f"gpu-slicer's: {plan['gpusAfter']} (bound {plan['lowerBound']})")
-    say("dcgm-exporter input: the same plan, workload for workload "
+    if dcgm_plan["pools"] != plan["pools"]:
+        fail(f"dcgm-exporter input pools {dcgm_plan['pools']}, gpu-slicer's {plan['pools']}")
+    say("dcgm-exporter input: the same plan, workload for workload and pool for pool "
         f"({', '.join(sorted({w['class'] for w in plan['workloads']}))})")
     mig = f"{WD}/plan/mig-parted.yaml"  # written only when a pool has MIG GPUs
     if os.path.exists(mig):
