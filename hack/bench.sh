@@ -27,7 +27,9 @@
 # BENCH_QUICK=1 runs fewer calls, only the socket bench's end-to-end figures and the idle RSS
 # (3 starts), and skips the usage-sampling runs (about a minute instead of several).
 # BENCH_CLUSTER=1 (or =cold) adds the cluster tier's build, up, down, RSS and disk figures
-# (hack/cluster/bench.sh; root). Each bench's
+# (hack/cluster/bench.sh; root). BENCH_ADVISE_PROM=1 (10 000 GPUs) or =<n> GPUs adds
+# `advise --prometheus` on a week backfilled into a real Prometheus (hack/advise-prom-bench.sh;
+# minutes to hours, GiB of /tmp: see its figures in docs/src/advise.md). Each bench's
 # method lines (METHOD|) are printed under the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -144,6 +146,13 @@ fi
 # The cluster tier (opt-in: root, minutes): BENCH_CLUSTER=1 (warm Go caches) or =cold.
 if [ -n "${BENCH_CLUSTER:-}" ]; then
   hack/cluster/bench.sh | tee -a "$wd/figures.log"
+fi
+
+# advise on a real Prometheus at fleet scale (opt-in: long).
+if [ -n "${BENCH_ADVISE_PROM:-}" ]; then
+  advise_gpus=$BENCH_ADVISE_PROM
+  [ "$advise_gpus" = 1 ] && advise_gpus=10000
+  GPUS=$advise_gpus hack/advise-prom-bench.sh | tee -a "$wd/figures.log"
 fi
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)

@@ -33,6 +33,10 @@ phase "allocator tier" hack/allocator.sh
 phase "kubelet dial end to end" hack/e2e-kubelet-dial.sh
 # `advise --prometheus` on a real Prometheus, both metric families (docs/src/advise.md).
 phase "advise on prometheus" hack/advise-e2e.sh "$GPU_SLICER_BIN"
+# The fleet check (issue 32 item 6): 64 GPUs on 8 real agents scraped by a real Prometheus,
+# with gpu-slicer's metrics and a generated dcgm-exporter exposition; plan applied, usage
+# replayed, grants, utilisation and GPU count checked from Prometheus (about 3 minutes).
+phase "advise fleet check" hack/advise-fleet.sh "$GPU_SLICER_BIN"
 # The advise report in headless Chromium; the screenshot stays as target/advise-report.png.
 phase "advise report in chromium" hack/advise-report.sh "$GPU_SLICER_BIN"
 if [ -x hack/e2e-podman.sh ]; then

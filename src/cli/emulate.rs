@@ -18,6 +18,8 @@
 //!   `ok <device>=<uuid>…`;
 //! - `claim-status <namespace> <name>` → `ok <status.devices as one line of JSON>`.
 //!
+//! With `--kubelet` it is the kubelet's device-plugin side instead (see [`kubelet`]).
+//!
 //! Each wait is bounded ([`STEP`]). Only for tests: nothing here is hardened for input
 //! other than a test script's.
 
@@ -29,8 +31,11 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
 use crate::domain::dra::DEFAULT_DRIVER_NAME;
 use crate::testkit::apiserver::{ApiServer, ApiServerError};
+use crate::testkit::kubelet::EmulatorError;
 use crate::testkit::kubelet::dra::{KubeletClaim, register};
 use crate::testkit::node::wait_until;
+
+mod kubelet;
 
 /// Longest wait of one command.
 const STEP: Duration = Duration::from_secs(30);
@@ -47,6 +52,10 @@ pub(crate) struct EmulateArgs {
     /// The DRA driver the kubelet side talks to.
     #[arg(long = "dra-driver-name", default_value = DEFAULT_DRIVER_NAME)]
     pub(crate) driver_name: String,
+    /// Be the kubelet's device-plugin side in `--dir` (registration, Allocate, PodResources,
+    /// checkpoint) instead of the API server and the DRA side.
+    #[arg(long)]
+    pub(crate) kubelet: bool,
 }
 
 /// Errors that end `emulate` (a failed command is only its answer).
@@ -58,6 +67,9 @@ pub(crate) enum EmulateError {
     /// The API-server emulator could not start.
     #[error("emulate: {0}")]
     ApiServer(#[from] ApiServerError),
+    /// The kubelet emulator could not start.
+    #[error("emulate: {0}")]
+    Kubelet(#[from] EmulatorError),
 }
 
 /// Serve the emulators and answer commands from stdin until `quit` or end of input.
@@ -65,6 +77,9 @@ pub(crate) async fn emulate(
     args: &EmulateArgs,
     out: &mut impl std::io::Write,
 ) -> Result<(), EmulateError> {
+    if args.kubelet {
+        return kubelet::serve(&args.dir, out).await;
+    }
     crate::platform::kube::install_crypto_provider();
     let server = ApiServer::start().await?;
     std::fs::create_dir_all(&args.dir)?;

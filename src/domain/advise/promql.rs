@@ -129,8 +129,15 @@ pub(crate) fn queries(
             ]
         }
         Family::Dcgm => {
-            let util = "(DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100)";
-            let pod_util = "(DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=\"\"} or DCGM_FI_DEV_GPU_UTIL{pod!=\"\"} / 100)";
+            // `f` over the raw samples of the engine-activity series where a GPU exports
+            // it, else of GPU_UTIL: a subquery (`(a or b)[w:s]`) would see one point per
+            // step and miss bursts shorter than the step (found by hack/advise-fleet.sh).
+            let over = |f: &str, selector: &str| {
+                format!(
+                    "{f}DCGM_FI_PROF_GR_ENGINE_ACTIVE{selector}[{w}]) or {f}DCGM_FI_DEV_GPU_UTIL{selector}[{w}]) / 100"
+                )
+            };
+            let pod = "{pod!=\"\"}";
             let fb = "DCGM_FI_DEV_FB_USED{pod!=\"\"}";
             let by_pod = "namespace, pod, container, UUID";
             vec![
@@ -142,11 +149,11 @@ pub(crate) fn queries(
                 ),
                 (
                     Key::GpuUtilMean,
-                    format!("max by (UUID) (avg_over_time({util}[{w}:{s}]))"),
+                    format!("max by (UUID) ({})", over("avg_over_time(", "")),
                 ),
                 (
                     Key::GpuUtilP95,
-                    format!("max by (UUID) (quantile_over_time(0.95, {util}[{w}:{s}]))"),
+                    format!("max by (UUID) ({})", over("quantile_over_time(0.95, ", "")),
                 ),
                 (
                     Key::PodPeak,
@@ -166,11 +173,14 @@ pub(crate) fn queries(
                 ),
                 (
                     Key::PodComputeP95,
-                    format!("max by ({by_pod}) (quantile_over_time(0.95, {pod_util}[{w}:{s}]))"),
+                    format!(
+                        "max by ({by_pod}) ({})",
+                        over("quantile_over_time(0.95, ", pod)
+                    ),
                 ),
                 (
                     Key::PodComputeMean,
-                    format!("max by ({by_pod}) (avg_over_time({pod_util}[{w}:{s}]))"),
+                    format!("max by ({by_pod}) ({})", over("avg_over_time(", pod)),
                 ),
             ]
         }

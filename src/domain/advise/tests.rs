@@ -388,6 +388,21 @@ fn promql_answers_assemble_into_an_export() {
     };
     let q = queries(Family::Dcgm, 604800, 300);
     assert!(q.iter().all(|(_, q)| q.contains("604800s")));
+    // Utilisation figures read every sample (a `[w:step]` subquery would see one point a
+    // step and miss shorter bursts), engine activity where exported, else GPU_UTIL / 100.
+    for key in [
+        Key::GpuUtilMean,
+        Key::GpuUtilP95,
+        Key::PodComputeP95,
+        Key::PodComputeMean,
+    ] {
+        let (_, text) = q.iter().find(|(k, _)| *k == key).unwrap();
+        assert!(!text.contains(":300s"), "{text}");
+        assert!(
+            text.contains("DCGM_FI_PROF_GR_ENGINE_ACTIVE") && text.contains("[604800s]) / 100)"),
+            "{text}"
+        );
+    }
     let mut answers = BTreeMap::new();
     answers.insert(
         Key::GpuMemory,
