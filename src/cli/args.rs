@@ -21,8 +21,9 @@ use crate::runtime::health::{HealthSettings, NVML_WAIT_TIMEOUT, SIM_POLL_INTERVA
 #[derive(Debug, Clone, Args)]
 pub(crate) struct BackendArgs {
     /// `nvml`, `sim:<built-in profile>` (dgx-h100, mixed-a100) or `sim:<node file>`.
-    #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml")]
-    pub(crate) backend: String,
+    #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml",
+          value_parser = super::backend::BackendKind::parse)]
+    pub(crate) backend: super::backend::BackendKind,
     /// NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, env = "NVML_LIB")]
     pub(crate) nvml_lib: Option<PathBuf>,
@@ -410,7 +411,7 @@ impl HealthArgs {
             self.disable_healthchecks.as_deref(),
             self.enable_healthchecks.as_deref(),
         );
-        let source = match backend.backend.strip_prefix("sim:") {
+        let source = match backend.backend.sim() {
             Some(profile) => Source::Sim {
                 timeline: crate::platform::sim::SimBackend::open(profile)?
                     .spec()

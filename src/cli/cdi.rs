@@ -224,9 +224,7 @@ pub(crate) fn generate(
     // The plan says which devices are split how many ways: their shares get devices.
     let plan = crate::runtime::report::plan_logged(&inv, &cfg)?;
     let hook = args.hook.settings(args.backend.nvml_lib.as_deref())?;
-    // A sim node has no driver unless one is pointed at; a real node always has one.
-    let want_driver =
-        !args.no_driver && (args.backend.backend == "nvml" || cfg.driver_root != Path::new("/"));
+    let want_driver = !args.no_driver && cdi::equips_driver(&inv, &cfg.driver_root);
     let driver = if want_driver {
         crate::platform::driver::spec_edits(
             &cfg,

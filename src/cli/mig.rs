@@ -87,14 +87,14 @@ pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError>
     let MigCommand::Apply(args) = cmd;
     let file = ops::load_file(&args.config_file)?;
     file.layout(&args.layout)?;
-    let (plans, failed) = if let Some(profile) = args.backend.backend.strip_prefix("sim:") {
+    let (plans, failed) = if let Some(profile) = args.backend.backend.sim() {
         if !args.dry_run {
             return Err(MigError::SimReadOnly(profile.to_string()));
         }
         let inventory = crate::platform::sim::SimBackend::open(profile)?.discover()?;
         let gpus = ops::from_inventory(&inventory);
         (ops::plan_all(&file, &args.layout, &gpus)?, 0)
-    } else if args.backend.backend == "nvml" {
+    } else {
         let nvml = crate::platform::nvml::open_nvml(args.backend.nvml_lib.as_deref())?;
         let gpus = ops::read(&nvml)?;
         let mut plans = ops::plan_all(&file, &args.layout, &gpus)?;
@@ -111,8 +111,6 @@ pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError>
             }
         }
         (plans, failed)
-    } else {
-        return Err(InventoryError::UnknownBackend(args.backend.backend.clone()).into());
     };
     match args.format {
         OutputFormat::Json => {
