@@ -2,7 +2,7 @@
 //! variable), loads the config, opens the backend and hands over to [`crate::runtime::supervisor::run`];
 //! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -171,7 +171,11 @@ impl RunArgs {
         settings.reload = app::ReloadSettings {
             load: Some(load),
             triggers: TriggerSettings {
-                config_file: self.config.config.clone().filter(|_| !self.no_config_watch),
+                config_file: self
+                    .config
+                    .path()
+                    .map(Path::to_path_buf)
+                    .filter(|_| !self.no_config_watch),
                 config_dir: self
                     .fleet
                     .config_dir
