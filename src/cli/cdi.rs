@@ -51,7 +51,7 @@ pub(crate) struct CdiGenerateArgs {
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub(crate) output: String,
     /// Encoding: yaml or json (default: from the `--output` file's extension, else yaml).
-    #[arg(long)]
+    #[arg(long, value_parser = spec_format())]
     pub(crate) format: Option<Format>,
     /// Extra folder (inside the driver root) to look for driver libraries in; repeatable.
     #[arg(long = "library-search-path")]
@@ -102,8 +102,15 @@ pub(crate) struct CdiRemoveArgs {
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub(crate) output: PathBuf,
     /// Encoding the spec was written in (the file in the other encoding is removed too).
-    #[arg(long, default_value = "yaml")]
+    #[arg(long, default_value = "yaml", value_parser = spec_format())]
     pub(crate) format: Format,
+}
+
+/// `--format` of a spec: its encodings as clap's possible values (listed in `--help` as
+/// every command's `--format` values are), parsed into the domain's [`Format`].
+fn spec_format() -> impl clap::builder::TypedValueParser<Value = Format> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["yaml", "json"]).try_map(|s| s.parse::<Format>())
 }
 
 /// Run one `cdi` subcommand.

@@ -23,7 +23,7 @@ pub(crate) struct LabelsArgs {
     pub(crate) config: PlanConfigArgs,
     /// Write the NFD feature file here (atomically) instead of printing; GFD's
     /// `--output-file`.
-    #[arg(long, short = 'o', visible_alias = "output")]
+    #[arg(long, short = 'o', alias = "output")]
     pub(crate) output_file: Option<PathBuf>,
 }
 
