@@ -4,6 +4,8 @@
 //!
 //! * a flag means one setting everywhere: the same variable and the same values in every
 //!   subcommand that has it, and a variable is read by one flag only;
+//! * every setting has a variable (every flag of `run`, the daemon a DaemonSet configures
+//!   through its environment);
 //! * an alias shown in one command is not another flag's name elsewhere;
 //! * `--format` offers `table`, `json` and `yaml` only, `json` in every command;
 //! * the daemon's own flags are `run`'s alone: one-shot commands do not list them;
@@ -302,6 +304,24 @@ fn the_daemons_flags_are_runs_alone() {
         .filter(|n| daemon_only.contains(n.as_str()))
         .collect();
     assert_eq!(shared, ["mig-layout", "mig-layout-file"]);
+}
+
+#[test]
+fn every_setting_has_a_variable() {
+    // A DaemonSet configures the agent through its environment: every flag of `run` has a
+    // variable, and through the rule above, the same one wherever else the flag appears.
+    let leaves = walk();
+    let run = &leaves[&vec!["run".to_string()]];
+    let missing: Vec<&String> = run
+        .iter()
+        .filter(|(name, flag)| *name != "help" && flag.env.is_none())
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "run flags without a variable: {missing:?}"
+    );
+    assert!(run.len() > 40, "only {} run flags seen", run.len());
 }
 
 /// `path` run with `var=value` and every other variable cleared; a sim node that does not
