@@ -74,7 +74,7 @@ mig-configs:
       mig-devices: {}
 YAML
 for layout in all-disabled all-enabled; do
-  if "$BIN" mig apply --backend nvml --config-file "$WD/layouts.yaml" --layout "$layout" --dry-run --format json > "$WD/mig-$layout.json" 2> "$WD/mig-$layout.err"; then
+  if "$BIN" mig apply --backend nvml --mig-layout-file "$WD/layouts.yaml" --mig-layout "$layout" --dry-run --format json > "$WD/mig-$layout.json" 2> "$WD/mig-$layout.err"; then
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); [print(g["index"], g["status"], g.get("reason",""), len(g["steps"]), "steps") for g in d["gpus"]]' "$WD/mig-$layout.json"
     check "mig apply --dry-run $layout reads the instances" ok
   else

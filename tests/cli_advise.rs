@@ -404,7 +404,7 @@ fn advise_reads_dcgm_metrics_through_the_prometheus_http_api() {
 #[test]
 fn the_plan_validates_strictly_for_every_dra_v1_release() {
     let dir = tempfile::tempdir().unwrap();
-    run_advise(dir.path(), &["--dra"]);
+    run_advise(dir.path(), &["--dra-claims"]);
     let built = Command::new(common::tool("kubectl"))
         .args(["kustomize"])
         .arg(dir.path().join("plan"))

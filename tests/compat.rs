@@ -46,28 +46,38 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 
 // --- item 17: NVIDIA's DaemonSet args (parsed: `cli::run` unit tests) -------------------
 
+/// The daemon's flags are `run`'s alone: `run` on a sim node file that does not exist
+/// loads the config with every flag over it and stops at the node file (exit 2), so an
+/// error naming that file means the flags and the config were taken.
+const NO_NODE: &str = "sim:/nonexistent/compat-node.yaml";
+
+fn took_flags_then_stopped_at_the_node(out: &Output) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/nonexistent/compat-node.yaml"), "{err}");
+}
+
 #[test]
 fn bare_booleans_and_env_vars_work_through_the_binary() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write(dir.path(), "c.yaml", "version: v1\n");
-    let ok = run(gpu_slicer(&[
-        "inventory",
+    took_flags_then_stopped_at_the_node(&run(gpu_slicer(&[
+        "run",
         "--backend",
-        "sim:dgx-h100",
-        "--format",
-        "json",
+        NO_NODE,
         "--config-file",
         &cfg,
         "--fail-on-init-error",
         "--pass-device-specs",
-    ]));
-    assert!(ok.status.success(), "{}", stderr(&ok));
+    ])));
     // Env vars as NVIDIA's chart sets them, Go boolean spellings included.
-    let ok = run(gpu_slicer(&["inventory", "--backend", "sim:dgx-h100"])
+    took_flags_then_stopped_at_the_node(&run(gpu_slicer(&["run", "--backend", NO_NODE])
         .env("CONFIG_FILE", &cfg)
         .env("FAIL_ON_INIT_ERROR", "False")
         .env("PASS_DEVICE_SPECS", "true")
-        .env("DEVICE_DISCOVERY_STRATEGY", "auto"));
+        .env("DEVICE_DISCOVERY_STRATEGY", "auto")));
+    // A one-shot command reads the config file the same way, from the flag or the variable.
+    let ok = run(gpu_slicer(&["inventory", "--backend", "sim:dgx-h100"]).env("CONFIG_FILE", &cfg));
     assert!(ok.status.success(), "{}", stderr(&ok));
 }
 
@@ -134,9 +144,9 @@ fn a_bad_flag_or_env_value_is_blamed_on_the_flag_or_variable() {
     );
 
     let out = run(gpu_slicer(&[
-        "inventory",
+        "run",
         "--backend",
-        "sim:dgx-h100",
+        NO_NODE,
         "--device-list-strategy=envvar,bogus",
     ]));
     let err = stderr(&out);

@@ -53,8 +53,8 @@ impl Fake {
             .env("NVML_LIB", &self.lib)
             .env("PROC_ROOT", self.dir.path().join("proc"))
             .env_remove("FAKE_GPU_DEV_ROOT")
-            .env_remove("MIG_PARTED_CONFIG_FILE")
-            .env_remove("MIG_PARTED_SELECTED_CONFIG")
+            .env_remove("MIG_LAYOUT_FILE")
+            .env_remove("MIG_LAYOUT")
             .output()
             .unwrap()
     }

@@ -80,8 +80,9 @@ pub(crate) enum Metrics {
 /// Output formats of the terminal summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Format {
-    /// A short table.
-    Text,
+    /// A short table (`text`, its first name, still works).
+    #[value(alias = "text")]
+    Table,
     /// The summary JSON.
     Json,
 }
@@ -125,8 +126,10 @@ pub(crate) struct AdviseArgs {
     /// Price of one GPU-hour, for money saved per month.
     #[arg(long, value_name = "PRICE")]
     pub(crate) gpu_hour_price: Option<f64>,
-    /// Sharing candidates get DRA capacity claims (a ResourceClaimTemplate each).
-    #[arg(long)]
+    /// Sharing candidates get DRA capacity claims (a ResourceClaimTemplate each). Named
+    /// apart from `run --dra` (serve through DRA), which means another thing; `--dra`, its
+    /// first name, still works.
+    #[arg(long = "dra-claims", alias = "dra")]
     pub(crate) dra: bool,
     /// Write the plan as code into this directory.
     #[arg(long, value_name = "DIR")]
@@ -138,7 +141,7 @@ pub(crate) struct AdviseArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) summary_json: Option<PathBuf>,
     /// Terminal output.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
+    #[arg(long, value_enum, default_value_t = Format::Table)]
     pub(crate) format: Format,
 }
 
@@ -290,7 +293,7 @@ pub(crate) fn run(args: &AdviseArgs, out: &mut impl Write) -> Result<(), AdviseC
         write_file(p, json.as_bytes())?;
     }
     match args.format {
-        Format::Text => out.write_all(report::text(&summary).as_bytes())?,
+        Format::Table => out.write_all(report::text(&summary).as_bytes())?,
         Format::Json => out.write_all(json.as_bytes())?,
     }
     Ok(())

@@ -21,8 +21,9 @@ use crate::runtime::health::{HealthSettings, NVML_WAIT_TIMEOUT, SIM_POLL_INTERVA
 #[derive(Debug, Clone, Args)]
 pub(crate) struct BackendArgs {
     /// `nvml`, `sim:<built-in profile>` (dgx-h100, mixed-a100) or `sim:<node file>`.
-    #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml")]
-    pub(crate) backend: String,
+    #[arg(long, env = "GPU_SLICER_BACKEND", default_value = "nvml",
+          value_parser = super::backend::BackendKind::parse)]
+    pub(crate) backend: super::backend::BackendKind,
     /// NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, env = "NVML_LIB")]
     pub(crate) nvml_lib: Option<PathBuf>,
@@ -31,103 +32,180 @@ pub(crate) struct BackendArgs {
     pub(crate) proc_root: PathBuf,
 }
 
-/// The config file and the flags that override it (flag > env > file > default).
-#[derive(Debug, Clone, Args)]
-pub(crate) struct ConfigArgs {
+/// `--config`: the config file, read the same way by every command that plans or writes a
+/// spec (NVIDIA k8s-device-plugin `version: v1` format, YAML or JSON).
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct ConfigFileArgs {
     /// Config file (NVIDIA k8s-device-plugin `version: v1` format, YAML or JSON).
     #[arg(long = "config", visible_alias = "config-file", env = "CONFIG_FILE")]
     pub(crate) config: Option<PathBuf>,
-    /// The file's settings a flag or an environment variable overrides.
+}
+
+/// The config file and the settings that act in a one-shot command that plans the node
+/// (`inventory`, `labels`, `dra slices`): the daemon's settings are `run`'s alone
+/// ([`ConfigArgs`]), so these commands do not list flags that would change nothing.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct PlanConfigArgs {
+    /// `--config`.
     #[command(flatten)]
-    pub(crate) settings: SettingArgs,
+    pub(crate) file: ConfigFileArgs,
+    /// The file's settings that change the plan.
+    #[command(flatten)]
+    pub(crate) plan: PlanSettingArgs,
+}
+
+impl PlanConfigArgs {
+    /// The overrides these flags express.
+    pub(crate) fn overrides(&self) -> Overrides {
+        let mut o = Overrides::default();
+        self.plan.apply(&mut o);
+        o
+    }
+
+    /// Load and validate the config.
+    pub(crate) fn load(
+        &self,
+    ) -> Result<crate::domain::config::Config, crate::domain::config::ConfigError> {
+        crate::platform::config_file::load(self.file.config.as_deref(), &self.overrides())
+    }
+}
+
+/// The config file and every flag that overrides it (flag > env > file > default): `run`'s.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ConfigArgs {
+    /// `--config` and the settings that change the plan.
+    #[command(flatten)]
+    pub(crate) base: PlanConfigArgs,
+    /// The CDI kind.
+    #[command(flatten)]
+    pub(crate) kind: KindSettingArgs,
+    /// The settings that shape the CDI spec.
+    #[command(flatten)]
+    pub(crate) spec: SpecSettingArgs,
+    /// The settings only the daemon acts on.
+    #[command(flatten)]
+    pub(crate) daemon: DaemonSettingArgs,
     /// NVIDIA plugin flags without a gpu-slicer counterpart (accepted for drop-in use).
     #[command(flatten)]
     pub(crate) nvidia: nvidia::NvidiaArgs,
 }
 
-/// Declares [`SettingArgs`] from one list of clap fields, each named as the setting's slot
-/// in [`Overrides`] (the settings table, `domain::config::settings`): a setting's flag and
-/// variable are written once, and [`SettingArgs::overrides`] follows the list.
+/// Declares one group of settings from a list of clap fields, each named as the setting's
+/// slot in [`Overrides`] (the settings table, `domain::config::settings`): a setting's flag
+/// and variable are written once, in the group of the commands it acts in, and the group's
+/// `apply` follows the list.
 macro_rules! setting_args {
-    ($( $(#[$meta:meta])* $field:ident: $ty:ty, )*) => {
-        /// The config file's settings as flags, each also an environment variable.
+    ($(#[$smeta:meta])* $name:ident { $( $(#[$meta:meta])* $field:ident: $ty:ty, )* }) => {
+        $(#[$smeta])*
         #[derive(Debug, Clone, Default, Args)]
-        pub(crate) struct SettingArgs {
+        pub(crate) struct $name {
             $( $(#[$meta])* pub(crate) $field: $ty, )*
         }
 
-        impl SettingArgs {
-            /// The overrides these flags express, each naming the flag or variable that
-            /// set it.
-            pub(crate) fn overrides(&self) -> Overrides {
-                #[allow(clippy::needless_update)] // when every slot has a flag
-                Overrides {
-                    $( $field: IntoSlot::into_slot(self.$field.clone()), )*
-                    ..Overrides::default()
-                }
+        impl $name {
+            /// Put the overrides these flags express into `o`, each naming the flag or
+            /// variable that set it.
+            pub(crate) fn apply(&self, o: &mut Overrides) {
+                $( o.$field = IntoSlot::into_slot(self.$field.clone()); )*
             }
         }
     };
 }
 
 setting_args! {
-    /// `none`, `single` or `mixed`.
-    #[arg(long, env = "MIG_STRATEGY", value_parser = given::text())]
-    mig_strategy: Option<Given<String>>,
-    /// mig-parted config file whose `--mig-layout` the daemon applies to idle GPUs
-    /// (`flags.migLayouts.file`).
-    #[arg(long, env = "MIG_LAYOUT_FILE", value_parser = given::text())]
-    mig_layout_file: Option<Given<String>>,
-    /// The layout of `--mig-layout-file` to apply (`flags.migLayouts.layout`).
-    #[arg(long, env = "MIG_LAYOUT", value_parser = given::text())]
-    mig_layout: Option<Given<String>>,
-    /// Exit if the backend cannot start (false: run with no devices). A bare
-    /// `--fail-on-init-error` means true, as in NVIDIA's CLI.
-    #[arg(long, env = "FAIL_ON_INIT_ERROR", num_args = 0..=1,
-          default_missing_value = "true", value_parser = given::boolish())]
-    fail_on_init_error: Option<Given<bool>>,
-    /// Allocate response formats: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list).
-    #[arg(long, env = "DEVICE_LIST_STRATEGY", value_delimiter = ',', value_parser = given::text())]
-    device_list_strategy: Option<Vec<Given<String>>>,
-    /// `uuid` or `index`: how devices are named in env/mount responses.
-    #[arg(long, env = "DEVICE_ID_STRATEGY", value_parser = given::text())]
-    device_id_strategy: Option<Given<String>>,
-    /// `distributed` or `packed` placement of replicas and MIG devices.
-    #[arg(long = "shared-devices-allocation-policy", env = "SHARED_DEVICES_ALLOCATION_POLICY",
-          value_name = "SHARED_DEVICES_ALLOCATION_POLICY", value_parser = given::text())]
-    allocation_policy: Option<Given<String>>,
-    /// Root of the MPS pipe and log directories.
-    #[arg(long, env = "MPS_ROOT", value_parser = given::text())]
-    mps_root: Option<Given<String>>,
-    /// Host driver root.
-    #[arg(long = "driver-root", env = "NVIDIA_DRIVER_ROOT", value_parser = given::text())]
-    driver_root: Option<Given<String>>,
-    /// Host root of `/dev` (default: the driver root), NVIDIA's `--nvidia-dev-root`.
-    #[arg(long = "dev-root", visible_alias = "nvidia-dev-root", env = "NVIDIA_DEV_ROOT",
-          value_parser = given::text())]
-    dev_root: Option<Given<String>>,
-    /// Also return DeviceSpecs in Allocate responses (bare `--pass-device-specs` = true).
-    #[arg(long, env = "PASS_DEVICE_SPECS", num_args = 0..=1,
-          default_missing_value = "true", value_parser = given::boolish())]
-    pass_device_specs: Option<Given<bool>>,
-    /// Prefix of CDI container annotations.
-    #[arg(long, env = "CDI_ANNOTATION_PREFIX", value_parser = given::text())]
-    cdi_annotation_prefix: Option<Given<String>>,
-    /// CDI kind (`vendor/class`) of the generated spec.
-    #[arg(long, env = "CDI_KIND", value_parser = given::text())]
-    cdi_kind: Option<Given<String>>,
-    /// Where this container sees the driver root (`flags.plugin.containerDriverRoot`): the
-    /// agent reads the driver's files there and writes their host paths into the spec.
-    /// NVIDIA's name for it.
-    #[arg(long = "driver-root-ctr-path", visible_alias = "container-driver-root",
-          env = "DRIVER_ROOT_CTR_PATH", hide = true, value_parser = given::text())]
-    container_driver_root: Option<Given<String>>,
+    /// The settings that change the plan: every command that plans the node takes them.
+    PlanSettingArgs {
+        /// `none`, `single` or `mixed`.
+        #[arg(long, env = "MIG_STRATEGY", value_parser = given::text())]
+        mig_strategy: Option<Given<String>>,
+    }
+}
+
+setting_args! {
+    /// The CDI kind: names the spec (`cdi generate`, `cdi remove`, `run`).
+    KindSettingArgs {
+        /// CDI kind (`vendor/class`) of the generated spec.
+        #[arg(long, alias = "kind", env = "CDI_KIND", value_parser = given::text())]
+        cdi_kind: Option<Given<String>>,
+    }
+}
+
+setting_args! {
+    /// The settings that shape the CDI spec's edits (`cdi generate`, `run`).
+    SpecSettingArgs {
+        /// Root of the MPS pipe and log directories.
+        #[arg(long, env = "MPS_ROOT", value_parser = given::text())]
+        mps_root: Option<Given<String>>,
+        /// HOST path of the driver root: `/` for a host-installed driver, `/run/nvidia/driver`
+        /// for a containerised one. Its libraries, firmware, binaries and sockets go into
+        /// the spec's container edits.
+        #[arg(long = "driver-root", visible_alias = "nvidia-driver-root", env = "NVIDIA_DRIVER_ROOT",
+              value_parser = given::text())]
+        driver_root: Option<Given<String>>,
+        /// Host root of `/dev` (default: the driver root), NVIDIA's `--nvidia-dev-root`:
+        /// device nodes found there get their type and numbers, missing control nodes are
+        /// left out.
+        #[arg(long = "dev-root", visible_alias = "nvidia-dev-root", env = "NVIDIA_DEV_ROOT",
+              value_parser = given::text())]
+        dev_root: Option<Given<String>>,
+        /// Where this process sees the driver root when it runs in a container, e.g.
+        /// `/host` (`flags.plugin.containerDriverRoot`): the agent reads the driver's files
+        /// there and writes their host paths into the spec. NVIDIA calls it
+        /// `--driver-root-ctr-path`.
+        #[arg(long = "container-driver-root", alias = "driver-root-ctr-path",
+              env = "DRIVER_ROOT_CTR_PATH", value_parser = given::text())]
+        container_driver_root: Option<Given<String>>,
+    }
+}
+
+setting_args! {
+    /// The settings only the daemon (`run`) acts on.
+    DaemonSettingArgs {
+        /// mig-parted config file whose `--mig-layout` the daemon applies to idle GPUs
+        /// (`flags.migLayouts.file`).
+        #[arg(long, env = "MIG_LAYOUT_FILE", value_parser = given::text())]
+        mig_layout_file: Option<Given<String>>,
+        /// The layout of `--mig-layout-file` to apply (`flags.migLayouts.layout`).
+        #[arg(long, env = "MIG_LAYOUT", value_parser = given::text())]
+        mig_layout: Option<Given<String>>,
+        /// Exit if the backend cannot start (false: run with no devices). A bare
+        /// `--fail-on-init-error` means true, as in NVIDIA's CLI.
+        #[arg(long, env = "FAIL_ON_INIT_ERROR", num_args = 0..=1,
+              default_missing_value = "true", value_parser = given::boolish())]
+        fail_on_init_error: Option<Given<bool>>,
+        /// Allocate response formats: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list).
+        #[arg(long, env = "DEVICE_LIST_STRATEGY", value_delimiter = ',', value_parser = given::text())]
+        device_list_strategy: Option<Vec<Given<String>>>,
+        /// `uuid` or `index`: how devices are named in env/mount responses.
+        #[arg(long, env = "DEVICE_ID_STRATEGY", value_parser = given::text())]
+        device_id_strategy: Option<Given<String>>,
+        /// `distributed` or `packed` placement of replicas and MIG devices.
+        #[arg(long = "shared-devices-allocation-policy", env = "SHARED_DEVICES_ALLOCATION_POLICY",
+              value_name = "SHARED_DEVICES_ALLOCATION_POLICY", value_parser = given::text())]
+        allocation_policy: Option<Given<String>>,
+        /// Also return DeviceSpecs in Allocate responses (bare `--pass-device-specs` = true).
+        #[arg(long, env = "PASS_DEVICE_SPECS", num_args = 0..=1,
+              default_missing_value = "true", value_parser = given::boolish())]
+        pass_device_specs: Option<Given<bool>>,
+        /// Prefix of CDI container annotations.
+        #[arg(long, env = "CDI_ANNOTATION_PREFIX", value_parser = given::text())]
+        cdi_annotation_prefix: Option<Given<String>>,
+    }
 }
 
 impl ConfigArgs {
+    /// The config file `--config` names.
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.base.file.config.as_deref()
+    }
+
     /// The overrides these flags express.
     pub(crate) fn overrides(&self) -> Overrides {
-        self.settings.overrides()
+        let mut o = self.base.overrides();
+        self.kind.apply(&mut o);
+        self.spec.apply(&mut o);
+        self.daemon.apply(&mut o);
+        o
     }
 
     /// Load and validate the config. NVIDIA flags gpu-slicer cannot honour are refused;
@@ -135,7 +213,7 @@ impl ConfigArgs {
     pub(crate) fn load(
         &self,
     ) -> Result<crate::domain::config::Config, crate::domain::config::ConfigError> {
-        self.load_path(self.config.as_deref())
+        self.load_path(self.path())
     }
 
     /// [`Self::load`] of another file (`--config-dir`: the key the Node's label chose),
@@ -161,7 +239,7 @@ pub(crate) struct InventoryArgs {
     #[command(flatten)]
     pub(crate) backend: BackendArgs,
     #[command(flatten)]
-    pub(crate) config: ConfigArgs,
+    pub(crate) config: PlanConfigArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub(crate) format: OutputFormat,
@@ -410,7 +488,7 @@ impl HealthArgs {
             self.disable_healthchecks.as_deref(),
             self.enable_healthchecks.as_deref(),
         );
-        let source = match backend.backend.strip_prefix("sim:") {
+        let source = match backend.backend.sim() {
             Some(profile) => Source::Sim {
                 timeline: crate::platform::sim::SimBackend::open(profile)?
                     .spec()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 
 use crate::domain::cdi::{self, CdiError, Format, GenerateOptions, Result, spec_file_name};
-use crate::domain::config::{Config, Given, Overrides};
+use crate::domain::config::{Config, Overrides};
 use crate::domain::inventory::Inventory;
 use crate::platform::cdi_host::HostProbe;
 use crate::platform::cdi_writer::WriteOutcome;
@@ -34,29 +34,25 @@ pub(crate) struct CdiGenerateArgs {
     /// Where the inventory comes from (`--backend`, `--nvml-lib`, `--proc-root`).
     #[command(flatten)]
     pub(crate) backend: crate::cli::args::BackendArgs,
-    /// Config file (NVIDIA `version: v1` format); its `flags.plugin.cdiKind`,
-    /// `flags.nvidiaDevRoot`, `flags.mpsRoot` and `sharing` (per-share devices) are used.
-    #[arg(long)]
-    pub(crate) config: Option<PathBuf>,
-    /// CDI kind `vendor/class` (overrides the config).
-    #[arg(long, value_parser = crate::cli::given::text())]
-    pub(crate) kind: Option<Given<String>>,
+    /// `--config` (its `flags.plugin.cdiKind`, `flags.nvidiaDevRoot`, `flags.mpsRoot`,
+    /// `sharing` for per-share devices, …) and `--mig-strategy`, read as every planning
+    /// command reads them.
+    #[command(flatten)]
+    pub(crate) config: crate::cli::args::PlanConfigArgs,
+    /// `--cdi-kind` (over the config's).
+    #[command(flatten)]
+    pub(crate) kind: crate::cli::args::KindSettingArgs,
+    /// The settings that shape the spec (`--driver-root`, `--dev-root`, `--mps-root`,
+    /// `--container-driver-root`), as `run` reads them.
+    #[command(flatten)]
+    pub(crate) spec: crate::cli::args::SpecSettingArgs,
     /// A spec file (`PATH.yaml` / `PATH.json`, the extension sets the encoding), a
     /// directory to write `<vendor>-<class>.<format>` into, or `-` for stdout.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub(crate) output: String,
     /// Encoding: yaml or json (default: from the `--output` file's extension, else yaml).
-    #[arg(long)]
+    #[arg(long, value_parser = spec_format())]
     pub(crate) format: Option<Format>,
-    /// HOST path of the driver root: `/` for a host-installed driver, `/run/nvidia/driver`
-    /// for a containerised one (overrides `flags.nvidiaDriverRoot`). Its libraries,
-    /// firmware, binaries and sockets go into the spec's container edits.
-    #[arg(long = "driver-root", visible_alias = "nvidia-driver-root", value_parser = crate::cli::given::text())]
-    pub(crate) driver_root: Option<Given<String>>,
-    /// Where this process sees the driver root when it runs in a container, e.g. `/host`
-    /// (overrides `flags.plugin.containerDriverRoot`).
-    #[arg(long, value_parser = crate::cli::given::text())]
-    pub(crate) container_driver_root: Option<Given<String>>,
     /// Extra folder (inside the driver root) to look for driver libraries in; repeatable.
     #[arg(long = "library-search-path")]
     pub(crate) library_search_path: Vec<PathBuf>,
@@ -68,10 +64,6 @@ pub(crate) struct CdiGenerateArgs {
     /// backend is `nvml` or a driver root other than `/` is set.
     #[arg(long, conflicts_with = "driver_root")]
     pub(crate) no_driver: bool,
-    /// Host root under which `/dev` is found (hostPath = DIR + /dev/…); nodes found there
-    /// get their type and numbers, missing control nodes are left out.
-    #[arg(long)]
-    pub(crate) dev_root: Option<PathBuf>,
     /// The memory-limit hook written into per-share devices.
     #[command(flatten)]
     pub(crate) hook: crate::cli::args::HookArgs,
@@ -100,18 +92,25 @@ pub(crate) const DEFAULT_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
 /// Arguments of `cdi remove`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct CdiRemoveArgs {
-    /// Config file whose CDI kind names the spec.
-    #[arg(long)]
-    pub(crate) config: Option<PathBuf>,
-    /// CDI kind `vendor/class` (overrides the config).
-    #[arg(long, value_parser = crate::cli::given::text())]
-    pub(crate) kind: Option<Given<String>>,
+    /// `--config`, whose CDI kind names the spec.
+    #[command(flatten)]
+    pub(crate) config: crate::cli::args::ConfigFileArgs,
+    /// `--cdi-kind` (over the config's).
+    #[command(flatten)]
+    pub(crate) kind: crate::cli::args::KindSettingArgs,
     /// Directory holding the spec.
     #[arg(long, default_value = cdi::DEFAULT_SPEC_DIR)]
     pub(crate) output: PathBuf,
     /// Encoding the spec was written in (the file in the other encoding is removed too).
-    #[arg(long, default_value = "yaml")]
+    #[arg(long, default_value = "yaml", value_parser = spec_format())]
     pub(crate) format: Format,
+}
+
+/// `--format` of a spec: its encodings as clap's possible values (listed in `--help` as
+/// every command's `--format` values are), parsed into the domain's [`Format`].
+fn spec_format() -> impl clap::builder::TypedValueParser<Value = Format> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["yaml", "json"]).try_map(|s| s.parse::<Format>())
 }
 
 /// Run one `cdi` subcommand.
@@ -124,11 +123,9 @@ pub(crate) fn run(cmd: &CdiCommand, out: &mut dyn Write) -> crate::cli::error::R
     }
 }
 
-fn load_config(path: Option<&Path>, kind: Option<&Given<String>>) -> Result<Config> {
-    let overrides = Overrides {
-        cdi_kind: kind.cloned(),
-        ..Overrides::default()
-    };
+fn load_config(path: Option<&Path>, kind: &crate::cli::args::KindSettingArgs) -> Result<Config> {
+    let mut overrides = Overrides::default();
+    kind.apply(&mut overrides);
     Ok(crate::platform::config_file::load(path, &overrides)?)
 }
 
@@ -204,19 +201,15 @@ pub(crate) fn generate(
     args: &CdiGenerateArgs,
     out: &mut dyn Write,
 ) -> crate::cli::error::Result<()> {
-    let overrides = Overrides {
-        cdi_kind: args.kind.clone(),
-        driver_root: args.driver_root.clone(),
-        container_driver_root: args.container_driver_root.clone(),
-        ..Overrides::default()
-    };
-    let cfg = crate::platform::config_file::load(args.config.as_deref(), &overrides)?;
+    let mut overrides = args.config.overrides();
+    args.kind.apply(&mut overrides);
+    args.spec.apply(&mut overrides);
+    let cfg = crate::platform::config_file::load(args.config.file.config.as_deref(), &overrides)?;
     let target = output_target(&args.output, args.format, &cfg.cdi_kind)?;
-    // The config's default dev root `/` means "the real /dev": no hostPath needed.
-    let dev_root = args
-        .dev_root
-        .clone()
-        .or_else(|| (cfg.dev_root != Path::new("/")).then(|| cfg.dev_root.clone()));
+    // The config's default dev root `/` means "the real /dev": no hostPath needed; a
+    // `--dev-root` given on the command line (even `/`) is probed as given.
+    let dev_root = (args.spec.dev_root.is_some() || cfg.dev_root != Path::new("/"))
+        .then(|| cfg.dev_root.clone());
     if let Some(root) = &dev_root {
         HostProbe::check_root(root)?;
     }
@@ -224,9 +217,7 @@ pub(crate) fn generate(
     // The plan says which devices are split how many ways: their shares get devices.
     let plan = crate::runtime::report::plan_logged(&inv, &cfg)?;
     let hook = args.hook.settings(args.backend.nvml_lib.as_deref())?;
-    // A sim node has no driver unless one is pointed at; a real node always has one.
-    let want_driver =
-        !args.no_driver && (args.backend.backend == "nvml" || cfg.driver_root != Path::new("/"));
+    let want_driver = !args.no_driver && cdi::equips_driver(&inv, &cfg.driver_root);
     let driver = if want_driver {
         crate::platform::driver::spec_edits(
             &cfg,
@@ -442,7 +433,7 @@ pub(crate) fn list(args: &CdiListArgs, out: &mut dyn Write) -> Result<()> {
 /// `cdi remove`: delete the spec file for the configured kind, in both formats (a stale
 /// twin in the other format would keep offering the devices), if present.
 pub(crate) fn remove(args: &CdiRemoveArgs, out: &mut dyn Write) -> Result<()> {
-    let cfg = load_config(args.config.as_deref(), args.kind.as_ref())?;
+    let cfg = load_config(args.config.config.as_deref(), &args.kind)?;
     let name = spec_file_name(&cfg.cdi_kind, args.format);
     let removed = crate::platform::cdi_writer::remove_spec(&args.output, &name)?;
     if removed.is_empty() {

@@ -131,11 +131,12 @@ pub(crate) struct SetMemoryLimitArgs {
     /// mean "no memory", which no share plan produces).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) bytes: u64,
-    /// NVML library (default: libnvidia-ml.so.1).
-    #[arg(long)]
+    /// NVML library (default: libnvidia-ml.so.1); read as every command reads it (the
+    /// spec passes the flag: runtimes give a hook only the spec's environment).
+    #[arg(long, env = "NVML_LIB")]
     pub(crate) nvml_lib: Option<PathBuf>,
     /// Root of /proc.
-    #[arg(long, default_value = "/proc")]
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
     pub(crate) proc_root: PathBuf,
     /// Root of the cgroup filesystem.
     #[arg(long, default_value = "/sys/fs/cgroup")]

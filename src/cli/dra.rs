@@ -8,7 +8,7 @@
 
 use std::io::Write;
 
-use crate::cli::args::{BackendArgs, ConfigArgs};
+use crate::cli::args::{BackendArgs, PlanConfigArgs};
 use crate::cli::error::Result;
 use crate::domain::dra::{self, classes, slices};
 use crate::domain::plan;
@@ -36,9 +36,9 @@ pub(crate) struct SlicesArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
     pub(crate) backend: BackendArgs,
-    /// `--config` and the flags that override it.
+    /// `--config` and the flags that override it here (those that change the plan).
     #[command(flatten)]
-    pub(crate) config: ConfigArgs,
+    pub(crate) config: PlanConfigArgs,
     /// The node (and pool) name (default: the host name).
     #[arg(long, env = "NODE_NAME")]
     pub(crate) node_name: Option<String>,

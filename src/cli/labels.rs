@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::cli::args::{BackendArgs, ConfigArgs};
+use crate::cli::args::{BackendArgs, PlanConfigArgs};
 use crate::cli::error::Result;
 use crate::domain::labels;
 use crate::platform::labels_file;
@@ -18,12 +18,12 @@ pub(crate) struct LabelsArgs {
     /// `--backend` and NVML settings.
     #[command(flatten)]
     pub(crate) backend: BackendArgs,
-    /// `--config` and the flags that override it.
+    /// `--config` and the flags that override it here (those that change the plan).
     #[command(flatten)]
-    pub(crate) config: ConfigArgs,
+    pub(crate) config: PlanConfigArgs,
     /// Write the NFD feature file here (atomically) instead of printing; GFD's
     /// `--output-file`.
-    #[arg(long, short = 'o', visible_alias = "output")]
+    #[arg(long, short = 'o', alias = "output")]
     pub(crate) output_file: Option<PathBuf>,
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn init_tracing(format: LogFormat, default_filter: &str) {
 /// log pipeline that parses every line does not lose the one that matters most.
 pub(crate) fn report_fatal(format: LogFormat, error: &dyn std::fmt::Display) {
     match format {
-        LogFormat::Text => eprintln!("gpu-slicer: error: {error}"),
+        LogFormat::Text => eprintln!("{}{error}", super::ERROR_PREFIX),
         LogFormat::Json => tracing::error!(error = %error, "fatal"),
     }
 }

@@ -31,12 +31,15 @@ pub(crate) enum MigCommand {
 pub(crate) struct MigApplyArgs {
     #[command(flatten)]
     pub(crate) backend: BackendArgs,
-    /// mig-parted config file (`version: v1`, `mig-configs`).
-    #[arg(long, env = "MIG_PARTED_CONFIG_FILE")]
-    pub(crate) config_file: PathBuf,
-    /// The layout (a key of `mig-configs`) to apply.
-    #[arg(long, env = "MIG_PARTED_SELECTED_CONFIG")]
-    pub(crate) layout: String,
+    /// mig-parted config file (`version: v1`, `mig-configs`): the daemon's
+    /// `--mig-layout-file`, under the same name and variable. `--config-file`, its first
+    /// name, still works but is not shown: everywhere else it means `--config`.
+    #[arg(long, alias = "config-file", env = "MIG_LAYOUT_FILE")]
+    pub(crate) mig_layout_file: PathBuf,
+    /// The layout (a key of `mig-configs`) to apply: the daemon's `--mig-layout`
+    /// (`--layout` still works).
+    #[arg(long, alias = "layout", env = "MIG_LAYOUT")]
+    pub(crate) mig_layout: String,
     /// Print the steps without running them.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -85,19 +88,19 @@ struct Report<'a> {
 /// Run `mig`.
 pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
     let MigCommand::Apply(args) = cmd;
-    let file = ops::load_file(&args.config_file)?;
-    file.layout(&args.layout)?;
-    let (plans, failed) = if let Some(profile) = args.backend.backend.strip_prefix("sim:") {
+    let file = ops::load_file(&args.mig_layout_file)?;
+    file.layout(&args.mig_layout)?;
+    let (plans, failed) = if let Some(profile) = args.backend.backend.sim() {
         if !args.dry_run {
             return Err(MigError::SimReadOnly(profile.to_string()));
         }
         let inventory = crate::platform::sim::SimBackend::open(profile)?.discover()?;
         let gpus = ops::from_inventory(&inventory);
-        (ops::plan_all(&file, &args.layout, &gpus)?, 0)
-    } else if args.backend.backend == "nvml" {
+        (ops::plan_all(&file, &args.mig_layout, &gpus)?, 0)
+    } else {
         let nvml = crate::platform::nvml::open_nvml(args.backend.nvml_lib.as_deref())?;
         let gpus = ops::read(&nvml)?;
-        let mut plans = ops::plan_all(&file, &args.layout, &gpus)?;
+        let mut plans = ops::plan_all(&file, &args.mig_layout, &gpus)?;
         let mut failed = 0;
         if !args.dry_run {
             for (plan, gpu) in plans.iter_mut().zip(&gpus) {
@@ -111,8 +114,6 @@ pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError>
             }
         }
         (plans, failed)
-    } else {
-        return Err(InventoryError::UnknownBackend(args.backend.backend.clone()).into());
     };
     match args.format {
         OutputFormat::Json => {
@@ -120,7 +121,7 @@ pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError>
                 .map_err(std::io::Error::other)?;
             writeln!(out)?;
         }
-        OutputFormat::Table => write_table(out, &file, &args.layout, &plans, args.dry_run)?,
+        OutputFormat::Table => write_table(out, &file, &args.mig_layout, &plans, args.dry_run)?,
     }
     if failed > 0 {
         return Err(MigError::Failed(failed));

@@ -96,7 +96,8 @@ pub(crate) enum Command {
 }
 
 /// Parse the process's command line, or exit as clap does (2 for a usage error, 0 for
-/// `--help`), a bad value from an environment variable blamed on that variable.
+/// `--help`), a bad value from an environment variable blamed on that variable and the
+/// message in the one error style of every command ([`usage_error_text`]).
 pub(crate) fn parse() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -107,9 +108,31 @@ pub(crate) fn parse() -> Cli {
     match parsed {
         Ok(cli) => cli,
         Err(e) => {
-            env_errors::blame_env(e.format(&mut cmd), &cmd, &argv, |v| std::env::var_os(v)).exit()
+            let e = env_errors::blame_env(e.format(&mut cmd), &cmd, &argv, |v| std::env::var_os(v));
+            match usage_error_text(&e) {
+                Some(text) if e.use_stderr() => {
+                    eprint!("{text}");
+                    std::process::exit(e.exit_code())
+                }
+                // `--help`, `--version` (exit 0) and the help clap shows for a missing
+                // subcommand (exit 2) are not error messages: clap prints them as they are.
+                _ => e.exit(),
+            }
         }
     }
+}
+
+/// How every error of the binary starts, a usage error found by clap or a failure of the
+/// command ([`logging::report_fatal`]): one style, so scripts and people match one prefix.
+pub(crate) const ERROR_PREFIX: &str = "gpu-slicer: error: ";
+
+/// A usage error as the binary prints it: clap's text (plain, no colour) under
+/// [`ERROR_PREFIX`] instead of clap's own `error: `; `None` for what clap prints that is not
+/// an error message (help, version).
+pub(crate) fn usage_error_text(err: &clap::Error) -> Option<String> {
+    let text = err.render().to_string();
+    let body = text.strip_prefix("error: ")?;
+    Some(format!("{ERROR_PREFIX}{body}"))
 }
 
 /// Run the parsed command line to completion. `run` and `demo` get an async runtime; the
@@ -154,4 +177,23 @@ pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .thread_keep_alive(std::time::Duration::from_secs(1))
         .enable_all()
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, ERROR_PREFIX, usage_error_text};
+
+    #[test]
+    fn usage_errors_take_the_prefix_of_every_other_error() {
+        let err = Cli::try_parse_from(["gpu-slicer", "inventory", "--no-such-flag"]).unwrap_err();
+        let text = usage_error_text(&err).expect("an error message");
+        assert!(text.starts_with(ERROR_PREFIX), "{text}");
+        assert!(text.contains("'--no-such-flag'"), "{text}");
+        assert!(!text.contains("error: error:"), "{text}");
+        assert!(!text.contains('\x1b'), "{text}");
+        let help = Cli::try_parse_from(["gpu-slicer", "--help"]).unwrap_err();
+        assert_eq!(usage_error_text(&help), None);
+    }
 }

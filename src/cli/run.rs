@@ -2,7 +2,7 @@
 //! variable), loads the config, opens the backend and hands over to [`crate::runtime::supervisor::run`];
 //! SIGTERM / SIGINT cancel it (a second signal is not needed: shutdown has a deadline).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -51,6 +51,12 @@ pub(crate) enum RunError {
 /// `LOG_FORMAT` is global on the command line.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct RunArgs {
+    /// Test-only fault point, built with the `fault-injection` feature only (the tests'
+    /// builds): `dra-after-mig-create` SIGKILLs the daemon between a claim's MIG instances
+    /// and its checkpoint, so the restart's clean-up can be tested.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, env = "GPU_SLICER_FAULT", value_enum, hide = true)]
+    pub(crate) fault: Option<Fault>,
     /// `--backend` and NVML settings.
     #[command(flatten)]
     pub(crate) backend: BackendArgs,
@@ -165,7 +171,11 @@ impl RunArgs {
         settings.reload = app::ReloadSettings {
             load: Some(load),
             triggers: TriggerSettings {
-                config_file: self.config.config.clone().filter(|_| !self.no_config_watch),
+                config_file: self
+                    .config
+                    .path()
+                    .map(Path::to_path_buf)
+                    .filter(|_| !self.no_config_watch),
                 config_dir: self
                     .fleet
                     .config_dir
@@ -186,12 +196,14 @@ impl RunArgs {
         settings.state_dir = state_dir;
         settings.health_monitor = Some(self.health.settings(&self.backend)?);
         settings.http_listen = (!self.http_listen.is_empty()).then(|| self.http_listen.clone());
-        settings.mig_layouts = (self.backend.backend == "nvml").then(|| {
-            crate::runtime::miglayout::MigLayoutSettings {
-                nvml_lib: self.backend.nvml_lib.clone(),
-                interval: self.rescan_interval.max(std::time::Duration::from_secs(1)),
-            }
-        });
+        settings.mig_layouts =
+            self.backend
+                .backend
+                .is_nvml()
+                .then(|| crate::runtime::miglayout::MigLayoutSettings {
+                    nvml_lib: self.backend.nvml_lib.clone(),
+                    interval: self.rescan_interval.max(std::time::Duration::from_secs(1)),
+                });
         settings.ledger = (!self.pod_resources_socket.is_empty()).then(|| {
             crate::runtime::ledger::LedgerSettings {
                 socket: PathBuf::from(&self.pod_resources_socket),
@@ -244,10 +256,10 @@ impl RunArgs {
 
     /// What binds DRA shares and makes dynamic MIG devices: the memory-limit hook, MIG
     /// instance operations through NVML (the `nvml` backend only), and the test-only fault
-    /// point `GPU_SLICER_FAULT=dra-after-mig-create`.
+    /// point `--fault dra-after-mig-create` (the `fault-injection` feature).
     fn dra_extras(&self) -> Result<crate::runtime::dra::DriverExtras, RunError> {
         use crate::platform::dra_mig::{InstanceOps, NvmlInstances};
-        let instances = (self.backend.backend == "nvml").then(|| {
+        let instances = self.backend.backend.is_nvml().then(|| {
             std::sync::Arc::new(NvmlInstances {
                 lib: self.backend.nvml_lib.clone(),
                 proc_root: self.backend.proc_root.clone(),
@@ -256,11 +268,19 @@ impl RunArgs {
         Ok(crate::runtime::dra::DriverExtras {
             hook: Some(self.hook.settings(self.backend.nvml_lib.as_deref())?),
             instances,
-            kill_after_mig_create: std::env::var("GPU_SLICER_FAULT")
-                .is_ok_and(|v| v == "dra-after-mig-create"),
+            kill_after_mig_create: self.kills_after_mig_create(),
             #[cfg(test)]
             gate: None,
         })
+    }
+
+    /// Whether the `dra-after-mig-create` fault point is armed (never without the
+    /// `fault-injection` feature).
+    fn kills_after_mig_create(&self) -> bool {
+        #[cfg(feature = "fault-injection")]
+        return self.fault == Some(Fault::DraAfterMigCreate);
+        #[cfg(not(feature = "fault-injection"))]
+        false
     }
 
     /// The usage sampler's settings: NVML figures for `nvml`, the node file's `usage`
@@ -269,19 +289,19 @@ impl RunArgs {
         if self.usage_interval.is_zero() {
             return Ok(None);
         }
-        let source: Box<dyn crate::platform::usage::UsageSource> =
-            match self.backend.backend.strip_prefix("sim:") {
-                Some(profile) => {
-                    let sim = crate::platform::sim::SimBackend::open(profile)?;
-                    Box::new(crate::platform::usage::SimUsage::new(
-                        sim.spec().clone(),
-                        sim.path().map(std::path::Path::to_path_buf),
-                    ))
-                }
-                None => Box::new(crate::platform::usage::NvmlUsage::new(
-                    self.backend.nvml_lib.clone(),
-                )),
-            };
+        let source: Box<dyn crate::platform::usage::UsageSource> = match self.backend.backend.sim()
+        {
+            Some(profile) => {
+                let sim = crate::platform::sim::SimBackend::open(profile)?;
+                Box::new(crate::platform::usage::SimUsage::new(
+                    sim.spec().clone(),
+                    sim.path().map(std::path::Path::to_path_buf),
+                ))
+            }
+            None => Box::new(crate::platform::usage::NvmlUsage::new(
+                self.backend.nvml_lib.clone(),
+            )),
+        };
         Ok(Some(crate::runtime::usage::UsageSettings {
             source,
             interval: self.usage_interval,
@@ -292,6 +312,15 @@ impl RunArgs {
                 .join(crate::platform::usage::CHECKPOINT_FILE),
         }))
     }
+}
+
+/// Test-only fault points of `run --fault` (the `fault-injection` feature).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Fault {
+    /// SIGKILL right after a DRA claim's MIG instances are made, before its spec and
+    /// checkpoint are written.
+    DraAfterMigCreate,
 }
 
 /// Run the daemon until SIGTERM or SIGINT.

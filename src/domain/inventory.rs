@@ -148,6 +148,9 @@ pub(crate) struct MigDevice {
     pub(crate) ci_cap_minor: Option<u32>,
 }
 
+/// [`Inventory::source`] of an inventory read from the real driver through NVML.
+pub(crate) const NVML_SOURCE: &str = "nvml";
+
 /// Everything a node has.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "camelCase")]

@@ -195,7 +195,7 @@ impl Backend for NvmlBackend {
         let topology = super::nvml_topology::read(&nvml, &gpus);
         tracing::debug!(gpus = gpus.len(), "NVML inventory discovered");
         Ok(Inventory {
-            source: "nvml".to_string(),
+            source: crate::domain::inventory::NVML_SOURCE.to_string(),
             driver_version,
             cuda_driver_version,
             gpus,

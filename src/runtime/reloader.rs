@@ -390,7 +390,7 @@ impl Reloader {
             let devices = Arc::new(transition::device_nodes(&inventory, no_driver)?);
             let host = {
                 let (devs, cfg, inv) = (devices.clone(), config.clone(), inventory.clone());
-                let equip = !no_driver && equips_driver(&inventory, &config);
+                let equip = !no_driver && cdi::equips_driver(&inventory, &config.driver_root);
                 let hook = self
                     .hook
                     .as_ref()
@@ -490,13 +490,6 @@ impl Reloader {
             ),
         }
     }
-}
-
-/// Whether the spec carries the host's user-space driver: always on a real driver (NVML),
-/// and on a sim node only when a driver root other than `/` is given (a fake driver root in
-/// tests and demos), as `cdi generate` decides.
-fn equips_driver(inventory: &Inventory, config: &Config) -> bool {
-    inventory.source == "nvml" || config.driver_root != Path::new("/")
 }
 
 /// Held CDI device names the committed spec lacks.

@@ -60,7 +60,7 @@ fn nvidia_daemonset_args_parse_and_load() {
         "--mofed-enabled=false",
         "--gdrcopy-enabled=false",
     ]);
-    assert_eq!(args.config.config.as_deref(), Some(Path::new(&cfg)));
+    assert_eq!(args.config.path(), Some(Path::new(&cfg)));
     let loaded = args.config.load().expect("load");
     assert!(loaded.fail_on_init_error);
     assert!(loaded.pass_device_specs);

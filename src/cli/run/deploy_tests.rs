@@ -245,7 +245,7 @@ fn label_configs_overlay_runs_the_config_dir_on_its_configmap() {
         panic!("the container does not run `run`");
     };
     assert!(
-        run.config.config.is_none(),
+        run.config.path().is_none(),
         "--config is replaced: {args:?}"
     );
     let dir = run.fleet.config_dir.expect("--config-dir");

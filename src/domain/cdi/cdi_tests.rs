@@ -492,3 +492,24 @@ fn validate_accepts_what_podman_loaded() {
         validate_file(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
     }
 }
+
+#[test]
+fn the_driver_goes_into_a_real_nodes_spec_and_into_a_sim_nodes_only_with_a_driver_root() {
+    use crate::domain::inventory::{Inventory, NVML_SOURCE};
+    let node = |source: &str| Inventory {
+        source: source.to_string(),
+        ..Inventory::default()
+    };
+    let root = Path::new("/");
+    let fake = Path::new("/tmp/fake-driver");
+    assert!(crate::domain::cdi::equips_driver(&node(NVML_SOURCE), root));
+    assert!(crate::domain::cdi::equips_driver(&node(NVML_SOURCE), fake));
+    assert!(!crate::domain::cdi::equips_driver(
+        &node("sim:mixed-a100"),
+        root
+    ));
+    assert!(crate::domain::cdi::equips_driver(
+        &node("sim:mixed-a100"),
+        fake
+    ));
+}

@@ -297,6 +297,18 @@ pub(crate) fn qualified_name(kind: &str, device: &str) -> String {
     format!("{kind}={device}")
 }
 
+/// Whether the spec carries the host's user-space driver (libraries, binaries, hooks): always
+/// on a real driver (an NVML inventory), and on a sim node only when a driver root other than
+/// `/` is given (a fake driver root in tests and demos). `cdi generate` and the daemon's
+/// reloader both ask here, so a spec written by either has the same shape.
+pub(crate) fn equips_driver(
+    inventory: &crate::domain::inventory::Inventory,
+    driver_root: &std::path::Path,
+) -> bool {
+    inventory.source == crate::domain::inventory::NVML_SOURCE
+        || driver_root != std::path::Path::new("/")
+}
+
 /// Default file name of the spec for `kind`: `<vendor>-<class>.<ext>`.
 pub(crate) fn spec_file_name(kind: &str, format: Format) -> String {
     format!("{}.{}", kind.replace('/', "-"), format.extension())

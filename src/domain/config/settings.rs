@@ -9,7 +9,7 @@
 //! over its variable) and blames a bad value on where it was written. The command line (`cli::args`)
 //! declares each setting's flag and variable once, in a field named as its slot here.
 //!
-//! Adding a setting: one entry here, one field of `SettingArgs` in `cli::args`, a test, a line in docs/src/configuration.md.
+//! Adding a setting: one entry here, one field of the `cli::args` setting group of the commands it acts in, a test, a line in docs/src/configuration.md.
 //! Sections with rules across fields (`flags.migLayouts`, `flags.dra`, `sharing`) have
 //! their own functions in the parent module.
 

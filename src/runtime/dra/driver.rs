@@ -68,7 +68,7 @@ pub(crate) struct DriverExtras {
     pub(crate) hook: Option<HookSettings>,
     /// MIG instance operations for dynamic MIG (`None`: no NVML, such claims fail).
     pub(crate) instances: Option<Arc<dyn InstanceOps>>,
-    /// Test-only fault point (`GPU_SLICER_FAULT=dra-after-mig-create`): SIGKILL this
+    /// Test-only fault point (`run --fault dra-after-mig-create`, `fault-injection` builds): SIGKILL this
     /// process right after a claim's MIG instances are made, before its spec and checkpoint.
     pub(crate) kill_after_mig_create: bool,
     /// Unit tests only: hold the work at one stage until the test lets it go.
