@@ -357,3 +357,46 @@ fn bad_layouts_are_input_errors_naming_file_layout_gpu_and_profile() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("all-balanced"));
 }
+
+/// Scripts written for mig-parted set its variables: `mig apply` reads them when neither
+/// our flag nor our variable is given (ours win), and says what is missing otherwise.
+#[test]
+fn mig_parted_variables_are_read_after_ours() {
+    let by_flags = sim("all-balanced", "json");
+    assert!(by_flags.status.success(), "{by_flags:?}");
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-slicer"));
+        cmd.args(["mig", "apply", "--backend", &format!("sim:{NODE}")])
+            .args(["--dry-run", "--format", "json"])
+            .env_remove("MIG_LAYOUT_FILE")
+            .env_remove("MIG_LAYOUT")
+            .env_remove("MIG_PARTED_CONFIG_FILE")
+            .env_remove("MIG_PARTED_SELECTED_CONFIG")
+            .current_dir(root());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let parted = run(&[
+        ("MIG_PARTED_CONFIG_FILE", EXAMPLE),
+        ("MIG_PARTED_SELECTED_CONFIG", "all-balanced"),
+    ]);
+    assert!(parted.status.success(), "{parted:?}");
+    assert_eq!(parted.stdout, by_flags.stdout);
+    // Ours first: a layout named by MIG_LAYOUT wins over mig-parted's variable.
+    let ours = run(&[
+        ("MIG_PARTED_CONFIG_FILE", EXAMPLE),
+        ("MIG_PARTED_SELECTED_CONFIG", "no-such-layout"),
+        ("MIG_LAYOUT", "all-balanced"),
+    ]);
+    assert!(ours.status.success(), "{ours:?}");
+    assert_eq!(ours.stdout, by_flags.stdout);
+    let missing = run(&[("MIG_PARTED_CONFIG_FILE", EXAMPLE)]);
+    assert_eq!(missing.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        e.contains("--mig-layout (or MIG_LAYOUT, or mig-parted's MIG_PARTED_SELECTED_CONFIG)"),
+        "{e}"
+    );
+}

@@ -127,7 +127,7 @@ fn app(e: &AppError) -> Class {
 fn mig(e: &crate::cli::mig::MigError) -> Class {
     use crate::cli::mig::MigError;
     match e {
-        MigError::Layout(_) | MigError::SimReadOnly(_) => Class::Input,
+        MigError::Layout(_) | MigError::SimReadOnly(_) | MigError::Missing { .. } => Class::Input,
         MigError::Backend(e) => inventory(e),
         MigError::Op(_) | MigError::Failed(_) | MigError::Output(_) => Class::Runtime,
     }

@@ -26,6 +26,11 @@ pub(crate) enum MigCommand {
     Apply(MigApplyArgs),
 }
 
+/// mig-parted's variable for its config file.
+const PARTED_FILE_VAR: &str = "MIG_PARTED_CONFIG_FILE";
+/// mig-parted's variable for the layout to apply.
+const PARTED_LAYOUT_VAR: &str = "MIG_PARTED_SELECTED_CONFIG";
+
 /// Arguments of `mig apply`.
 #[derive(Debug, Args)]
 pub(crate) struct MigApplyArgs {
@@ -34,12 +39,13 @@ pub(crate) struct MigApplyArgs {
     /// mig-parted config file (`version: v1`, `mig-configs`): the daemon's
     /// `--mig-layout-file`, under the same name and variable. `--config-file`, its first
     /// name, still works but is not shown: everywhere else it means `--config`.
+    /// mig-parted's own `MIG_PARTED_CONFIG_FILE` is read when neither is given.
     #[arg(long, alias = "config-file", env = "MIG_LAYOUT_FILE")]
-    pub(crate) mig_layout_file: PathBuf,
+    pub(crate) mig_layout_file: Option<PathBuf>,
     /// The layout (a key of `mig-configs`) to apply: the daemon's `--mig-layout`
-    /// (`--layout` still works).
+    /// (`--layout` still works; mig-parted's `MIG_PARTED_SELECTED_CONFIG` when neither is given).
     #[arg(long, alias = "layout", env = "MIG_LAYOUT")]
-    pub(crate) mig_layout: String,
+    pub(crate) mig_layout: Option<String>,
     /// Print the steps without running them.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -60,6 +66,13 @@ pub(crate) enum MigError {
     /// NVML failed reading the instances.
     #[error(transparent)]
     Op(#[from] MigOpError),
+    /// No layout file or no layout, by flag or variable.
+    #[error("mig apply needs {flag} (or {var}, or mig-parted's {parted})")]
+    Missing {
+        flag: &'static str,
+        var: &'static str,
+        parted: &'static str,
+    },
     /// `--backend sim:…` without `--dry-run`.
     #[error(
         "the sim backend `{0}` cannot change MIG instances: add --dry-run, or use --backend nvml"
@@ -88,19 +101,39 @@ struct Report<'a> {
 /// Run `mig`.
 pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError> {
     let MigCommand::Apply(args) = cmd;
-    let file = ops::load_file(&args.mig_layout_file)?;
-    file.layout(&args.mig_layout)?;
+    // mig-parted's variables, for scripts written against it: read after ours, so one
+    // setting never has two meanings.
+    let layout_file = args
+        .mig_layout_file
+        .clone()
+        .or_else(|| std::env::var_os(PARTED_FILE_VAR).map(PathBuf::from))
+        .ok_or(MigError::Missing {
+            flag: "--mig-layout-file",
+            var: "MIG_LAYOUT_FILE",
+            parted: PARTED_FILE_VAR,
+        })?;
+    let layout = args
+        .mig_layout
+        .clone()
+        .or_else(|| std::env::var(PARTED_LAYOUT_VAR).ok())
+        .ok_or(MigError::Missing {
+            flag: "--mig-layout",
+            var: "MIG_LAYOUT",
+            parted: PARTED_LAYOUT_VAR,
+        })?;
+    let file = ops::load_file(&layout_file)?;
+    file.layout(&layout)?;
     let (plans, failed) = if let Some(profile) = args.backend.backend.sim() {
         if !args.dry_run {
             return Err(MigError::SimReadOnly(profile.to_string()));
         }
         let inventory = crate::platform::sim::SimBackend::open(profile)?.discover()?;
         let gpus = ops::from_inventory(&inventory);
-        (ops::plan_all(&file, &args.mig_layout, &gpus)?, 0)
+        (ops::plan_all(&file, &layout, &gpus)?, 0)
     } else {
         let nvml = crate::platform::nvml::open_nvml(args.backend.nvml_lib.as_deref())?;
         let gpus = ops::read(&nvml)?;
-        let mut plans = ops::plan_all(&file, &args.mig_layout, &gpus)?;
+        let mut plans = ops::plan_all(&file, &layout, &gpus)?;
         let mut failed = 0;
         if !args.dry_run {
             for (plan, gpu) in plans.iter_mut().zip(&gpus) {
@@ -121,7 +154,7 @@ pub(crate) fn run(cmd: &MigCommand, out: &mut dyn Write) -> Result<(), MigError>
                 .map_err(std::io::Error::other)?;
             writeln!(out)?;
         }
-        OutputFormat::Table => write_table(out, &file, &args.mig_layout, &plans, args.dry_run)?,
+        OutputFormat::Table => write_table(out, &file, &layout, &plans, args.dry_run)?,
     }
     if failed > 0 {
         return Err(MigError::Failed(failed));
