@@ -162,8 +162,10 @@ agent_pod() { k -n gpu-slicer get pods -l app.kubernetes.io/name=gpu-slicer -o j
 
 slices_json() { k get resourceslices -o json; }
 dra_devices() { slices_json | python3 -c 'import json,sys; print(sum(len(s["spec"].get("devices",[])) for s in json.load(sys.stdin)["items"] if s["spec"]["driver"]=="gpu-slicer.io"))'; }
-if want "dra: the API server accepts the slices, classes and examples"; then
-  expect=$("$BIN" dra slices --backend "sim:$NODE_FILE" --config hack/cluster/config-dra.yaml --node-name "$NODE_NAME" 2>/dev/null |
+if want "dra: the API server accepts the slices and classes"; then
+  # The config running is deploy/dra/config.yaml as shipped (overlay.py keeps it).
+  expect=$("$BIN" dra slices --backend "sim:$NODE_FILE" --node-name "$NODE_NAME" \
+    --config <(k -n gpu-slicer get configmap gpu-slicer-config -o jsonpath='{.data.config\.yaml}') 2>/dev/null |
     python3 -c 'import sys,yaml; print(sum(len(o["spec"].get("devices",[])) for o in yaml.safe_load_all(sys.stdin) if o and o.get("kind")=="ResourceSlice"))')
   got=0
   for i in $(seq 1 60); do
@@ -172,12 +174,92 @@ if want "dra: the API server accepts the slices, classes and examples"; then
     sleep 1
   done
   classes=$(k get deviceclasses -o name | tr '\n' ' ')
-  if [ "$got" = "$expect" ] && [[ $classes == *gpu.gpu-slicer.io* ]] && ex=$(k apply -k deploy/dra/examples 2>&1); then
-    ok "dra: the API server accepts the slices, classes and examples ($got devices; $classes; $(wc -l <<<"$ex") example objects)"
+  if [ -n "$expect" ] && [ "$got" = "$expect" ] && [[ $classes == *gpu.gpu-slicer.io* ]]; then
+    ok "dra: the API server accepts the slices and classes ($got devices; $classes)"
   else
-    ko "dra: the API server accepts the slices, classes and examples" "devices published $got, expected $expect; classes [$classes]; examples: ${ex:-not applied}"
+    ko "dra: the API server accepts the slices and classes" "devices published $got, expected $expect; classes [$classes]"
   fi
-  k delete -k deploy/dra/examples --wait=false >/dev/null 2>&1 || true
+fi
+
+# The real deploy/dra/examples, all at once, on the node deploy/dra's own config makes: every
+# pod is scheduled and runs with what it asked for. The test overlay changes only what this
+# cluster needs of a pod (the test image, as nothing is pulled here, and the fake driver's
+# inputs); claims, selectors and commands are the examples' own.
+if want "dra: every example of deploy/dra/examples runs as it says"; then
+  EXD=$CLUSTER_DIR/examples
+  mkdir -p "$EXD"
+  cat >"$EXD/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- $(python3 -c 'import os,sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$REPO/deploy/dra/examples" "$EXD")
+patches:
+- target: {kind: Pod}
+  patch: |
+    apiVersion: v1
+    kind: Pod
+    metadata: {name: any}
+    spec:
+      automountServiceAccountToken: false
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: 1
+      volumes:
+      - {name: fake-gpu, hostPath: {path: $CLUSTER_DIR/fake-gpu, type: Directory}}
+      - {name: fake-state, hostPath: {path: $CLUSTER_DIR/fake-events, type: DirectoryOrCreate}}
+      containers:
+      - name: cuda
+        image: localhost/gpu-slicer-test:latest
+        imagePullPolicy: Never
+        env:
+        - {name: FAKE_NVML_NODE, value: /run/fake-gpu/node.yaml}
+        - {name: FAKE_GPU_DEV_ROOT, value: /}
+        - {name: FAKE_NVML_LIMITS_FILE, value: /run/fake-gpu/limits.json}
+        - {name: FAKE_NVML_STATE, value: /run/fake-state/mig-state.json}
+        volumeMounts:
+        - {name: fake-gpu, mountPath: /run/fake-gpu, readOnly: true}
+        - {name: fake-state, mountPath: /run/fake-state, readOnly: true}
+EOF
+  ek() { k -n gpu-demo "$@"; }
+  expods=$(k kustomize "$REPO/deploy/dra/examples" | python3 -c 'import sys,yaml; print(" ".join(o["metadata"]["name"] for o in yaml.safe_load_all(sys.stdin) if o and o["kind"]=="Pod"))')
+  if ! out=$(k apply -k "$EXD" 2>&1); then
+    ko "dra: every example of deploy/dra/examples runs as it says" "apply: $out"
+  else
+    # Each runs its nvidia-smi and exits: Succeeded with its output, or a reason.
+    bad=()
+    for p in $expods; do
+      ph=""
+      for ((i = 0; i < 240; i++)); do
+        ph=$(ek get pod "$p" -o jsonpath='{.status.phase}' 2>/dev/null)
+        [[ $ph == Succeeded || $ph == Failed ]] && break
+        sleep 0.5
+      done
+      [ "$ph" = Succeeded ] || bad+=("$p: ${ph:-no phase} $(ek get pod "$p" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}') $(ek describe pod "$p" 2>&1 | sed -n '/^Events:/,$p' | tail -3 | tr -s ' ' | tr '\n' ';')")
+    done
+    uuids() { ek logs "$1" 2>/dev/null | grep -oE "${2:-GPU}-[0-9a-f-]{36}" | sort -u | tr '\n' ' '; }
+    G0=$(uuid 0)
+    whole=$(uuids whole-gpu) two=$(uuids two-gpus) ext=$(uuids extended-resource)
+    premade=$(uuids mig-1g10gb MIG) made=$(uuids mig-on-demand MIG) made_on=$(uuids mig-on-demand)
+    share=$(uuids share-10gi-25pct) share_log=$(ek logs share-10gi-25pct 2>&1)
+    # Whole GPUs: one, two and one, none of them GPU 4 (shared) or GPU 0 (MIG on demand).
+    for v in "whole-gpu:1:$whole" "two-gpus:2:$two" "extended-resource:1:$ext"; do
+      IFS=: read -r p n seen <<<"$v"
+      [ "$(wc -w <<<"$seen")" = "$n" ] && [[ $seen != *"$G4"* && $seen != *"$G0"* ]] || bad+=("$p saw [$seen], want $n whole GPU(s)")
+    done
+    [ "$(wc -w <<<"$premade")" = 1 ] || bad+=("mig-1g10gb saw MIG devices [$premade], want one")
+    # The on-demand slice: one MIG device under GPU 0, made for the claim (none of the node
+    # file's MIG devices; its claim went with the finished pod).
+    [ "$(wc -w <<<"$made")" = 1 ] && [[ $made_on == *"$G0"* ]] && ! grep -q "${made% }" "$NODE_FILE" ||
+      bad+=("mig-on-demand saw [$made] under [$made_on]")
+    # The share: GPU 4, its memory bound to the 10 GiB asked for (the fake NVML's view of it).
+    [ "$share" = "$G4 " ] && grep -q 'total 10737418240' <<<"$share_log" ||
+      bad+=("share-10gi-25pct saw [$share]; memory: $(grep -m2 -i total <<<"$share_log" | tr -s ' ' | tr '\n' ';')")
+    if [ ${#bad[@]} = 0 ]; then
+      ok "dra: every example of deploy/dra/examples runs as it says ($(wc -w <<<"$expods") pods; whole $whole; pair $two; extended $ext; MIG $premade; on demand $made; share on GPU 4 with $(grep -m1 -oE 'total [0-9]+' <<<"$share_log"))"
+    else
+      ko "dra: every example of deploy/dra/examples runs as it says" "$(printf '%s | ' "${bad[@]}")"
+    fi
+  fi
+  k delete -k "$EXD" --wait=true --timeout=90s >/dev/null 2>&1 || true
 fi
 
 # template NAME CLASS [--cel EXPR] [--count N] [--match ATTR] [--memory Q]
@@ -484,7 +566,7 @@ if want "dp: a memory-isolated share runs and sees only its GPU"; then
 fi
 
 if want "dp: a pod asking for more than is free stays Pending"; then
-  pod dp-too-many --res nvidia.com/gpu 4
+  pod dp-too-many --res nvidia.com/gpu 6
   if msg=$(wait_pending_reason dp-too-many 'Insufficient nvidia.com/gpu'); then
     ok "dp: a pod asking for more than is free stays Pending ($msg)"
   else

@@ -326,3 +326,27 @@ fn the_example_claims_select_the_devices_they_say() {
         "{premade:?}"
     );
 }
+
+/// deploy/dra/deviceclasses.yaml says it is what `dra slices --classes` prints: the same
+/// objects, field for field (its comments aside).
+#[test]
+fn the_shipped_classes_are_what_classes_prints() {
+    use serde::Deserialize;
+    let docs = |t: &str| -> Vec<serde_json::Value> {
+        serde_yaml_ng::Deserializer::from_str(t)
+            .map(|d| serde_json::Value::deserialize(d).unwrap())
+            .filter(|d| d["kind"] == "DeviceClass")
+            .collect()
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = std::fs::read_to_string(root.join("deploy/dra/deviceclasses.yaml")).unwrap();
+    let out = slices("mixed-a100", &["--classes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = docs(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(printed.len(), 2, "{printed:?}");
+    assert_eq!(docs(&shipped), printed);
+}

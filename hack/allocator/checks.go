@@ -23,7 +23,7 @@ const (
 
 // expectedNodes says where each example must fit (and nowhere else).
 var expectedNodes = map[string][]string{
-	"whole-gpu.yaml":         {h100},
+	"whole-gpu.yaml":         {a100, h100},
 	"mig-1g10gb.yaml":        {a100},
 	"mig-on-demand.yaml":     {a100},
 	"two-gpus.yaml":          {a100, h100},

@@ -9,7 +9,9 @@ OUT/device-plugin/ builds on deploy/ and OUT/dra/ on deploy/dra/, each by a rela
   - the agent loads the fake NVML and reaches the API server at the bridge address (this
     cluster has no kube-proxy, so the kubernetes Service IP does not route);
   - --cdi-hook-path names the hook where the init container copies it on this host;
-  - the config is the cluster's (hack/cluster/config-<mode>.yaml);
+  - the config is the cluster's (hack/cluster/config-<mode>.yaml) where one exists; DRA mode
+    has none and runs deploy/dra/config.yaml as shipped, so the tier proves the overlay's
+    own config serves deploy/dra/examples;
   - an annotation records the mode, so `hack/cluster.sh deploy` knows what to remove.
 The container arguments are patched by index, found here from the rendered base, so a
 change of order in deploy/ does not silently leave a stale path.
@@ -121,7 +123,8 @@ def render(repo, root, out, api, mode, rel):
             "value": f"--cdi-hook-path={root}/hook-bin/gpu-slicer",
         }
     ]
-    # label-configs keeps deploy/'s named configs: they are what the scenario steers between.
+    # label-configs keeps deploy/'s named configs: they are what the scenario steers between;
+    # dra keeps deploy/dra/config.yaml: it is what the examples scenario checks.
     cfg_path = os.path.join(repo, f"hack/cluster/config-{mode}.yaml")
     config = open(cfg_path).read() if os.path.exists(cfg_path) else None
     cm = {

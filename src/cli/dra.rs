@@ -4,13 +4,18 @@
 //! would publish, without an API server: discover, plan, build through
 //! [`crate::domain::dra`], print YAML (documents separated by `---`) or JSON (a `v1` List).
 //! For operators, and for checking the objects with `kubernetes-validate --strict` in CI.
+//!
+//! `dra check-claim FILE` checks the ResourceClaims and ResourceClaimTemplates of a YAML file
+//! before they are applied ([`crate::domain::dra::check`]): opaque configs with Prepare's
+//! parser, and the names their selectors use against the slices `dra slices` would print for
+//! the same `--backend` and `--config`. Exit 2 names the file, document, field and value.
 //! The DRA flags of `run` are in [`super::dra_args`].
 
 use std::io::Write;
 
 use crate::cli::args::{BackendArgs, PlanConfigArgs};
 use crate::cli::error::Result;
-use crate::domain::dra::{self, classes, slices};
+use crate::domain::dra::{self, check, classes, slices};
 use crate::domain::plan;
 use crate::domain::view::Overlay;
 
@@ -19,6 +24,27 @@ use crate::domain::view::Overlay;
 pub(crate) enum DraCommand {
     /// Print the ResourceSlices this node would publish (and DeviceClasses with --classes).
     Slices(Box<SlicesArgs>),
+    /// Check the ResourceClaims and ResourceClaimTemplates of a YAML file against this node
+    /// (opaque config, selector names) before applying them.
+    CheckClaim(Box<CheckClaimArgs>),
+}
+
+/// Arguments of `dra check-claim`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct CheckClaimArgs {
+    /// The YAML file (one or more documents; kinds other than ResourceClaim and
+    /// ResourceClaimTemplate are skipped).
+    #[arg(value_name = "FILE")]
+    pub(crate) file: std::path::PathBuf,
+    /// `--backend` and NVML settings: the node whose published names selectors must use.
+    #[command(flatten)]
+    pub(crate) backend: BackendArgs,
+    /// `--config` and the flags that override it.
+    #[command(flatten)]
+    pub(crate) config: ConfigArgs,
+    /// The DRA driver name.
+    #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME", default_value = dra::DEFAULT_DRIVER_NAME)]
+    pub(crate) driver_name: String,
 }
 
 /// Output of `dra slices`.
@@ -95,16 +121,66 @@ fn server_format(version: &str) -> Result<slices::SliceFormat> {
 pub(crate) fn run(cmd: &DraCommand, out: &mut dyn Write) -> Result<()> {
     match cmd {
         DraCommand::Slices(args) => slices_cmd(args, out),
+        DraCommand::CheckClaim(args) => check_claim_cmd(args, out),
     }
 }
 
-fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
+fn check_claim_cmd(args: &CheckClaimArgs, out: &mut dyn Write) -> Result<()> {
+    use serde::Deserialize;
     dra::check_driver_name(&args.driver_name)?;
-    let node = super::dra_args::node_name(args.node_name.as_deref())?;
-    let config = args.config.load()?;
-    let backend = super::backend::open_backend(&args.backend)?;
+    let file = args.file.display().to_string();
+    let bad = |message: String| dra::DraError::ClaimFile {
+        file: file.clone(),
+        message,
+    };
+    let text = std::fs::read_to_string(&args.file).map_err(|e| bad(e.to_string()))?;
+    let mut docs = Vec::new();
+    for (i, d) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
+        let v = serde_json::Value::deserialize(d)
+            .map_err(|e| bad(format!("document {i}: not YAML: {e}")))?;
+        docs.push(v);
+    }
+    // Any node name does: the names published do not depend on it.
+    let devices = node_devices(&args.backend, &args.config)?;
+    let target = slices::SliceTarget {
+        driver: &args.driver_name,
+        node_name: "check-claim",
+        node_uid: None,
+        generation: 1,
+    };
+    let built = slices::build_for(&target, &devices, slices::SliceFormat::Split);
+    let published = check::Published::of(
+        built.iter().flat_map(|s| s.spec.devices.iter()),
+        &args.driver_name,
+    );
+    let checked = check::check(&docs, &args.driver_name, &published).map_err(|problems| {
+        dra::DraError::Claims {
+            file: file.clone(),
+            problems,
+        }
+    })?;
+    for c in &checked {
+        writeln!(
+            out,
+            "{file}: document {} ({} {}): ok: {} request(s), {} opaque config(s) of {}, {} selector(s) and constraint(s)",
+            c.doc, c.kind, c.name, c.requests, c.configs, args.driver_name, c.selectors
+        )?;
+    }
+    if checked.is_empty() {
+        writeln!(
+            out,
+            "{file}: no ResourceClaim or ResourceClaimTemplate in it"
+        )?;
+    }
+    Ok(())
+}
+
+/// Discover, plan and list the devices a node publishes (with its dynamic-MIG warnings
+/// logged).
+fn node_devices(backend: &BackendArgs, config: &ConfigArgs) -> Result<slices::NodeDevices> {
+    let config = config.load()?;
+    let backend = super::backend::open_backend(backend)?;
     let inventory = backend.discover()?;
-    let format = server_format(&args.server_version)?;
     let plan = plan::build(&inventory, &config)?;
     // Offline there are no health events: only what discovery found unhealthy is tainted.
     let health = slices::health_map(&inventory, &plan, &Overlay::default());
@@ -113,6 +189,14 @@ fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
     for w in &devices.warnings {
         tracing::warn!(warning = %w, "dynamic MIG");
     }
+    Ok(devices)
+}
+
+fn slices_cmd(args: &SlicesArgs, out: &mut dyn Write) -> Result<()> {
+    dra::check_driver_name(&args.driver_name)?;
+    let node = super::dra_args::node_name(args.node_name.as_deref())?;
+    let format = server_format(&args.server_version)?;
+    let devices = node_devices(&args.backend, &args.config)?;
     let target = slices::SliceTarget {
         driver: &args.driver_name,
         node_name: &node,

@@ -13,11 +13,33 @@ pub(crate) fn use_colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bo
     stderr_is_terminal && no_color.is_none_or(str::is_empty)
 }
 
+/// kube-client's HTTP trace layer logs an ERROR of its own for every failed request; our
+/// retry loops log the same error once, with the backoff, so its line is off unless
+/// `RUST_LOG` names `kube_client`.
+const KUBE_CLIENT_FAILURES: &str = "kube_client::client::builder=off";
+
+/// The filter: `rust_log` (`RUST_LOG`) or `default_filter`, with kube-client's own failure
+/// lines off unless `rust_log` asks for kube_client.
+pub(crate) fn log_filter(
+    rust_log: Option<&str>,
+    default_filter: &str,
+) -> tracing_subscriber::EnvFilter {
+    let given = rust_log.filter(|v| !v.trim().is_empty());
+    let mut filter = given
+        .and_then(|v| tracing_subscriber::EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(default_filter));
+    if !given.is_some_and(|v| v.contains("kube_client"))
+        && let Ok(d) = KUBE_CLIENT_FAILURES.parse()
+    {
+        filter = filter.add_directive(d);
+    }
+    filter
+}
+
 /// Install the global subscriber writing to stderr in `format`. `RUST_LOG` filters
-/// (default `default_filter`: [`super::Cli::default_log_filter`]).
+/// (default `default_filter`: [`super::Cli::default_log_filter`]); see [`log_filter`].
 pub(crate) fn init_tracing(format: LogFormat, default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), default_filter);
     let no_color = std::env::var("NO_COLOR").ok();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -65,6 +87,18 @@ pub(crate) fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kube_clients_own_failure_lines_are_off_unless_asked_for() {
+        let off = "kube_client::client::builder=off";
+        for rust_log in [None, Some(""), Some("debug"), Some("gpu_slicer=trace")] {
+            let f = log_filter(rust_log, "info").to_string();
+            assert!(f.contains(off), "{rust_log:?}: {f}");
+        }
+        let f = log_filter(Some("kube_client=debug"), "info").to_string();
+        assert!(!f.contains(off), "{f}");
+        assert!(f.contains("kube_client=debug"), "{f}");
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

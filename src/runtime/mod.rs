@@ -55,6 +55,7 @@ pub(crate) mod node_watch;
 pub(crate) mod plugin;
 pub(crate) mod reloader;
 pub(crate) mod report;
+pub(crate) mod retry_summary;
 pub(crate) mod socket;
 pub(crate) mod supervisor;
 pub(crate) mod triggers;

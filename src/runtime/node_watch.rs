@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::WatchEvent;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::fleet::backoff;
 use crate::platform::kube::NodeApi;
+use crate::runtime::retry_summary::RetrySummary;
 use crate::runtime::{Context, Handle};
 
 /// The Node as the agent last saw it.
@@ -72,14 +73,15 @@ enum Ended {
     Closed,
     /// 410: GET again.
     Gone,
-    /// An error or a cut connection: back off.
-    Failed,
+    /// An error (its words, logged with the backoff) or a cut connection (`None`): back off.
+    Failed(Option<String>),
 }
 
 async fn run(s: NodeWatchSettings, tx: watch::Sender<Option<NodeView>>, token: CancellationToken) {
     let jitter = std::collections::hash_map::RandomState::new();
     let mut attempt = 0u32;
     let mut rv: Option<String> = None;
+    let mut outage = RetrySummary::default();
     let publish = |node: &Node| {
         let v = view(node);
         tx.send_if_modified(|cur| {
@@ -92,15 +94,16 @@ async fn run(s: NodeWatchSettings, tx: watch::Sender<Option<NodeView>>, token: C
         let ended = match rv.clone() {
             None => match s.api.get().await {
                 Ok(node) => {
+                    if let Some(o) = outage.recovered(Instant::now()) {
+                        tracing::info!(node = s.api.name(), failures = o.failures,
+                            lasted = ?o.lasted, "own Node read again");
+                    }
                     publish(&node);
                     rv = node.metadata.resource_version.clone();
                     attempt = 0;
                     continue;
                 }
-                Err(error) => {
-                    tracing::warn!(node = s.api.name(), %error, attempt, "cannot read own Node");
-                    Ended::Failed
-                }
+                Err(error) => Ended::Failed(Some(format!("cannot read own Node: {error}"))),
             },
             Some(from) => tokio::select! {
                 () = token.cancelled() => return,
@@ -110,11 +113,21 @@ async fn run(s: NodeWatchSettings, tx: watch::Sender<Option<NodeView>>, token: C
         match ended {
             Ended::Closed => attempt = 0,
             Ended::Gone => rv = None,
-            Ended::Failed => {
+            Ended::Failed(reason) => {
                 let mut h = jitter.build_hasher();
                 h.write_u32(attempt);
                 let sample = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
                 let delay = backoff(attempt, s.backoff_base, s.backoff_cap, sample);
+                // One line per retry, kube-client's own error folded in (its log target is
+                // off at the subscriber: cli::logging).
+                if let Some(reason) = reason {
+                    tracing::warn!(node = s.api.name(), error = %reason, attempt,
+                        retry_in = ?delay, "own Node: retrying");
+                }
+                if let Some(o) = outage.failed(Instant::now()) {
+                    tracing::warn!(node = s.api.name(), failures = o.failures, lasted = ?o.lasted,
+                        "own Node unreadable: the API server has not answered; still retrying");
+                }
                 attempt = attempt.saturating_add(1);
                 tokio::select! {
                     () = token.cancelled() => return,
@@ -133,10 +146,7 @@ async fn watch_once(
 ) -> Ended {
     let stream = match api.watch(from).await {
         Ok(s) => s,
-        Err(error) => {
-            tracing::warn!(node = api.name(), %error, "cannot watch own Node");
-            return Ended::Failed;
-        }
+        Err(error) => return Ended::Failed(Some(format!("cannot watch own Node: {error}"))),
     };
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
@@ -152,12 +162,11 @@ async fn watch_once(
             Ok(WatchEvent::Bookmark(b)) => *rv = Some(b.metadata.resource_version),
             Ok(WatchEvent::Error(e)) if e.code == 410 => return Ended::Gone,
             Ok(WatchEvent::Error(e)) => {
-                tracing::warn!(node = api.name(), code = e.code, message = %e.message, "watch error");
-                return Ended::Failed;
+                return Ended::Failed(Some(format!("watch error {}: {}", e.code, e.message)));
             }
             Err(error) => {
                 tracing::debug!(node = api.name(), %error, "watch cut");
-                return Ended::Failed;
+                return Ended::Failed(None);
             }
         }
     }

@@ -430,17 +430,23 @@ fn config_for(
                 error: Box::new(error),
             }
         })?;
-        let fits = matches!(
-            (parsed.kind, kind),
-            (ConfigKind::Gpu, DeviceType::Gpu) | (ConfigKind::Mig, DeviceType::Mig)
-        );
-        if !fits {
+        let expected = match kind {
+            DeviceType::Gpu => ConfigKind::Gpu,
+            DeviceType::Mig => ConfigKind::Mig,
+        };
+        if parsed.kind != expected {
             return Err(ClaimError::OpaqueConfig {
                 claim: want.to_string(),
                 error: Box::new(opaque::ConfigError {
                     requests: format!("request {request}"),
                     field: "parameters.kind".into(),
-                    message: format!("{:?} config for a {} device", parsed.kind, kind.as_str()),
+                    message: format!(
+                        "`{}` configures {}, but the request was given {}: expected `{}`",
+                        parsed.kind.name(),
+                        parsed.kind.devices(),
+                        expected.devices(),
+                        expected.name()
+                    ),
                 }),
             });
         }

@@ -79,7 +79,7 @@ fn one_of_each() -> Vec<ClaimError> {
             error: Box::new(ConfigError {
                 requests: "request gpu".into(),
                 field: "parameters.kind".into(),
-                message: "Gpu config for a mig device".into(),
+                message: "`GpuConfig` configures whole GPUs, but the request was given MIG devices: expected `MigDeviceConfig`".into(),
             }),
         },
         edits(EditsError::NotInNodeSpec {

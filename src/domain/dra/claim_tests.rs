@@ -254,7 +254,9 @@ fn opaque_config_is_strict_claim_wins_over_class_and_kinds_must_fit() {
     );
     let e = reason(resolve(&want(), &wrong_kind, &n.ctx()).unwrap_err());
     assert!(
-        e.contains("parameters.kind") && e.contains("gpu device"),
+        e.contains("parameters.kind")
+            && e.contains("`MigDeviceConfig` configures MIG devices")
+            && e.contains("expected `GpuConfig`"),
         "{e}"
     );
 

@@ -6,6 +6,10 @@
 use super::model::{CelSelector, DeviceClass, DeviceClassSpec, DeviceSelector, ObjectMeta};
 use super::slices::DeviceType;
 
+/// Label of every class: the name `deploy/` gives every object of the agent's, so
+/// `kubectl delete -l` and the shipped file take the same classes as `--classes` prints.
+const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "gpu-slicer");
+
 /// The extended resource the whole-GPU class serves.
 pub(crate) const EXTENDED_RESOURCE: &str = crate::domain::plan::GPU_RESOURCE;
 
@@ -32,6 +36,7 @@ fn class(driver: &str, kind: DeviceType, extended: Option<&str>) -> DeviceClass 
         kind: "DeviceClass".into(),
         metadata: ObjectMeta {
             name: class_name(driver, kind),
+            labels: [(NAME_LABEL.0.to_string(), NAME_LABEL.1.to_string())].into(),
             ..ObjectMeta::default()
         },
         spec: DeviceClassSpec {
@@ -60,6 +65,10 @@ mod tests {
             "device.driver == 'gpu-slicer.io' && device.attributes['gpu-slicer.io'].type == 'gpu'"
         );
         assert_eq!(classes[1].metadata.name, "mig.gpu-slicer.io");
+        assert_eq!(
+            classes[1].metadata.labels["app.kubernetes.io/name"],
+            "gpu-slicer"
+        );
         assert_eq!(classes[1].spec.extended_resource_name, None);
         let json = serde_json::to_value(&classes[1]).unwrap();
         assert!(json["spec"].get("extendedResourceName").is_none());

@@ -20,13 +20,16 @@
 //!   (`crate::domain::cdi::generate`), so both front-ends hand out the same container edits;
 //! - [`claim_error`]: why a claim is refused, one variant per rule, with its class and rule
 //!   name (turned into text only at the gRPC edge);
-//! - [`status`]: what a prepared claim's `status.devices` says about each device.
+//! - [`status`]: what a prepared claim's `status.devices` says about each device;
+//! - [`check`]: a claim or template checked before it is applied (`dra check-claim`): its
+//!   opaque config with Prepare's parser, the names its selectors use against the node's.
 //!
 //! The runtime (`crate::runtime::dra`) serves the kubelet and publishes the objects; the
 //! CLI (`crate::cli::dra`) prints them.
 
 pub(crate) mod capacity;
 pub(crate) mod cdi;
+pub(crate) mod check;
 pub(crate) mod claim;
 pub(crate) mod claim_error;
 pub(crate) mod classes;
@@ -63,6 +66,15 @@ pub(crate) enum DraError {
     /// A Kubernetes version (`dra slices --server-version`) that is not `MAJOR.MINOR`.
     #[error("invalid --server-version `{value}`: expected MAJOR.MINOR, e.g. 1.34")]
     ServerVersion { value: String },
+    /// `dra check-claim`: the claim file cannot be read or is not YAML.
+    #[error("claim file {file}: {message}")]
+    ClaimFile { file: String, message: String },
+    /// `dra check-claim`: what is wrong in the claims of a file, every problem.
+    #[error("claim file {file}: {}", problems.iter().map(|p| format!("\n  {p}")).collect::<String>())]
+    Claims {
+        file: String,
+        problems: Vec<check::Problem>,
+    },
 }
 
 /// Check a driver name: a lowercase DNS subdomain of at most 63 characters (the limit of

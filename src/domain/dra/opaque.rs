@@ -40,6 +40,24 @@ pub(crate) enum ConfigKind {
     Mig,
 }
 
+impl ConfigKind {
+    /// The `kind` as written in `parameters`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ConfigKind::Gpu => "GpuConfig",
+            ConfigKind::Mig => "MigDeviceConfig",
+        }
+    }
+
+    /// What devices the kind configures, in words.
+    pub(crate) fn devices(self) -> &'static str {
+        match self {
+            ConfigKind::Gpu => "whole GPUs",
+            ConfigKind::Mig => "MIG devices",
+        }
+    }
+}
+
 /// A parsed config.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DeviceConfig {

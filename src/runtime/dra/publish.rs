@@ -133,13 +133,20 @@ impl Publisher {
         let mut snapshots = self.store.subscribe();
         let mut events: Option<SliceEvents> = None;
         let mut attempt = 0u32;
+        let mut outage = crate::runtime::retry_summary::RetrySummary::default();
         loop {
             let pass = tokio::select! {
                 () = token.cancelled() => return,
                 r = self.converge(&mut events) => r,
             };
             match pass {
-                Ok(()) => attempt = 0,
+                Ok(()) => {
+                    attempt = 0;
+                    if let Some(o) = outage.recovered(std::time::Instant::now()) {
+                        tracing::info!(driver = self.s.slices.driver(), node = self.s.slices.node(),
+                            failures = o.failures, lasted = ?o.lasted, "ResourceSlices published again");
+                    }
+                }
                 Err(failed) => {
                     self.rv = None;
                     events = None;
@@ -148,16 +155,25 @@ impl Publisher {
                         Failed::Stale(m) => (m, true),
                         Failed::Api(e) => (e.to_string(), true),
                     };
-                    tracing::warn!(driver = self.s.slices.driver(), node = self.s.slices.node(),
-                        error = %message, attempt, "ResourceSlices not published yet");
-                    self.status
-                        .send_modify(|s| s.last_error = Some(message.clone()));
-                    if wait {
+                    let delay = wait.then(|| {
                         let mut h = jitter.build_hasher();
                         h.write_u32(attempt);
                         let sample = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-                        let delay =
-                            backoff(attempt, self.s.backoff_base, self.s.backoff_cap, sample);
+                        backoff(attempt, self.s.backoff_base, self.s.backoff_cap, sample)
+                    });
+                    // One line per retry with its backoff (kube-client's own error line is
+                    // off at the subscriber), a summary a minute at most.
+                    tracing::warn!(driver = self.s.slices.driver(), node = self.s.slices.node(),
+                        error = %message, attempt, retry_in = ?delay.unwrap_or_default(),
+                        "ResourceSlices not published yet; retrying");
+                    if let Some(o) = outage.failed(std::time::Instant::now()) {
+                        tracing::warn!(driver = self.s.slices.driver(), node = self.s.slices.node(),
+                            failures = o.failures, lasted = ?o.lasted,
+                            "ResourceSlices still not published; still retrying");
+                    }
+                    self.status
+                        .send_modify(|s| s.last_error = Some(message.clone()));
+                    if let Some(delay) = delay {
                         tokio::select! {
                             () = token.cancelled() => return,
                             () = tokio::time::sleep(delay) => {},

@@ -147,6 +147,8 @@ struct Actor {
     attempt: u32,
     retry_at: Option<Instant>,
     jitter: std::collections::hash_map::RandomState,
+    /// Failed calls since the last success, for a summary a minute at most.
+    outage: crate::runtime::retry_summary::RetrySummary,
 }
 
 impl Actor {
@@ -175,6 +177,7 @@ impl Actor {
             attempt: 0,
             retry_at: None,
             jitter: std::collections::hash_map::RandomState::new(),
+            outage: crate::runtime::retry_summary::RetrySummary::default(),
         }
     }
 
@@ -504,6 +507,10 @@ impl Actor {
             }
         }
         self.attempt = 0;
+        if let Some(o) = self.outage.recovered(std::time::Instant::now()) {
+            tracing::info!(node = self.api.name(), failures = o.failures, lasted = ?o.lasted,
+                "Node reports written again");
+        }
     }
 
     /// Log the refused call and back off before the next one.
@@ -528,6 +535,10 @@ impl Actor {
             None => "API unreachable",
         };
         tracing::warn!(node = self.api.name(), %error, ?code, retry_in = ?delay, "cannot {what} ({hint}); retrying");
+        if let Some(o) = self.outage.failed(std::time::Instant::now()) {
+            tracing::warn!(node = self.api.name(), failures = o.failures, lasted = ?o.lasted,
+                "Node reports not written: the API server has refused or not answered; still retrying");
+        }
     }
 }
 
