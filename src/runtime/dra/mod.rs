@@ -11,9 +11,11 @@
 //! (`crate::runtime::socket::RemovalWatch` on the daemon's one watch, no polling). Claims are read through a [`ClaimSource`] (the
 //! Kubernetes API in the daemon, a map in tests), which also takes their `status.devices`
 //! (`status`: written after the answer, never holding it). [`publish`] keeps the node's ResourceSlices
-//! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
+//! in the API; [`front`] starts both in DRA mode ([`DraModeSettings`]) with the driver's
+//! readiness and its recovery Event.
 
 pub(crate) mod driver;
+pub(crate) mod front;
 mod instances;
 pub(crate) mod publish;
 pub(crate) mod service;
@@ -107,9 +109,8 @@ pub(crate) struct DraModeSettings {
 /// What a started driver exposes.
 #[derive(Debug, Clone)]
 pub(crate) struct DraExposed {
-    /// The core (prepared claims).
-    #[cfg(test)]
-    pub(crate) driver: Driver,
+    /// The core (prepared claims), read through [`DraExposed::driver`].
+    driver: Driver,
     /// How the checkpoint loaded.
     pub(crate) loaded: LoadOutcome,
     /// What the start found half-done on disk and completed or removed.
@@ -118,6 +119,18 @@ pub(crate) struct DraExposed {
     pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
     /// The prepared claims, for `/v1/state`.
     pub(crate) prepared: watch::Receiver<Arc<crate::domain::usage::DraReport>>,
+}
+
+impl DraExposed {
+    /// The driver's core, for an embedder that looks at its prepared claims directly: the
+    /// tests (the daemon reads them through `prepared`).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "only tests look at the driver's core")
+    )]
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.driver
+    }
 }
 
 /// A started driver.
@@ -267,7 +280,6 @@ async fn start(
         stop,
     ));
     Ok(DraExposed {
-        #[cfg(test)]
         driver,
         loaded,
         repairs,
