@@ -202,9 +202,10 @@ impl Entry<'_> {
         let isolation = self.isolation(r.isolation.as_deref())?;
         let memory_per_replica = match &r.memory {
             None => None,
-            Some(q) => {
-                Some(parse_quantity(q).map_err(|m| self.invalid("memory", format!("`{q}`"), m))?)
-            }
+            Some(q) => Some(
+                parse_quantity(q)
+                    .map_err(|m| self.invalid("memory", format!("`{q}`"), m.to_string()))?,
+            ),
         };
         Ok(SharedResource {
             kind: self.kind,

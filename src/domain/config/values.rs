@@ -215,7 +215,7 @@ pub(super) fn annotation_prefix(text: &str) -> Result<String, Refusal> {
 pub(super) fn cdi_kind(text: &str) -> Result<String, Refusal> {
     crate::domain::cdi_kind::check_syntax(text)
         .and_then(|()| crate::domain::cdi_kind::check_not_foreign(text))
-        .map_err(Refusal::from)?;
+        .map_err(|rule| Refusal::from(rule.to_string()))?;
     Ok(text.to_string())
 }
 

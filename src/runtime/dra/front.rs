@@ -46,7 +46,7 @@ pub(crate) async fn start(
 /// Mark the driver registered on `/readyz` while the kubelet's last verdict is a success.
 fn follow_registration(
     name: String,
-    mut verdicts: watch::Receiver<Option<Result<(), String>>>,
+    mut verdicts: watch::Receiver<super::Verdict>,
     readiness: Arc<Readiness>,
     ctx: &Context,
 ) {

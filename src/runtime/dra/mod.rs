@@ -106,6 +106,10 @@ pub(crate) struct DraModeSettings {
     pub(crate) publish: Option<publish::PublishSettings>,
 }
 
+/// The kubelet's last verdict on the driver's registration (`None`: none yet). The error is
+/// the kubelet's own text, relayed as it sent it: the driver makes no error here.
+pub(crate) type Verdict = Option<Result<(), String>>;
+
 /// What a started driver exposes.
 #[derive(Debug, Clone)]
 pub(crate) struct DraExposed {
@@ -116,7 +120,7 @@ pub(crate) struct DraExposed {
     /// What the start found half-done on disk and completed or removed.
     pub(crate) repairs: Vec<crate::platform::dra_state::Repair>,
     /// The kubelet's last registration verdict.
-    pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
+    pub(crate) registration: watch::Receiver<Verdict>,
     /// The prepared claims, for `/v1/state`.
     pub(crate) prepared: watch::Receiver<Arc<crate::domain::usage::DraReport>>,
 }
