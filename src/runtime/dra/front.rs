@@ -115,3 +115,37 @@ fn recovery_event(node: crate::platform::kube::NodeApi, message: String, ctx: &C
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recovery_message_names_what_happened_and_stays_bounded() {
+        assert_eq!(recovery_message(&LoadOutcome::Fresh, &[]), None);
+        let repairs: Vec<Repair> = (0..7)
+            .map(|i| Repair::Adopted {
+                claim: format!("c{i}"),
+            })
+            .collect();
+        let kept = LoadOutcome::Corrupt {
+            kept_as: "/state/dra-prepared.json.corrupt".into(),
+        };
+        let message = recovery_message(&kept, &repairs).expect("something happened");
+        assert!(
+            message.starts_with(
+                "DRA checkpoint unreadable: kept aside as /state/dra-prepared.json.corrupt"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("DRA state repaired at start (7 repairs)"),
+            "{message}"
+        );
+        assert!(
+            message.contains("claim c4:") && !message.contains("claim c5:"),
+            "{message}"
+        );
+        assert!(message.ends_with("; and 2 more"), "{message}");
+    }
+}
