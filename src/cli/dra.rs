@@ -41,7 +41,7 @@ pub(crate) struct CheckClaimArgs {
     pub(crate) backend: BackendArgs,
     /// `--config` and the flags that override it.
     #[command(flatten)]
-    pub(crate) config: ConfigArgs,
+    pub(crate) config: PlanConfigArgs,
     /// The DRA driver name.
     #[arg(long = "dra-driver-name", env = "DRA_DRIVER_NAME", default_value = dra::DEFAULT_DRIVER_NAME)]
     pub(crate) driver_name: String,
@@ -177,7 +177,7 @@ fn check_claim_cmd(args: &CheckClaimArgs, out: &mut dyn Write) -> Result<()> {
 
 /// Discover, plan and list the devices a node publishes (with its dynamic-MIG warnings
 /// logged).
-fn node_devices(backend: &BackendArgs, config: &ConfigArgs) -> Result<slices::NodeDevices> {
+fn node_devices(backend: &BackendArgs, config: &PlanConfigArgs) -> Result<slices::NodeDevices> {
     let config = config.load()?;
     let backend = super::backend::open_backend(backend)?;
     let inventory = backend.discover()?;

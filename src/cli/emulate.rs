@@ -58,18 +58,58 @@ pub(crate) struct EmulateArgs {
     pub(crate) kubelet: bool,
 }
 
-/// Errors that end `emulate` (a failed command is only its answer).
+/// Errors of `emulate`: `Io` and `ApiServer` end it; the others only answer the command
+/// that failed (`error <message>`).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum EmulateError {
     /// Reading commands, writing answers or the kubeconfig failed.
     #[error("emulate: {0}")]
     Io(#[from] std::io::Error),
-    /// The API-server emulator could not start.
+    /// The API-server emulator could not start, or refused an object.
     #[error("emulate: {0}")]
     ApiServer(#[from] ApiServerError),
     /// The kubelet emulator could not start.
     #[error("emulate: {0}")]
-    Kubelet(#[from] EmulatorError),
+    KubeletEmulator(#[from] EmulatorError),
+    /// A line that is no command.
+    #[error("unknown command `{0}`")]
+    UnknownCommand(String),
+    /// The claim file could not be read.
+    #[error("{}: {error}", .path.display())]
+    ClaimFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The claim file is not a ResourceClaim.
+    #[error("{}: {error}", .path.display())]
+    ClaimYaml {
+        path: PathBuf,
+        error: serde_yaml_ng::Error,
+    },
+    /// The API server has no such claim.
+    #[error("no claim {namespace}/{name}")]
+    NoClaim { namespace: String, name: String },
+    /// The stored claim has no UID.
+    #[error("claim {namespace}/{name} has no UID")]
+    NoUid { namespace: String, name: String },
+    /// `status.devices` could not be written as JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Nothing registered on the plugin-watcher socket within the wait.
+    #[error("no DRA plugin registered on {}", .0.display())]
+    NoPlugin(PathBuf),
+    /// The DRA call itself failed.
+    #[error(transparent)]
+    Kubelet(#[from] crate::testkit::kubelet::dra::DraKubeletError),
+    /// The driver's answer does not mention the claim.
+    #[error("claim {0} left out of the answer")]
+    LeftOut(String),
+    /// The driver's error for the claim, relayed as it wrote it.
+    #[error("{0}")]
+    Claim(String),
+    /// No slice of the node was published within the wait.
+    #[error("no ResourceSlice of node {0}")]
+    NoSlices(String),
 }
 
 /// Serve the emulators and answer commands from stdin until `quit` or end of input.
@@ -104,7 +144,7 @@ pub(crate) async fn emulate(
             Ok(text) if text.is_empty() => "ok".to_string(),
             Ok(text) => format!("ok {text}"),
             // One line per answer, whatever the error says.
-            Err(why) => format!("error {}", why.replace('\n', " ")),
+            Err(why) => format!("error {}", why.to_string().replace('\n', " ")),
         };
         answer(out, &reply)?;
     }
@@ -135,7 +175,7 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    async fn command(&self, words: &[&str]) -> Result<String, String> {
+    async fn command(&self, words: &[&str]) -> Result<String, EmulateError> {
         match words {
             ["claim", file] => self.claim(Path::new(file)),
             ["prepare", namespace, name] => self.prepare(namespace, name).await,
@@ -144,36 +184,45 @@ impl Session<'_> {
             ["claim-status", namespace, name] => {
                 let claim = self.claim_object(namespace, name)?;
                 let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
-                serde_json::to_string(&devices).map_err(|e| e.to_string())
+                Ok(serde_json::to_string(&devices)?)
             }
-            _ => Err(format!("unknown command `{}`", words.join(" "))),
+            _ => Err(EmulateError::UnknownCommand(words.join(" "))),
         }
     }
 
-    fn claim(&self, file: &Path) -> Result<String, String> {
-        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    fn claim(&self, file: &Path) -> Result<String, EmulateError> {
+        let text = std::fs::read_to_string(file).map_err(|error| EmulateError::ClaimFile {
+            path: file.to_path_buf(),
+            error,
+        })?;
         let mut claim: ResourceClaim =
-            serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+            serde_yaml_ng::from_str(&text).map_err(|error| EmulateError::ClaimYaml {
+                path: file.to_path_buf(),
+                error,
+            })?;
         let namespace = claim
             .metadata
             .namespace
             .get_or_insert_with(|| "default".into())
             .clone();
         let name = claim.metadata.name.clone().unwrap_or_default();
-        self.server.insert(&claim).map_err(|e| e.to_string())?;
+        self.server.insert(&claim)?;
         self.claim_object(&namespace, &name)?
             .metadata
             .uid
-            .ok_or_else(|| format!("claim {namespace}/{name} has no UID"))
+            .ok_or(EmulateError::NoUid { namespace, name })
     }
 
-    fn claim_object(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    fn claim_object(&self, namespace: &str, name: &str) -> Result<ResourceClaim, EmulateError> {
         self.server
             .get::<ResourceClaim>(namespace, name)
-            .ok_or_else(|| format!("no claim {namespace}/{name}"))
+            .ok_or_else(|| EmulateError::NoClaim {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
     }
 
-    fn kubelet_claim(&self, namespace: &str, name: &str) -> Result<KubeletClaim, String> {
+    fn kubelet_claim(&self, namespace: &str, name: &str) -> Result<KubeletClaim, EmulateError> {
         let uid = self.claim_object(namespace, name)?.metadata.uid;
         Ok(KubeletClaim {
             namespace: namespace.into(),
@@ -183,7 +232,7 @@ impl Session<'_> {
     }
 
     /// Register as the plugin watcher does, once the daemon has bound its socket.
-    async fn plugin(&self) -> Result<crate::testkit::kubelet::dra::DraPluginConn, String> {
+    async fn plugin(&self) -> Result<crate::testkit::kubelet::dra::DraPluginConn, EmulateError> {
         let socket = self
             .args
             .dir
@@ -191,38 +240,33 @@ impl Session<'_> {
             .join(format!("{}-reg.sock", self.args.driver_name));
         wait_until(STEP, || async { register(&socket).await.ok() })
             .await
-            .ok_or_else(|| format!("no DRA plugin registered on {}", socket.display()))
+            .ok_or(EmulateError::NoPlugin(socket))
     }
 
-    async fn prepare(&self, namespace: &str, name: &str) -> Result<String, String> {
+    async fn prepare(&self, namespace: &str, name: &str) -> Result<String, EmulateError> {
         let claim = self.kubelet_claim(namespace, name)?;
         let plugin = self.plugin().await?;
-        let mut answer = plugin
-            .prepare(std::slice::from_ref(&claim), None)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut answer = plugin.prepare(std::slice::from_ref(&claim), None).await?;
         let devices = answer
             .remove(&claim.uid)
-            .ok_or_else(|| format!("claim {} left out of the answer", claim.uid))??;
+            .ok_or_else(|| EmulateError::LeftOut(claim.uid.clone()))?
+            .map_err(EmulateError::Claim)?;
         let ids: Vec<String> = devices.into_iter().flat_map(|(_, ids)| ids).collect();
         Ok(ids.join(" "))
     }
 
-    async fn unprepare(&self, namespace: &str, name: &str) -> Result<String, String> {
+    async fn unprepare(&self, namespace: &str, name: &str) -> Result<String, EmulateError> {
         let claim = self.kubelet_claim(namespace, name)?;
         let plugin = self.plugin().await?;
-        let mut answer = plugin
-            .unprepare(std::slice::from_ref(&claim))
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut answer = plugin.unprepare(std::slice::from_ref(&claim)).await?;
         match answer.remove(&claim.uid) {
             Some(error) if error.is_empty() => Ok(String::new()),
-            Some(error) => Err(error),
-            None => Err(format!("claim {} left out of the answer", claim.uid)),
+            Some(error) => Err(EmulateError::Claim(error)),
+            None => Err(EmulateError::LeftOut(claim.uid)),
         }
     }
 
-    async fn slices(&self) -> Result<String, String> {
+    async fn slices(&self) -> Result<String, EmulateError> {
         let ours = |s: &ResourceSlice| {
             s.spec.driver == self.args.driver_name
                 && s.spec.node_name.as_deref() == Some(self.args.node_name.as_str())
@@ -234,7 +278,7 @@ impl Session<'_> {
             })
             .await;
         if !published {
-            return Err(format!("no ResourceSlice of node {}", self.args.node_name));
+            return Err(EmulateError::NoSlices(self.args.node_name.clone()));
         }
         let mut devices = Vec::new();
         for s in self

@@ -10,12 +10,35 @@
 /// (`k8s.device-plugin.nvidia.com/gpu`), so both can coexist on one host.
 pub(crate) const DEFAULT_CDI_KIND: &str = "gpu-slicer.io/gpu";
 
+/// Why a CDI kind is refused; the caller names the kind and where it was set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CdiKindError {
+    /// No `/` between vendor and class.
+    #[error("must be <vendor>/<class>")]
+    Shape,
+    /// The vendor part breaks the rules.
+    #[error(
+        "vendor `{0}` must be at least 2 characters, letter first, alphanumeric last, [A-Za-z0-9_.-] inside"
+    )]
+    Vendor(String),
+    /// The class part breaks the rules.
+    #[error(
+        "class `{0}` must be at least 2 characters, letter first, alphanumeric last, [A-Za-z0-9_-] inside (no dots: Podman < 4.7 cannot parse them)"
+    )]
+    Class(String),
+    /// Another writer on the host owns the kind.
+    #[error(
+        "kind `{kind}` belongs to {owner}; gpu-slicer would overwrite or shadow that spec. Use a vendor of your own, e.g. gpu-slicer.io/gpu"
+    )]
+    Foreign { kind: String, owner: &'static str },
+}
+
 /// Check a CDI kind `vendor/class` against the rules every consumer accepts: vendor a
 /// DNS-like name, class without dots, both at least 2 characters (a 1-character vendor or
 /// class makes Podman's CDI library panic host-wide).
-pub(crate) fn check_syntax(kind: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_syntax(kind: &str) -> Result<(), CdiKindError> {
     let Some((vendor, class)) = kind.split_once('/') else {
-        return Err("must be <vendor>/<class>".into());
+        return Err(CdiKindError::Shape);
     };
     let ok_chars = |s: &str, dot: bool| {
         s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -24,14 +47,10 @@ pub(crate) fn check_syntax(kind: &str) -> std::result::Result<(), String> {
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || (dot && c == '.'))
     };
     if vendor.len() < 2 || !ok_chars(vendor, true) {
-        return Err(format!(
-            "vendor `{vendor}` must be at least 2 characters, letter first, alphanumeric last, [A-Za-z0-9_.-] inside"
-        ));
+        return Err(CdiKindError::Vendor(vendor.to_string()));
     }
     if class.len() < 2 || !ok_chars(class, false) {
-        return Err(format!(
-            "class `{class}` must be at least 2 characters, letter first, alphanumeric last, [A-Za-z0-9_-] inside (no dots: Podman < 4.7 cannot parse them)"
-        ));
+        return Err(CdiKindError::Class(class.to_string()));
     }
     Ok(())
 }
@@ -65,12 +84,13 @@ pub(crate) fn owner_of_kind(kind: &str) -> Option<&'static str> {
 }
 
 /// Refuse a `cdiKind` another writer owns; the message says whose it is.
-pub(crate) fn check_not_foreign(kind: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_not_foreign(kind: &str) -> Result<(), CdiKindError> {
     match owner_of_kind(kind) {
         None => Ok(()),
-        Some(owner) => Err(format!(
-            "kind `{kind}` belongs to {owner}; gpu-slicer would overwrite or shadow that spec. Use a vendor of your own, e.g. gpu-slicer.io/gpu"
-        )),
+        Some(owner) => Err(CdiKindError::Foreign {
+            kind: kind.to_string(),
+            owner,
+        }),
     }
 }
 
@@ -89,7 +109,7 @@ mod tests {
             "k8s.gpu.nvidia.com/device",
             "NVIDIA.com/gpu",
         ] {
-            let err = check_not_foreign(kind).expect_err(kind);
+            let err = check_not_foreign(kind).expect_err(kind).to_string();
             assert!(err.contains(kind) && err.contains("NVIDIA"), "{err}");
         }
         assert!(check_not_foreign("gpu-slicer.io/gpu").is_ok());

@@ -68,7 +68,7 @@ impl InstanceOps for NvmlInstances {
         let nvml = super::nvml::open_nvml(self.lib.as_deref()).map_err(err)?;
         let (gi, ci) =
             super::mig::create_at(&nvml, at.gpu_index, &at.gpu_uuid, &at.profile, at.start)
-                .map_err(InstanceError)?;
+                .map_err(err)?;
         let backend = super::nvml::NvmlBackend::new(self.lib.clone(), self.proc_root.clone());
         let described = backend.discover_gpu(&nvml, at.gpu_index).map_err(err);
         let made = described.and_then(|mut gpu| {
@@ -114,7 +114,7 @@ impl InstanceOps for NvmlInstances {
             &made.profile,
             made.start,
         )
-        .map_err(InstanceError)
+        .map_err(err)
     }
 
     fn instances(&self, index: u32, uuid: &str) -> Result<Vec<Found>, InstanceError> {

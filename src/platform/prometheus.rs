@@ -26,6 +26,21 @@ pub(crate) enum PrometheusError {
         query: String,
         why: String,
     },
+    /// The body is not the API's JSON answer.
+    #[error("not a query answer: {0}")]
+    NotAnAnswer(#[source] serde_json::Error),
+    /// The API answered with a status other than `success`.
+    #[error("{}", .error.clone().unwrap_or_else(|| format!("status {status}")))]
+    Refused {
+        status: String,
+        error: Option<String>,
+    },
+    /// A `success` answer without `data`.
+    #[error("no data in the answer")]
+    NoData,
+    /// The answer is not an instant vector.
+    #[error("result type {0} (expected vector)")]
+    ResultType(String),
 }
 
 /// Where Prometheus is.
@@ -108,17 +123,17 @@ struct Series {
 }
 
 /// Read the samples of an instant-query answer (the API's JSON).
-pub(crate) fn parse_answer(body: &[u8]) -> Result<Vec<Sample>, String> {
-    let a: Answer = serde_json::from_slice(body).map_err(|e| format!("not a query answer: {e}"))?;
+pub(crate) fn parse_answer(body: &[u8]) -> Result<Vec<Sample>, PrometheusError> {
+    let a: Answer = serde_json::from_slice(body).map_err(PrometheusError::NotAnAnswer)?;
     if a.status != "success" {
-        return Err(a.error.unwrap_or_else(|| format!("status {}", a.status)));
+        return Err(PrometheusError::Refused {
+            status: a.status,
+            error: a.error,
+        });
     }
-    let data = a.data.ok_or("no data in the answer")?;
+    let data = a.data.ok_or(PrometheusError::NoData)?;
     if data.result_type != "vector" {
-        return Err(format!(
-            "result type {} (expected vector)",
-            data.result_type
-        ));
+        return Err(PrometheusError::ResultType(data.result_type));
     }
     Ok(data
         .result
@@ -159,10 +174,13 @@ pub(crate) async fn query(
     .map_err(|e| fail(e.to_string()))?;
     if !answer.status.is_success() {
         // The API explains a bad query in its JSON error.
-        let why = parse_answer(&answer.body).err().unwrap_or_default();
+        let why = parse_answer(&answer.body)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         return Err(fail(format!("HTTP {}: {why}", answer.status)));
     }
-    parse_answer(&answer.body).map_err(fail)
+    parse_answer(&answer.body).map_err(|e| fail(e.to_string()))
 }
 
 #[cfg(test)]
@@ -186,6 +204,11 @@ mod tests {
         assert_eq!(s[0].labels["uuid"], "GPU-1");
         assert_eq!(s[0].value, 0.25);
         let err = br#"{"status":"error","errorType":"bad_data","error":"parse error at char 3"}"#;
-        assert!(parse_answer(err).unwrap_err().contains("parse error"));
+        assert!(
+            parse_answer(err)
+                .unwrap_err()
+                .to_string()
+                .contains("parse error")
+        );
     }
 }

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::platform::checkpoint::Checkpoint;
+use crate::platform::checkpoint::{Checkpoint, CheckpointError};
 use crate::state::Store;
 
 /// Persists the store's held set; `None` inside: not persisted (no `--state-dir`).
@@ -19,28 +19,34 @@ pub(crate) struct HeldCheckpoint {
     store: Store,
 }
 
+/// Why the held set was not persisted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HeldError {
+    /// The checkpoint file could not be written (the error names it).
+    #[error(transparent)]
+    Write(#[from] CheckpointError),
+    /// The blocking write task panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
 impl HeldCheckpoint {
     /// Persist `store`'s held set into `checkpoint` (`None`: a no-op writer).
     pub(crate) fn new(checkpoint: Option<Arc<Checkpoint>>, store: Store) -> Self {
         Self { checkpoint, store }
     }
 
-    /// Write the held set now and wait for it; `Ok` when nothing is persisted. The error
-    /// is the reason as text (an I/O error naming the file, or the blocking task's end).
-    pub(crate) async fn save(&self) -> Result<(), String> {
+    /// Write the held set now and wait for it; `Ok` when nothing is persisted.
+    pub(crate) async fn save(&self) -> Result<(), HeldError> {
         let Some(checkpoint) = self.checkpoint.clone() else {
             return Ok(());
         };
         let store = self.store.clone();
-        let saved = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             checkpoint.save_with(|| store.current().held.as_ref().clone())
         })
-        .await;
-        match saved {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+        .await??;
+        Ok(())
     }
 
     /// Write the held set without waiting (after a release); a failure is logged and the

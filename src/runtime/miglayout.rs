@@ -42,6 +42,44 @@ use crate::runtime::triggers::Cause;
 use crate::runtime::{Context, Handle};
 use crate::state::Store;
 
+/// Why a round failed, or why a GPU stays pending (its reason is this error's message).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MigLayoutRunError {
+    /// The layout file could not be read or planned from.
+    #[error(transparent)]
+    Layout(Box<crate::domain::miglayout::MigLayoutError>),
+    /// NVML could not be opened.
+    #[error(transparent)]
+    Open(#[from] crate::domain::inventory::InventoryError),
+    /// Reading the GPUs' instances or their processes failed.
+    #[error(transparent)]
+    Read(#[from] ops::MigOpError),
+    /// The steps failed (and were rolled back as far as NVML allowed).
+    #[error(transparent)]
+    Apply(Box<ops::ApplyFailure>),
+    /// A blocking NVML task did not complete.
+    #[error(transparent)]
+    Task(Box<crate::runtime::error::AppError>),
+    /// Devices of the GPU are held by containers.
+    #[error("devices of this GPU are allocated")]
+    Held,
+    /// Compute processes run on the GPU.
+    #[error("compute processes run on it (pids {0:?})")]
+    Processes(Vec<u32>),
+}
+
+impl From<crate::domain::miglayout::MigLayoutError> for MigLayoutRunError {
+    fn from(e: crate::domain::miglayout::MigLayoutError) -> Self {
+        Self::Layout(Box::new(e))
+    }
+}
+
+impl From<crate::runtime::error::AppError> for MigLayoutRunError {
+    fn from(e: crate::runtime::error::AppError) -> Self {
+        Self::Task(Box::new(e))
+    }
+}
+
 /// How the actor reaches NVML and how often it retries pending GPUs.
 #[derive(Debug, Clone)]
 pub(crate) struct MigLayoutSettings {
@@ -137,7 +175,7 @@ async fn run(
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, file = %layouts.file.display(), layout = %layouts.layout, "MIG layout not applied");
-                publish(MigOutcome::Failed, Some(&e));
+                publish(MigOutcome::Failed, Some(&e.to_string()));
                 continue;
             }
         };
@@ -176,7 +214,7 @@ async fn round(
     layouts: &MigLayouts,
     store: &Store,
     rescan: &mpsc::Sender<Cause>,
-) -> Result<Vec<(String, Option<String>)>, String> {
+) -> Result<Vec<(String, Option<String>)>, MigLayoutRunError> {
     let (lib, file, layout) = (
         settings.nvml_lib.clone(),
         layouts.file.clone(),
@@ -185,14 +223,13 @@ async fn round(
     // One NVML session per round, shared by its checks and steps (opened and shut down on
     // blocking threads: both are driver calls).
     let (nvml, gpus, plans) = blocking("MIG layout planning", move || {
-        let parsed = ops::load_file(&file).map_err(|e| e.to_string())?;
-        let nvml = crate::platform::nvml::open_nvml(lib.as_deref()).map_err(|e| e.to_string())?;
-        let gpus = ops::read(&nvml).map_err(|e| e.to_string())?;
-        let plans = ops::plan_all(&parsed, &layout, &gpus).map_err(|e| e.to_string())?;
-        Ok::<_, String>((Arc::new(nvml), gpus, plans))
+        let parsed = ops::load_file(&file)?;
+        let nvml = crate::platform::nvml::open_nvml(lib.as_deref())?;
+        let gpus = ops::read(&nvml)?;
+        let plans = ops::plan_all(&parsed, &layout, &gpus)?;
+        Ok::<_, MigLayoutRunError>((Arc::new(nvml), gpus, plans))
     })
-    .await
-    .map_err(|e| e.to_string())??;
+    .await??;
     // GPUs whose instances DRA claims make and destroy (`flags.dra.dynamicMig`) are theirs:
     // the layout would destroy a claim's instance under its container.
     let dynamic = store.current().config.dra.dynamic_mig.clone();
@@ -209,7 +246,10 @@ async fn round(
                 gpu.facts.index
             )),
             PlanStatus::Pending => plan.reason.clone(),
-            PlanStatus::Changed => repartition(&nvml, store, rescan, gpu, plan).await.err(),
+            PlanStatus::Changed => repartition(&nvml, store, rescan, gpu, plan)
+                .await
+                .err()
+                .map(|e| e.to_string()),
         };
         out.push((uuid, reason));
     }
@@ -217,18 +257,22 @@ async fn round(
     Ok(out)
 }
 
-/// Why `gpu` is busy, if it is.
-async fn busy(nvml: &Arc<Nvml>, store: &Store, gpu: &MigGpu) -> Result<Option<String>, String> {
+/// Why `gpu` is busy ([`MigLayoutRunError::Held`] or [`MigLayoutRunError::Processes`]), if
+/// it is; `Err` when that cannot be told.
+async fn busy(
+    nvml: &Arc<Nvml>,
+    store: &Store,
+    gpu: &MigGpu,
+) -> Result<Option<MigLayoutRunError>, MigLayoutRunError> {
     if crate::domain::miglayout::held_gpus(&store.current()).contains(&gpu.facts.uuid) {
-        return Ok(Some("devices of this GPU are allocated".into()));
+        return Ok(Some(MigLayoutRunError::Held));
     }
     let (nvml, index) = (nvml.clone(), gpu.facts.index);
     let pids = blocking("compute process check", move || {
-        ops::compute_processes(&nvml, index).map_err(|e| e.to_string())
+        ops::compute_processes(&nvml, index)
     })
-    .await
-    .map_err(|e| e.to_string())??;
-    Ok((!pids.is_empty()).then(|| format!("compute processes run on it (pids {pids:?})")))
+    .await??;
+    Ok((!pids.is_empty()).then_some(MigLayoutRunError::Processes(pids)))
 }
 
 /// Whether the inventory GPU `g` lists the MIG devices `now` has (by GPU and compute instance).
@@ -250,7 +294,7 @@ async fn repartition(
     rescan: &mpsc::Sender<Cause>,
     gpu: MigGpu,
     plan: GpuPlan,
-) -> Result<(), String> {
+) -> Result<(), MigLayoutRunError> {
     if let Some(why) = busy(nvml, store, &gpu).await? {
         return Err(why);
     }
@@ -271,13 +315,12 @@ async fn repartition(
     let steps = plan.steps.clone();
     let index = gpu.facts.index;
     let (result, now) = blocking("MIG layout steps", move || {
-        let result = ops::apply(&nvml, &gpu, &steps).map_err(|f| f.to_string());
+        let result = ops::apply(&nvml, &gpu, &steps).map_err(MigLayoutRunError::Apply);
         // What the GPU holds now, success or not: the re-scan must show exactly this.
-        let now = ops::read_gpu(&nvml, index).map_err(|e| e.to_string())?;
-        Ok::<_, String>((result, now))
+        let now = ops::read_gpu(&nvml, index)?;
+        Ok::<_, MigLayoutRunError>((result, now))
     })
-    .await
-    .map_err(|e| e.to_string())??;
+    .await??;
     let want = now
         .instances
         .iter()

@@ -42,6 +42,7 @@
 pub(crate) mod dra;
 pub(crate) mod error;
 pub(crate) mod fleet;
+pub(crate) mod front_end;
 pub(crate) mod health;
 pub(crate) mod held;
 pub(crate) mod http;

@@ -6,21 +6,21 @@
 //! by a child of the caller's `CancellationToken`:
 //!
 //! - the reloader (triggers → load/discover → transition → spec → commit);
-//! - the front-end: the plugin manager (one gRPC server per planned resource,
-//!   registration), or in DRA mode ([`RunSettings::dra`]) the DRA driver
-//!   ([`crate::runtime::dra`]: kubelet plugin, ResourceSlice publisher) over the same store,
-//!   and then no device-plugin server at all (one node never offers a resource both ways);
+//! - the front-end ([`FrontEnd`]): the plugin manager (one gRPC server per planned
+//!   resource, registration), or in DRA mode ([`RunSettings::dra`]) the DRA driver over the
+//!   same store, never both; each owns its readiness, Events and failures;
 //! - the MPS reconciler, the health monitor, metrics, the ledger, HTTP, the node-labels
 //!   writer (file and, with `--labels-to-node`, Node) and, with `--config-dir`, the fleet actor (Node labels → config, state back).
 //!
-//! Shutdown and resource failures are watched here and never wait behind a reload: the
-//! reloader is just another task. The stop has a deadline. The CDI spec is left in place on
+//! Shutdown and the front-end's failures are watched here and never wait behind a reload:
+//! the reloader is just another task. The stop has a deadline. The CDI spec is left in place on
 //! purpose: containers that already run still reference it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,14 +34,15 @@ use crate::platform::checkpoint::Checkpoint;
 use crate::platform::versioned::Decoded;
 pub(crate) use crate::runtime::error::AppError;
 use crate::runtime::error::blocking;
+use crate::runtime::front_end::{FrontEnd, FrontEndPeers, FrontEndSettings};
 use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::http::{self, HttpPeers, Readiness};
 use crate::runtime::ledger::{Ledger, LedgerPeers};
 use crate::runtime::miglayout::MigLayoutPeers;
-use crate::runtime::plugin::{self, Backoff, PluginPeers, PluginSettings, WatchError};
+use crate::runtime::plugin::{Backoff, PluginSettings, WatchError};
 use crate::runtime::reloader::{self, ReloaderPeers, ReloaderSettings, Reloads};
 pub(crate) use crate::runtime::reloader::{ConfigLoader, ReloadStatus};
-use crate::runtime::triggers::TriggerSettings;
+use crate::runtime::triggers::{Cause, TriggerSettings};
 use crate::runtime::usage::UsagePeers;
 use crate::runtime::{Context, Handle};
 use crate::state::Store;
@@ -67,33 +68,50 @@ impl std::fmt::Debug for ReloadSettings {
     }
 }
 
-/// What a started daemon exposes to its embedder (tests, demo). The fields only tests read
-/// exist only in tests.
+/// What a started daemon exposes to its embedder (tests, demo).
 #[derive(Debug, Clone)]
 pub(crate) struct Running {
-    /// The state store: read snapshots, send health events (`set_health`).
-    #[cfg(test)]
-    pub(crate) store: Store,
     /// The plan served at start (see `reloads` for the current one).
     pub(crate) plan: Arc<Plan>,
     /// The inventory discovered at start.
     pub(crate) inventory: Arc<Inventory>,
-    /// Ask for a reload (config and inventory).
-    #[cfg(test)]
-    pub(crate) reload: mpsc::Sender<crate::runtime::triggers::Cause>,
     /// Outcome of every reload.
-    pub(crate) reloads: tokio::sync::watch::Receiver<ReloadStatus>,
+    pub(crate) reloads: watch::Receiver<ReloadStatus>,
+    /// Handles into the live actors, read through [`Running::probe`].
+    probe: Probe,
+}
+
+impl Running {
+    /// Handles into the live daemon (its store, reload requests, metrics, ledger, HTTP
+    /// address, usage rounds), for an embedder that watches it closely: the tests.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "only tests watch the daemon this closely")
+    )]
+    pub(crate) fn probe(&self) -> &Probe {
+        &self.probe
+    }
+}
+
+/// Handles into a started daemon's actors (see [`Running::probe`]). The daemon itself
+/// talks to its actors through their peers, never through these.
+#[derive(Debug, Clone)]
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "only tests watch the daemon this closely")
+)]
+pub(crate) struct Probe {
+    /// The state store: read snapshots, send health events (`set_health`).
+    pub(crate) store: Store,
+    /// Ask for a reload (config and inventory).
+    pub(crate) reload: mpsc::Sender<Cause>,
     /// The agent's metrics (the same registry `/metrics` serves).
-    #[cfg(test)]
     pub(crate) metrics: Arc<crate::runtime::metrics::Metrics>,
     /// The allocation ledger, when a PodResources socket was configured.
-    #[cfg(test)]
-    pub(crate) ledger: Option<crate::runtime::ledger::Ledger>,
+    pub(crate) ledger: Option<Ledger>,
     /// Where the HTTP endpoint listens, when enabled.
-    #[cfg(test)]
     pub(crate) http_addr: Option<std::net::SocketAddr>,
     /// The usage sampler's rounds, when sampling is on.
-    #[cfg(test)]
     pub(crate) usage: Option<crate::runtime::usage::UsageWatch>,
 }
 
@@ -210,7 +228,7 @@ pub(crate) async fn run(
     };
     let held = HeldCheckpoint::new(checkpoint, ctx.store.clone());
     let started = spawn_actors(settings, backend, hook, held, &ctx).await;
-    let (failures, on_ready, running) = match started {
+    let (front, on_ready, running) = match started {
         Ok(started) => started,
         Err(e) => {
             // Whatever started before the failure stops with it.
@@ -222,7 +240,7 @@ pub(crate) async fn run(
         // The embedder may have stopped listening; serving goes on regardless.
         let _ = tx.send(running);
     }
-    wait_and_stop(&ctx, &shutdown, failures).await
+    wait_and_stop(&ctx, &shutdown, front).await
 }
 
 /// The state store's first snapshot: the spec an earlier run left in `cdi_dir` and the
@@ -261,16 +279,15 @@ async fn load_state(
 }
 
 /// Start every actor in order: the reloader's first transition, then the MPS daemons
-/// (their replicas Unhealthy until up) before any resource is served, the plugin servers,
-/// and the followers. Returns the plugin failures, the embedder's channel and what it is
-/// told.
+/// (their replicas Unhealthy until up) before any resource is served, the front-end, and
+/// the followers. Returns the front-end, the embedder's channel and what it is told.
 async fn spawn_actors(
     settings: RunSettings,
     backend: Arc<dyn Backend>,
     hook: HookSettings,
     held: HeldCheckpoint,
     ctx: &Context,
-) -> Result<(plugin::Failures, Option<oneshot::Sender<Running>>, Running), AppError> {
+) -> Result<(FrontEnd, Option<oneshot::Sender<Running>>, Running), AppError> {
     // One inotify fd (read on the reactor) for the kubelet socket's directory and the
     // config file's.
     let fs = crate::platform::fswatch::DirWatch::new().map_err(|source| {
@@ -289,58 +306,28 @@ async fn spawn_actors(
     };
     let (reloads, first_spec) =
         reloader::spawn(reloader, ReloaderPeers { fs: fs.clone() }, ctx).await?;
-    // The ledger attributes the devices of this driver's claims on this node's pool.
-    let dra_pool = settings
-        .dra
-        .as_ref()
-        .map(|d| crate::runtime::ledger::DraPool {
-            driver: d.driver.driver.clone(),
-            pool: d.driver.node.clone(),
-        });
-    let front = match settings.dra {
-        Some(dra) => FrontEnd::Dra(Box::new(dra), fs.clone()),
-        None => {
-            let first = ctx.store.current();
-            remove_stale_sockets(&settings.device_plugin_dir, &first.resource_names());
-            FrontEnd::Plugin(plugin::KubeletWatch::start(&settings.kubelet_socket, &fs)?)
-        }
-    };
-    drop(fs);
     crate::runtime::mps::health::spawn(settings.mps, ctx);
     let readiness = Arc::new(Readiness::following(ctx.store.clone()));
-    let mut dra_view = None;
-    let failures = match front {
-        FrontEnd::Plugin(watch) => {
-            let plugin_settings = PluginSettings {
-                device_plugin_dir: settings.device_plugin_dir,
-                kubelet_socket: settings.kubelet_socket,
-                backoff: settings.backoff,
-            };
-            let peers = PluginPeers {
-                watch,
-                held: held.clone(),
-                readiness: readiness.clone(),
-            };
-            // The servers register while the first spec is written; their streams and
-            // Allocate wait for it, and a failed write stops the start as before.
-            let failures = plugin::spawn(plugin_settings, peers, ctx).into_inner();
-            first_spec.written().await?;
-            failures
-        }
-        FrontEnd::Dra(dra, fs) => {
-            first_spec.written().await?;
-            dra_view = Some(spawn_dra(*dra, &fs, &readiness, ctx).await?);
-            // No resource servers, so no resource failures: a closed channel never fires.
-            let (_, none) = mpsc::channel(1);
-            none
-        }
+    let front = match settings.dra {
+        Some(dra) => FrontEndSettings::Dra(Box::new(dra)),
+        None => FrontEndSettings::Plugin(PluginSettings {
+            device_plugin_dir: settings.device_plugin_dir,
+            kubelet_socket: settings.kubelet_socket,
+            backoff: settings.backoff,
+        }),
     };
+    let peers = FrontEndPeers {
+        fs,
+        held: held.clone(),
+        readiness: readiness.clone(),
+    };
+    let front = FrontEnd::start(front, peers, first_spec, ctx).await?;
     let followers = Followers {
         labels: settings.labels,
         node_labels: settings.node_labels,
         ledger: settings.ledger,
-        dra_pool,
-        dra_view,
+        dra_pool: front.dra_pool(),
+        dra_view: front.dra_view(),
         usage: settings.usage,
         http_listen: settings.http_listen,
         health_monitor: settings.health_monitor,
@@ -351,110 +338,7 @@ async fn spawn_actors(
     let running = followers
         .spawn(held, readiness, reloads.get().clone(), ctx)
         .await?;
-    Ok((failures, settings.on_ready, running))
-}
-
-/// How the node's GPUs are offered to the kubelet.
-enum FrontEnd {
-    /// Device-plugin servers, registered through the kubelet socket watched here.
-    Plugin(plugin::KubeletWatch),
-    /// The DRA driver (boxed: its settings dwarf the watch), and the inotify instance its
-    /// registration socket is followed through.
-    Dra(
-        Box<crate::runtime::dra::DraModeSettings>,
-        Arc<crate::platform::fswatch::DirWatch>,
-    ),
-}
-
-/// Start the DRA driver and, with an API, the slice publisher; `/readyz` waits for the
-/// kubelet to accept the driver's registration. Returns the view of its prepared claims.
-async fn spawn_dra(
-    dra: crate::runtime::dra::DraModeSettings,
-    fs: &Arc<crate::platform::fswatch::DirWatch>,
-    readiness: &Arc<Readiness>,
-    ctx: &Context,
-) -> Result<tokio::sync::watch::Receiver<Arc<crate::domain::usage::DraReport>>, AppError> {
-    let name = dra.driver.driver.clone();
-    readiness.expect_resources([name.clone()]);
-    let handle = crate::runtime::dra::spawn_watched(dra.driver, dra.claims, fs, ctx).await?;
-    let mut verdicts = handle.get().registration.clone();
-    let (readiness, token) = (readiness.clone(), ctx.child_token());
-    ctx.tracker.spawn(async move {
-        loop {
-            let registered = matches!(*verdicts.borrow_and_update(), Some(Ok(())));
-            readiness.mark_registered(&name, registered);
-            tokio::select! {
-                () = token.cancelled() => return,
-                changed = verdicts.changed() => if changed.is_err() { return },
-            }
-        }
-    });
-    if let Some(p) = &dra.publish {
-        let exposed = handle.get();
-        let mut messages = Vec::new();
-        if let crate::platform::dra_state::LoadOutcome::Corrupt { kept_as } = &exposed.loaded {
-            messages.push(format!(
-                "DRA checkpoint unreadable: kept aside as {}, prepared claims recovered from their records and CDI specs",
-                kept_as.display()
-            ));
-        }
-        if !exposed.repairs.is_empty() {
-            // Bounded: a node with thousands of strays gets a count, not a huge Event.
-            let shown: Vec<String> = exposed
-                .repairs
-                .iter()
-                .take(5)
-                .map(ToString::to_string)
-                .collect();
-            let more = exposed.repairs.len().saturating_sub(shown.len());
-            let tail = if more > 0 {
-                format!("; and {more} more")
-            } else {
-                String::new()
-            };
-            messages.push(format!(
-                "DRA state repaired at start ({} repairs): {}{tail}",
-                exposed.repairs.len(),
-                shown.join("; ")
-            ));
-        }
-        if !messages.is_empty() {
-            recovery_event(p.node.clone(), messages.join(". "), ctx);
-        }
-    }
-    if let Some(p) = dra.publish {
-        crate::runtime::dra::publish::spawn(p, ctx);
-    }
-    Ok(handle.get().prepared.clone())
-}
-
-/// Tell the Node once what the DRA driver's start recovered or repaired, so an operator sees
-/// it without the agent's logs; the API may be down, then the log lines and the counter are
-/// all there is.
-fn recovery_event(node: crate::platform::kube::NodeApi, message: String, ctx: &Context) {
-    let token = ctx.child_token();
-    ctx.tracker.spawn(async move {
-        let sent = tokio::select! {
-            () = token.cancelled() => return,
-            sent = node.event(
-                None,
-                crate::platform::kube::EventKind::Warning,
-                "DraCheckpointRecovered",
-                &message,
-            ) => sent,
-        };
-        if let Err(e) = sent {
-            tracing::warn!(error = %e, "DRA checkpoint recovery Event not recorded");
-        }
-    });
-}
-
-/// Remove sockets of resources an earlier run served and this plan does not.
-fn remove_stale_sockets(dir: &std::path::Path, resources: &[String]) {
-    let stale = plugin::remove_stale_sockets(dir, resources);
-    if !stale.is_empty() {
-        tracing::info!(sockets = ?stale, "removed sockets of resources no longer planned");
-    }
+    Ok((front, settings.on_ready, running))
 }
 
 /// The actors that follow the store once resources are served, each optional.
@@ -464,7 +348,7 @@ struct Followers {
     ledger: Option<crate::runtime::ledger::LedgerSettings>,
     dra_pool: Option<crate::runtime::ledger::DraPool>,
     /// The DRA driver's prepared claims, for `/v1/state`.
-    dra_view: Option<tokio::sync::watch::Receiver<Arc<crate::domain::usage::DraReport>>>,
+    dra_view: Option<watch::Receiver<Arc<crate::domain::usage::DraReport>>>,
     usage: Option<crate::runtime::usage::UsageSettings>,
     http_listen: Option<String>,
     health_monitor: Option<crate::runtime::health::HealthSettings>,
@@ -536,25 +420,18 @@ impl Followers {
             crate::runtime::fleet::spawn(settings, peers, ctx);
         }
         let first = ctx.store.current();
-        // Only tests read where HTTP listens.
-        #[cfg(not(test))]
-        let _ = http_addr;
         Ok(Running {
-            #[cfg(test)]
-            store: ctx.store.clone(),
             plan: first.plan.clone(),
             inventory: first.inventory.clone(),
-            #[cfg(test)]
-            reload: reloads.requester,
             reloads: reloads.status,
-            #[cfg(test)]
-            metrics: ctx.metrics.clone(),
-            #[cfg(test)]
-            ledger,
-            #[cfg(test)]
-            http_addr,
-            #[cfg(test)]
-            usage,
+            probe: Probe {
+                store: ctx.store.clone(),
+                reload: reloads.requester,
+                metrics: ctx.metrics.clone(),
+                ledger,
+                http_addr,
+                usage,
+            },
         })
     }
 }
@@ -593,21 +470,21 @@ fn spawn_mig_layouts(
     }
 }
 
-/// Serve until `shutdown` is cancelled or a resource fails, then stop every actor within
+/// Serve until `shutdown` is cancelled or the front-end fails, then stop every actor within
 /// [`SHUTDOWN_DEADLINE`].
 async fn wait_and_stop(
     ctx: &Context,
     shutdown: &CancellationToken,
-    mut failures: plugin::Failures,
+    mut front: FrontEnd,
 ) -> Result<(), AppError> {
     let failure = tokio::select! {
         () = shutdown.cancelled() => None,
-        Some(e) = failures.recv() => Some(e),
+        e = front.failed() => Some(e),
     };
     tracing::info!("shutting down");
     let stopped = stop(ctx).await;
     if let Some(e) = failure {
-        return Err(e.into());
+        return Err(e);
     }
     if !stopped {
         return Err(AppError::ShutdownTimeout(SHUTDOWN_DEADLINE));

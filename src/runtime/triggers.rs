@@ -54,7 +54,7 @@ pub(crate) enum Cause {
     Signal,
     /// The re-scan interval elapsed.
     Rescan,
-    /// A test asked (`Running::reload`): config and inventory, as [`Cause::Signal`].
+    /// A test asked (`Running::probe`): config and inventory, as [`Cause::Signal`].
     #[cfg(test)]
     Request,
     /// Held devices were released: the spec may drop devices kept only for them.

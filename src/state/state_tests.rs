@@ -76,7 +76,7 @@ async fn one_allocate_never_mixes_two_generations() {
     let stop = CancellationToken::new();
     // Flip the config between ENV4 and ANN2 as fast as reloads go.
     let flipper = {
-        let (reload, stop, file) = (d.running.reload.clone(), stop.clone(), file.clone());
+        let (reload, stop, file) = (d.running.probe().reload.clone(), stop.clone(), file.clone());
         let mut reloads = d.running.reloads.clone();
         tokio::spawn(async move {
             let mut flips = 0u32;
@@ -174,7 +174,7 @@ async fn held_devices_stay_in_the_spec_across_three_reloads_until_released() {
     for text in configs {
         let before = d.running.reloads.borrow().clone();
         std::fs::write(&file, text).unwrap();
-        d.running.reload.send(Cause::Request).await.unwrap();
+        d.running.probe().reload.send(Cause::Request).await.unwrap();
         let status = d.next_reload(&before).await;
         assert_eq!(status.last_error, None);
         let have = spec_devices(&d.cdi_spec());
@@ -228,7 +228,7 @@ async fn sigterm_during_a_slow_reload_exits_within_the_deadline() {
         })
     };
     let d = start(dir, load).await;
-    d.running.reload.send(Cause::Request).await.unwrap();
+    d.running.probe().reload.send(Cause::Request).await.unwrap();
     // The reload is now stuck inside the loader.
     tokio::task::spawn_blocking(move || entered_rx.recv_timeout(Duration::from_secs(10)))
         .await

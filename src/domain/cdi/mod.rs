@@ -43,7 +43,10 @@ pub(crate) const VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 pub(crate) enum CdiError {
     /// `kind` breaks the vendor/class rules.
     #[error("invalid CDI kind `{kind}`: {rule}")]
-    Kind { kind: String, rule: String },
+    Kind {
+        kind: String,
+        rule: crate::domain::cdi_kind::CdiKindError,
+    },
     /// A device name breaks the naming rules.
     #[error("invalid CDI device name `{device}`: {rule}")]
     DeviceName { device: String, rule: String },

@@ -27,6 +27,7 @@ use file::{
 
 pub(crate) use crate::domain::cdi_kind::DEFAULT_CDI_KIND;
 pub(crate) use origin::{Given, Origin};
+pub(crate) use quantity::QuantityError;
 pub(crate) use quantity::format_quantity;
 #[cfg(test)]
 pub(crate) use quantity::parse_quantity;

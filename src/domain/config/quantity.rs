@@ -5,7 +5,24 @@ use super::file::Quantity;
 
 /// Parse a memory quantity: bytes, or a number with a Ki/Mi/Gi/Ti (binary) or k/M/G/T
 /// (decimal) suffix.
-pub(crate) fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
+/// Why a quantity is refused; the caller names the field and the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum QuantityError {
+    /// No integer before the suffix.
+    #[error("expected an integer with an optional Ki/Mi/Gi/Ti suffix")]
+    NotANumber,
+    /// A suffix other than the binary and decimal ones.
+    #[error("unknown suffix `{0}` (use Ki, Mi, Gi, Ti, k, M, G, T)")]
+    Suffix(String),
+    /// More bytes than a u64 holds.
+    #[error("quantity overflows")]
+    Overflow,
+    /// Zero bytes.
+    #[error("must be greater than 0")]
+    Zero,
+}
+
+pub(crate) fn parse_quantity(q: &Quantity) -> Result<u64, QuantityError> {
     let text = match q {
         Quantity::Bytes(b) => return nonzero(*b),
         Quantity::Text(t) => t.trim(),
@@ -14,9 +31,7 @@ pub(crate) fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (num, suffix) = text.split_at(split);
-    let num: u64 = num
-        .parse()
-        .map_err(|_| "expected an integer with an optional Ki/Mi/Gi/Ti suffix".to_string())?;
+    let num: u64 = num.parse().map_err(|_| QuantityError::NotANumber)?;
     let mult: u64 = match suffix {
         "" => 1,
         "Ki" => 1 << 10,
@@ -27,20 +42,13 @@ pub(crate) fn parse_quantity(q: &Quantity) -> std::result::Result<u64, String> {
         "M" => 1_000_000,
         "G" => 1_000_000_000,
         "T" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-                "unknown suffix `{other}` (use Ki, Mi, Gi, Ti, k, M, G, T)"
-            ));
-        }
+        other => return Err(QuantityError::Suffix(other.to_string())),
     };
-    nonzero(
-        num.checked_mul(mult)
-            .ok_or_else(|| "quantity overflows".to_string())?,
-    )
+    nonzero(num.checked_mul(mult).ok_or(QuantityError::Overflow)?)
 }
 
 /// [`parse_quantity`] of a quantity written as text (a flag, an environment variable).
-pub(crate) fn parse_quantity_text(text: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_quantity_text(text: &str) -> Result<u64, QuantityError> {
     parse_quantity(&Quantity::Text(text.into()))
 }
 
@@ -63,9 +71,9 @@ pub(crate) fn format_quantity(bytes: u64) -> String {
     bytes.to_string()
 }
 
-fn nonzero(b: u64) -> std::result::Result<u64, String> {
+fn nonzero(b: u64) -> Result<u64, QuantityError> {
     if b == 0 {
-        Err("must be greater than 0".into())
+        Err(QuantityError::Zero)
     } else {
         Ok(b)
     }

@@ -202,9 +202,10 @@ impl Entry<'_> {
         let isolation = self.isolation(r.isolation.as_deref())?;
         let memory_per_replica = match &r.memory {
             None => None,
-            Some(q) => {
-                Some(parse_quantity(q).map_err(|m| self.invalid("memory", format!("`{q}`"), m))?)
-            }
+            Some(q) => Some(
+                parse_quantity(q)
+                    .map_err(|m| self.invalid("memory", format!("`{q}`"), m.to_string()))?,
+            ),
         };
         Ok(SharedResource {
             kind: self.kind,
@@ -228,19 +229,20 @@ impl Entry<'_> {
         rename_by_default: bool,
     ) -> Result<(String, String)> {
         let name = qualify(&r.name);
-        check_resource_name(&name).map_err(|m| self.invalid("name", format!("`{}`", r.name), m))?;
+        check_resource_name(&name)
+            .map_err(|m| self.invalid("name", format!("`{}`", r.name), m.to_string()))?;
         let advertised_name = match &r.rename {
             Some(rn) if !rn.is_empty() => {
                 let rn = qualify(rn);
                 check_resource_name(&rn)
-                    .map_err(|m| self.invalid("rename", format!("`{rn}`"), m))?;
+                    .map_err(|m| self.invalid("rename", format!("`{rn}`"), m.to_string()))?;
                 rn
             }
             _ if rename_by_default => format!("{name}.shared"),
             _ => name.clone(),
         };
         check_resource_name(&advertised_name)
-            .map_err(|m| self.invalid("name", format!("`{advertised_name}`"), m))?;
+            .map_err(|m| self.invalid("name", format!("`{advertised_name}`"), m.to_string()))?;
         Ok((name, advertised_name))
     }
 
@@ -276,7 +278,7 @@ impl Entry<'_> {
         let isolation = match (written, self.kind) {
             (Some(s), _) => s
                 .parse::<Isolation>()
-                .map_err(|m| self.invalid("isolation", format!("`{s}`"), m))?,
+                .map_err(|m| self.invalid("isolation", format!("`{s}`"), m.to_string()))?,
             (None, SharingKind::Mps) => Isolation::Mps,
             (None, SharingKind::TimeSlicing) => Isolation::None,
         };
@@ -300,14 +302,38 @@ pub(crate) fn qualify(name: &str) -> String {
     }
 }
 
+/// The rule a resource name or a device reference breaks; the caller names the field and
+/// the value as written ([`ConfigError::Invalid`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SharingRuleError {
+    /// No `/` between domain and name.
+    #[error("must be <domain>/<name>")]
+    NoDomain,
+    /// Longer than the 63 characters allowed.
+    #[error("{0} characters; at most 63 allowed")]
+    TooLong(usize),
+    /// The domain is not a lower-case DNS name.
+    #[error("domain `{0}` is not a lower-case DNS name")]
+    Domain(String),
+    /// The name part has characters outside the allowed set.
+    #[error("name `{0}` must be alphanumeric with `-`, `_` or `.` inside")]
+    Name(String),
+    /// A negative GPU index.
+    #[error("index must be >= 0")]
+    NegativeIndex,
+    /// Not a GPU index, MIG index or UUID.
+    #[error("expected a GPU index `i`, a MIG index `i:j`, a `GPU-…` or a `MIG-…` UUID")]
+    DeviceRef,
+}
+
 /// Kubernetes extended resource name rules: `<dns-domain>/<name>`, ≤ 63 characters in all
 /// (the incumbent's limit), name part alphanumeric with `-`, `_`, `.` inside.
-pub(crate) fn check_resource_name(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_resource_name(name: &str) -> std::result::Result<(), SharingRuleError> {
     let Some((domain, rest)) = name.split_once('/') else {
-        return Err("must be <domain>/<name>".into());
+        return Err(SharingRuleError::NoDomain);
     };
     if name.len() > 63 {
-        return Err(format!("{} characters; at most 63 allowed", name.len()));
+        return Err(SharingRuleError::TooLong(name.len()));
     }
     let dns_ok = !domain.is_empty()
         && domain.split('.').all(|l| {
@@ -318,7 +344,7 @@ pub(crate) fn check_resource_name(name: &str) -> std::result::Result<(), String>
                 && !l.ends_with('-')
         });
     if !dns_ok {
-        return Err(format!("domain `{domain}` is not a lower-case DNS name"));
+        return Err(SharingRuleError::Domain(domain.to_string()));
     }
     let name_ok = !rest.is_empty()
         && rest
@@ -333,15 +359,13 @@ pub(crate) fn check_resource_name(name: &str) -> std::result::Result<(), String>
             .last()
             .is_some_and(|c| c.is_ascii_alphanumeric());
     if !name_ok {
-        return Err(format!(
-            "name `{rest}` must be alphanumeric with `-`, `_` or `.` inside"
-        ));
+        return Err(SharingRuleError::Name(rest.to_string()));
     }
     Ok(())
 }
 
 /// Parse one `devices` entry given as a string.
-pub(crate) fn parse_device_ref(s: &str) -> std::result::Result<DeviceRef, String> {
+pub(crate) fn parse_device_ref(s: &str) -> std::result::Result<DeviceRef, SharingRuleError> {
     let s = s.trim();
     if s.starts_with("GPU-") || s.starts_with("MIG-") {
         return Ok(DeviceRef::Uuid(s.to_string()));
@@ -353,7 +377,7 @@ pub(crate) fn parse_device_ref(s: &str) -> std::result::Result<DeviceRef, String
     } else if let Ok(i) = s.parse() {
         return Ok(DeviceRef::Index(i));
     }
-    Err("expected a GPU index `i`, a MIG index `i:j`, a `GPU-…` or a `MIG-…` UUID".into())
+    Err(SharingRuleError::DeviceRef)
 }
 
 /// A `devices`-style value (`all` or absent, a count, one reference or a list of them) as a
@@ -371,7 +395,7 @@ pub(super) fn device_selector(
         None => DeviceSelector::All,
         Some(FileDevices::Word(w)) if w == "all" => DeviceSelector::All,
         Some(FileDevices::Word(w)) => DeviceSelector::List(vec![
-            parse_device_ref(w).map_err(|m| bad(field.into(), format!("`{w}`"), &m))?,
+            parse_device_ref(w).map_err(|m| bad(field.into(), format!("`{w}`"), &m.to_string()))?,
         ]),
         Some(FileDevices::Count(n)) => DeviceSelector::Count(
             u32::try_from(*n)
@@ -393,10 +417,10 @@ pub(super) fn device_selector(
                 let dr = match v {
                     DeviceRefValue::Index(n) => u32::try_from(*n)
                         .map(DeviceRef::Index)
-                        .map_err(|_| "index must be >= 0".to_string()),
+                        .map_err(|_| SharingRuleError::NegativeIndex),
                     DeviceRefValue::Text(t) => parse_device_ref(t),
                 }
-                .map_err(|m| bad(item.clone(), format!("`{v}`"), &m))?;
+                .map_err(|m| bad(item.clone(), format!("`{v}`"), &m.to_string()))?;
                 if refs.contains(&dr) {
                     return Err(bad(item, format!("`{dr}`"), "listed twice"));
                 }

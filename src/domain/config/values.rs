@@ -34,13 +34,13 @@ macro_rules! spelled {
         }
 
         impl std::str::FromStr for $name {
-            type Err = String;
+            type Err = ValueError;
 
             /// The variant `text` spells, exactly (no case folding, as NVIDIA's plugin).
-            fn from_str(text: &str) -> Result<Self, String> {
+            fn from_str(text: &str) -> Result<Self, ValueError> {
                 match text {
                     $( $word => Ok(Self::$variant), )+
-                    _ => Err(expected(&[$($word),+])),
+                    _ => Err(ValueError::Word(&[$($word),+])),
                 }
             }
         }
@@ -57,6 +57,20 @@ macro_rules! spelled {
             }
         }
     };
+}
+
+/// Why a value is refused before the resolver names where it was set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ValueError {
+    /// A word the setting does not take: `expected a, b or c`.
+    #[error("{}", expected(.0))]
+    Word(&'static [&'static str]),
+}
+
+impl From<ValueError> for Refusal {
+    fn from(e: ValueError) -> Self {
+        Self::from(e.to_string())
+    }
 }
 
 /// `expected a, b or c`.
@@ -155,7 +169,7 @@ impl Isolation {
 }
 
 /// A word of a `spelled!` enum.
-pub(super) fn word<T: std::str::FromStr<Err = String>>(text: &str) -> Result<T, Refusal> {
+pub(super) fn word<T: std::str::FromStr<Err = ValueError>>(text: &str) -> Result<T, Refusal> {
     text.parse().map_err(Refusal::from)
 }
 
@@ -191,7 +205,7 @@ pub(super) fn strategies(value: &StringOrList) -> Result<Vec<DeviceListStrategy>
     for s in items.iter().flat_map(|s| s.split(',')).map(str::trim) {
         let strategy = s
             .parse::<DeviceListStrategy>()
-            .map_err(|message| Refusal::of_part(s, message))?;
+            .map_err(|e| Refusal::of_part(s, e.to_string()))?;
         if !out.contains(&strategy) {
             out.push(strategy);
         }
@@ -215,7 +229,7 @@ pub(super) fn annotation_prefix(text: &str) -> Result<String, Refusal> {
 pub(super) fn cdi_kind(text: &str) -> Result<String, Refusal> {
     crate::domain::cdi_kind::check_syntax(text)
         .and_then(|()| crate::domain::cdi_kind::check_not_foreign(text))
-        .map_err(Refusal::from)?;
+        .map_err(|rule| Refusal::from(rule.to_string()))?;
     Ok(text.to_string())
 }
 
@@ -234,15 +248,15 @@ mod tests {
             "volume-mounts"
         );
         assert_eq!(
-            "half".parse::<MigStrategy>(),
+            "half".parse::<MigStrategy>().map_err(|e| e.to_string()),
             Err("expected none, single or mixed".to_string())
         );
         assert_eq!(
-            "x".parse::<DeviceIdStrategy>(),
+            "x".parse::<DeviceIdStrategy>().map_err(|e| e.to_string()),
             Err("expected uuid or index".to_string())
         );
         assert_eq!(
-            "Mixed".parse::<MigStrategy>().unwrap_err(),
+            "Mixed".parse::<MigStrategy>().unwrap_err().to_string(),
             "expected none, single or mixed"
         );
     }

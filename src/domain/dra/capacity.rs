@@ -150,10 +150,10 @@ fn quantity_value(name: &'static str, text: &str) -> Result<u64, CapacityError> 
     if text.trim() == "0" {
         return Ok(0);
     }
-    crate::domain::config::parse_quantity_text(text).map_err(|message| CapacityError::Quantity {
+    crate::domain::config::parse_quantity_text(text).map_err(|e| CapacityError::Quantity {
         name,
         text: text.to_string(),
-        message,
+        message: e.to_string(),
     })
 }
 

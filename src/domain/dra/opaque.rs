@@ -147,8 +147,8 @@ pub(crate) enum QuantityError {
     #[error("must be greater than 0")]
     Zero,
     /// A string the quantity parser refused (its words).
-    #[error("{0}")]
-    Text(String),
+    #[error(transparent)]
+    Text(crate::domain::config::QuantityError),
 }
 
 impl Quantity {

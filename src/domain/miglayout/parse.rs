@@ -75,11 +75,11 @@ impl MigPartedFile {
             serde_yaml_ng::from_str(text).map_err(|e| err("", format!("not valid YAML: {e}")))?;
         root.apply_merge()
             .map_err(|e| err("", format!("bad merge key: {e}")))?;
-        let map = as_map(&root, "").map_err(|m| err("", m))?;
+        let map = as_map(&root, "").map_err(|(f, m)| err(&f, m))?;
         let mut version = None;
         let mut configs = None;
         for (k, v) in map {
-            match key(k).map_err(|m| err("", m))? {
+            match key(k, "").map_err(|(f, m)| err(&f, m))? {
                 "version" => version = Some(v),
                 "mig-configs" => configs = Some(v),
                 other => {
@@ -101,13 +101,15 @@ impl MigPartedFile {
             }
         }
         let configs = configs.ok_or_else(|| err("mig-configs", "missing".into()))?;
-        let configs = as_map(configs, "mig-configs").map_err(|m| err("mig-configs", m))?;
+        let configs = as_map(configs, "mig-configs").map_err(|(f, m)| err(&f, m))?;
         if configs.is_empty() {
             return Err(err("mig-configs", "at least one layout is required".into()));
         }
         let mut layouts = BTreeMap::new();
         for (name, entries) in configs {
-            let name = key(name).map_err(|m| err("mig-configs", m))?.to_string();
+            let name = key(name, "mig-configs")
+                .map_err(|(f, m)| err(&f, m))?
+                .to_string();
             let field = format!("mig-configs.{name}");
             let Value::Sequence(list) = entries else {
                 return Err(err(
@@ -144,17 +146,19 @@ impl MigPartedFile {
     }
 }
 
+/// Where in the file (the field's path) and what is wrong there; [`MigLayoutFile::parse`]
+/// adds the file.
 type FieldError = (String, String);
 
 fn entry(v: &Value, field: &str) -> Result<LayoutEntry, FieldError> {
     let at = |k: &str| format!("{field}.{k}");
-    let map = as_map(v, field).map_err(|m| (field.to_string(), m))?;
+    let map = as_map(v, field)?;
     let (mut devices, mut filter, mut enabled, mut migs) = (None, Vec::new(), None, None);
     for (k, v) in map {
-        let k = key(k).map_err(|m| (field.to_string(), m))?;
+        let k = key(k, field)?;
         match k {
-            "devices" => devices = Some(parse_devices(v).map_err(|m| (at(k), m))?),
-            "device-filter" => filter = string_or_list(v).map_err(|m| (at(k), m))?,
+            "devices" => devices = Some(parse_devices(v, &at(k))?),
+            "device-filter" => filter = string_or_list(v, &at(k))?,
             "mig-enabled" => match v {
                 Value::Bool(b) => enabled = Some(*b),
                 other => return Err((at(k), format!("{} is not true or false", show(other)))),
@@ -198,25 +202,25 @@ fn entry(v: &Value, field: &str) -> Result<LayoutEntry, FieldError> {
     })
 }
 
-fn parse_devices(v: &Value) -> Result<Devices, String> {
+fn parse_devices(v: &Value, field: &str) -> Result<Devices, FieldError> {
     match v {
         Value::String(s) if s == "all" => Ok(Devices::All),
         Value::Sequence(items) => items
             .iter()
             .map(|i| match i.as_u64() {
                 Some(n) if n <= 1024 => Ok(n as u32),
-                _ => Err(format!("{} is not a GPU index", show(i))),
+                _ => Err((field.to_string(), format!("{} is not a GPU index", show(i)))),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Devices::Indices),
-        other => Err(format!(
-            "{} is neither `all` nor a list of GPU indices",
-            show(other)
+        other => Err((
+            field.to_string(),
+            format!("{} is neither `all` nor a list of GPU indices", show(other)),
         )),
     }
 }
 
-fn string_or_list(v: &Value) -> Result<Vec<String>, String> {
+fn string_or_list(v: &Value, field: &str) -> Result<Vec<String>, FieldError> {
     match v {
         Value::String(s) if s.is_empty() => Ok(Vec::new()),
         Value::String(s) => Ok(vec![s.clone()]),
@@ -224,21 +228,24 @@ fn string_or_list(v: &Value) -> Result<Vec<String>, String> {
             .iter()
             .map(|i| match i {
                 Value::String(s) => Ok(s.clone()),
-                other => Err(format!("{} is not a string", show(other))),
+                other => Err((
+                    field.to_string(),
+                    format!("{} is not a string", show(other)),
+                )),
             })
             .collect(),
-        other => Err(format!(
-            "{} is neither a string nor a list of strings",
-            show(other)
+        other => Err((
+            field.to_string(),
+            format!("{} is neither a string nor a list of strings", show(other)),
         )),
     }
 }
 
 fn mig_devices(v: &Value, field: &str) -> Result<BTreeMap<String, u32>, FieldError> {
-    let map = as_map(v, field).map_err(|m| (field.to_string(), m))?;
+    let map = as_map(v, field)?;
     let mut out = BTreeMap::new();
     for (k, count) in map {
-        let name = key(k).map_err(|m| (field.to_string(), m))?;
+        let name = key(k, field)?;
         let at = format!("{field}.{name}");
         if !is_profile_name(name) {
             return Err((
@@ -280,17 +287,24 @@ fn is_profile_name(s: &str) -> bool {
     shape && attrs_ok
 }
 
-fn as_map<'a>(v: &'a Value, _field: &str) -> Result<&'a serde_yaml_ng::Mapping, String> {
+fn as_map<'a>(v: &'a Value, field: &str) -> Result<&'a serde_yaml_ng::Mapping, FieldError> {
     match v {
         Value::Mapping(m) => Ok(m),
-        other => Err(format!("{} is not a mapping", show(other))),
+        other => Err((
+            field.to_string(),
+            format!("{} is not a mapping", show(other)),
+        )),
     }
 }
 
-fn key(k: &Value) -> Result<&str, String> {
+/// A key of the mapping at `field`.
+fn key<'a>(k: &'a Value, field: &str) -> Result<&'a str, FieldError> {
     match k {
         Value::String(s) => Ok(s),
-        other => Err(format!("key {} is not a string", show(other))),
+        other => Err((
+            field.to_string(),
+            format!("key {} is not a string", show(other)),
+        )),
     }
 }
 

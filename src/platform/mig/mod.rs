@@ -65,6 +65,40 @@ pub(crate) enum MigOpError {
         what: &'static str,
         step: String,
     },
+    /// The GPU's product has no MIG profile table (a rollback cannot plan).
+    #[error("not a MIG product")]
+    NotMigProduct,
+    /// A rollback step failed (`step` as [`describe`] writes it).
+    #[error("`{step}`: {error}")]
+    RollbackStep {
+        step: String,
+        error: Box<MigOpError>,
+    },
+    /// GPU `gpu` has another UUID than the one the caller holds.
+    #[error("GPU {gpu} is {now} now, not {expected}: the GPUs were re-enumerated")]
+    ReEnumerated {
+        gpu: u32,
+        now: String,
+        expected: String,
+    },
+    /// MIG mode is off on the GPU (gpu-slicer never changes it).
+    #[error("GPU {gpu} ({uuid}): MIG mode is off")]
+    MigOff { gpu: u32, uuid: String },
+    /// The steps failed on the GPU (and were rolled back as far as NVML allowed).
+    #[error("GPU {gpu} ({uuid}): {failure}")]
+    Apply {
+        gpu: u32,
+        uuid: String,
+        failure: Box<ApplyFailure>,
+    },
+    /// The instance just made is not among the GPU's instances.
+    #[error("GPU {gpu} ({uuid}): the {profile}@{start} instance made is not listed")]
+    NotListed {
+        gpu: u32,
+        uuid: String,
+        profile: String,
+        start: u32,
+    },
 }
 
 type Result<T, E = MigOpError> = std::result::Result<T, E>;
@@ -293,7 +327,7 @@ pub(crate) struct ApplyFailure {
     /// What NVML said.
     pub(crate) error: MigOpError,
     /// `Ok`: the GPU holds its previous layout again; `Err`: why it could not be restored.
-    pub(crate) rollback: Result<(), String>,
+    pub(crate) rollback: Result<()>,
 }
 
 impl std::fmt::Display for ApplyFailure {
@@ -305,6 +339,9 @@ impl std::fmt::Display for ApplyFailure {
         }
     }
 }
+
+/// Its message names the step's error and the rollback's: no separate source.
+impl std::error::Error for ApplyFailure {}
 
 /// Run `steps` on `gpu` (as read before planning). When a step fails, plan from where the GPU
 /// stopped back to the profiles it had and run that, as far as NVML allows.
@@ -325,15 +362,16 @@ pub(crate) fn apply(nvml: &Nvml, gpu: &MigGpu, steps: &[Step]) -> Result<(), Box
     Ok(())
 }
 
-fn roll_back(nvml: &Nvml, before: &MigGpu) -> Result<(), String> {
-    let product = node_spec::lookup_product(&before.facts.product).ok_or("not a MIG product")?;
+fn roll_back(nvml: &Nvml, before: &MigGpu) -> Result<()> {
+    let product =
+        node_spec::lookup_product(&before.facts.product).ok_or(MigOpError::NotMigProduct)?;
     let table = node_spec::gi_profiles(product);
     let previous: Vec<&'static GiProfile> = before
         .instances
         .iter()
         .filter_map(|g| table.iter().find(|t| t.name == g.profile))
         .collect();
-    let now = read_gpu(nvml, before.facts.index).map_err(|e| e.to_string())?;
+    let now = read_gpu(nvml, before.facts.index)?;
     let plan = crate::domain::miglayout::plan_gpu(
         &now.facts,
         Some(product),
@@ -341,8 +379,10 @@ fn roll_back(nvml: &Nvml, before: &MigGpu) -> Result<(), String> {
         &now.instances,
     );
     for step in &plan.steps {
-        run_step(nvml, before.facts.index, step)
-            .map_err(|e| format!("`{}`: {e}", describe(step)))?;
+        run_step(nvml, before.facts.index, step).map_err(|e| MigOpError::RollbackStep {
+            step: describe(step),
+            error: Box::new(e),
+        })?;
     }
     Ok(())
 }
@@ -409,16 +449,20 @@ pub(crate) fn create_at(
     uuid: &str,
     profile: &str,
     start: u32,
-) -> Result<(u32, u32), String> {
-    let gpu = read_gpu(nvml, index).map_err(|e| e.to_string())?;
+) -> Result<(u32, u32)> {
+    let gpu = read_gpu(nvml, index)?;
     if gpu.facts.uuid != uuid {
-        return Err(format!(
-            "GPU {index} is {} now, not {uuid}: the GPUs were re-enumerated",
-            gpu.facts.uuid
-        ));
+        return Err(MigOpError::ReEnumerated {
+            gpu: index,
+            now: gpu.facts.uuid,
+            expected: uuid.to_string(),
+        });
     }
     if !gpu.facts.mig_enabled {
-        return Err(format!("GPU {index} ({uuid}): MIG mode is off"));
+        return Err(MigOpError::MigOff {
+            gpu: index,
+            uuid: uuid.to_string(),
+        });
     }
     let step = |kind| Step {
         action: Action::Create,
@@ -429,14 +473,21 @@ pub(crate) fn create_at(
         compute_instance_id: None,
     };
     let steps = [step(Kind::GpuInstance), step(Kind::ComputeInstance)];
-    apply(nvml, &gpu, &steps).map_err(|f| format!("GPU {index} ({uuid}): {f}"))?;
-    let now = read_gpu(nvml, index).map_err(|e| e.to_string())?;
+    apply(nvml, &gpu, &steps).map_err(|failure| MigOpError::Apply {
+        gpu: index,
+        uuid: uuid.to_string(),
+        failure,
+    })?;
+    let now = read_gpu(nvml, index)?;
     now.instances
         .iter()
         .find(|g| g.profile == profile && g.start == start)
         .and_then(|g| g.compute_instances.first().map(|c| (g.id, c.id)))
-        .ok_or_else(|| {
-            format!("GPU {index} ({uuid}): the {profile}@{start} instance made is not listed")
+        .ok_or_else(|| MigOpError::NotListed {
+            gpu: index,
+            uuid: uuid.to_string(),
+            profile: profile.to_string(),
+            start,
         })
 }
 
@@ -449,8 +500,8 @@ pub(crate) fn destroy_at(
     gi: u32,
     profile: &str,
     start: u32,
-) -> Result<(), String> {
-    let gpu = read_gpu(nvml, index).map_err(|e| e.to_string())?;
+) -> Result<()> {
+    let gpu = read_gpu(nvml, index)?;
     let Some(found) = gpu
         .instances
         .iter()
@@ -478,7 +529,11 @@ pub(crate) fn destroy_at(
         gpu_instance_id: Some(gi),
         compute_instance_id: None,
     });
-    apply(nvml, &gpu, &steps).map_err(|f| format!("GPU {index} ({}): {f}", gpu.facts.uuid))
+    apply(nvml, &gpu, &steps).map_err(|failure| MigOpError::Apply {
+        gpu: index,
+        uuid: gpu.facts.uuid.clone(),
+        failure,
+    })
 }
 
 #[cfg(test)]

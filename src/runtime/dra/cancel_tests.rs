@@ -51,7 +51,7 @@ async fn calls_naming_claims_in_opposite_orders_never_wait_on_each_other() {
     claims.put(claim_json("c", UID_C, "gpu-0-mig-1g10gb-19-0", "node-a"));
     let (gate, extras) = gated(Stage::BeforePrepareCommit);
     let r = run_with(dir.path(), store(), claims.clone(), extras).await;
-    let driver = r.handle.driver.clone();
+    let driver = r.handle.driver().clone();
     let kubelet = Arc::new(register(&reg_socket(dir.path())).await.unwrap());
     let held_c = tokio::spawn({
         let kubelet = kubelet.clone();
@@ -138,7 +138,7 @@ async fn a_prepare_cut_during_its_write_is_finished_and_its_device_goes_to_nobod
     assert_eq!(un[UID_A], "");
     r.stop().await;
     let r = run_with(dir.path(), store(), claims, DriverExtras::default()).await;
-    assert!(r.handle.driver.prepared_claims().is_empty());
+    assert!(r.handle.driver().prepared_claims().is_empty());
     assert!(r.handle.repairs.is_empty(), "{:?}", r.handle.repairs);
     assert!(!spec_path(dir.path(), UID_A).exists());
     assert!(!record_path(dir.path(), UID_A).exists());
@@ -193,7 +193,7 @@ async fn an_unprepare_cut_before_its_checkpoint_is_finished_or_finished_at_the_n
     gate.release();
     r.stop().await;
     let r = run_with(other.path(), store(), claims, DriverExtras::default()).await;
-    assert!(r.handle.driver.prepared_claims().is_empty());
+    assert!(r.handle.driver().prepared_claims().is_empty());
     assert!(
         r.handle
             .repairs
@@ -394,7 +394,7 @@ async fn a_prepare_cut_after_its_mig_device_was_made_records_it_and_unprepare_de
         ..DriverExtras::default()
     };
     let r = run_with(dir.path(), store.clone(), claims, extras).await;
-    assert!(r.handle.driver.prepared_claims().is_empty());
+    assert!(r.handle.driver().prepared_claims().is_empty());
     assert!(ops.instances(4, &gpu_uuid(&store, 4)).unwrap().is_empty());
     r.stop().await;
 }

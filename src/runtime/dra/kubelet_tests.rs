@@ -337,7 +337,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     // SIGKILL-like restart: the checkpoint keeps the holder; the loser is still refused.
     let r = run(dir.path(), store(), claims.clone()).await;
     assert_eq!(r.handle.loaded, LoadOutcome::Loaded);
-    assert_eq!(r.handle.driver.prepared_claims(), [holder.1.to_string()]);
+    assert_eq!(r.handle.driver().prepared_claims(), [holder.1.to_string()]);
     // Recovered from the checkpoint, which does not record when: shown without a time.
     let view = r.handle.prepared.borrow().clone();
     assert_eq!(view.prepared_claims.len(), 1, "{view:?}");
@@ -364,7 +364,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
         panic!("{:?}", r.handle.loaded)
     };
     assert!(kept_as.exists());
-    assert_eq!(r.handle.driver.prepared_claims(), [holder.1.to_string()]);
+    assert_eq!(r.handle.driver().prepared_claims(), [holder.1.to_string()]);
     // Counted, and declared from the start (a fresh registry shows it at 0).
     let recoveries = "gpu_slicer_dra_checkpoint_recoveries_total";
     assert!(
@@ -409,7 +409,7 @@ async fn a_device_is_never_prepared_for_two_claims_even_racing_or_across_restart
     .unwrap();
     let r = run(dir.path(), store(), claims).await;
     assert_eq!(r.handle.loaded, LoadOutcome::OtherBoot);
-    assert!(r.handle.driver.prepared_claims().is_empty());
+    assert!(r.handle.driver().prepared_claims().is_empty());
     assert!(
         !spec_path(dir.path(), loser.1).exists(),
         "the spec of a claim of an earlier boot is removed"

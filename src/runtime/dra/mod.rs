@@ -11,9 +11,11 @@
 //! (`crate::runtime::socket::RemovalWatch` on the daemon's one watch, no polling). Claims are read through a [`ClaimSource`] (the
 //! Kubernetes API in the daemon, a map in tests), which also takes their `status.devices`
 //! (`status`: written after the answer, never holding it). [`publish`] keeps the node's ResourceSlices
-//! in the API; the supervisor starts both in DRA mode ([`DraModeSettings`]).
+//! in the API; [`front`] starts both in DRA mode ([`DraModeSettings`]) with the driver's
+//! readiness and its recovery Event.
 
 pub(crate) mod driver;
+pub(crate) mod front;
 mod instances;
 pub(crate) mod publish;
 pub(crate) mod service;
@@ -104,20 +106,35 @@ pub(crate) struct DraModeSettings {
     pub(crate) publish: Option<publish::PublishSettings>,
 }
 
+/// The kubelet's last verdict on the driver's registration (`None`: none yet). The error is
+/// the kubelet's own text, relayed as it sent it: the driver makes no error here.
+pub(crate) type Verdict = Option<Result<(), String>>;
+
 /// What a started driver exposes.
 #[derive(Debug, Clone)]
 pub(crate) struct DraExposed {
-    /// The core (prepared claims).
-    #[cfg(test)]
-    pub(crate) driver: Driver,
+    /// The core (prepared claims), read through [`DraExposed::driver`].
+    driver: Driver,
     /// How the checkpoint loaded.
     pub(crate) loaded: LoadOutcome,
     /// What the start found half-done on disk and completed or removed.
     pub(crate) repairs: Vec<crate::platform::dra_state::Repair>,
     /// The kubelet's last registration verdict.
-    pub(crate) registration: watch::Receiver<Option<Result<(), String>>>,
+    pub(crate) registration: watch::Receiver<Verdict>,
     /// The prepared claims, for `/v1/state`.
     pub(crate) prepared: watch::Receiver<Arc<crate::domain::usage::DraReport>>,
+}
+
+impl DraExposed {
+    /// The driver's core, for an embedder that looks at its prepared claims directly: the
+    /// tests (the daemon reads them through `prepared`).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "only tests look at the driver's core")
+    )]
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.driver
+    }
 }
 
 /// A started driver.
@@ -267,7 +284,6 @@ async fn start(
         stop,
     ));
     Ok(DraExposed {
-        #[cfg(test)]
         driver,
         loaded,
         repairs,

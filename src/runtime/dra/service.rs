@@ -186,7 +186,7 @@ pub(crate) struct Registrar {
     /// Absolute path of `dra.sock`.
     pub(crate) endpoint: String,
     /// The kubelet's last registration verdict (`None` before the first).
-    pub(crate) status: Arc<watch::Sender<Option<Result<(), String>>>>,
+    pub(crate) status: Arc<watch::Sender<super::Verdict>>,
 }
 
 #[tonic::async_trait]

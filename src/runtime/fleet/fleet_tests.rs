@@ -598,7 +598,7 @@ async fn a_mig_layout_label_naming_no_layout_fails_and_keeps_the_layout_then_a_g
         .await
         .expect("daemon started");
     let devices = |resource: &str, n: usize| {
-        let mut rx = d.running.store.subscribe();
+        let mut rx = d.running.probe().store.subscribe();
         let resource = resource.to_owned();
         async move {
             within(

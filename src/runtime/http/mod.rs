@@ -45,6 +45,9 @@ pub(crate) enum HttpError {
         #[source]
         source: std::io::Error,
     },
+    /// `/readyz` says no: what is missing (CDI spec, registrations), `; `-separated.
+    #[error("{}", .missing.join("; "))]
+    NotReady { missing: Vec<String> },
 }
 
 /// What `/readyz` reports: each flag is set by the part of the agent that owns it.
@@ -126,7 +129,7 @@ impl Readiness {
     }
 
     /// Whether the agent is ready, and if not, why.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), HttpError> {
         let mut missing = Vec::new();
         if !self.spec_written() {
             missing.push("CDI spec not written".to_string());
@@ -153,7 +156,7 @@ impl Readiness {
         if missing.is_empty() {
             Ok(())
         } else {
-            Err(missing.join("; "))
+            Err(HttpError::NotReady { missing })
         }
     }
 }
@@ -407,24 +410,24 @@ mod tests {
         r.expect_resources(["a".to_string(), "b".to_string()]);
         r.mark_registered("a", true);
         assert_eq!(
-            r.check(),
+            r.check().map_err(|e| e.to_string()),
             Err("not registered with the kubelet: b".to_string())
         );
         r.mark_registered("b", true);
-        assert_eq!(r.check(), Ok(()));
+        assert!(r.check().is_ok());
         // The kubelet restarted: "a" re-registers.
         r.mark_registered("a", false);
         assert!(r.check().is_err());
         r.mark_registered("a", true);
-        assert_eq!(r.check(), Ok(()));
+        assert!(r.check().is_ok());
         // A re-plan removed "b" and added "c".
         r.expect_resources(["a".to_string(), "c".to_string()]);
         assert_eq!(
-            r.check(),
+            r.check().map_err(|e| e.to_string()),
             Err("not registered with the kubelet: c".to_string())
         );
         r.mark_registered("c", true);
-        assert_eq!(r.check(), Ok(()));
+        assert!(r.check().is_ok());
     }
 }
 

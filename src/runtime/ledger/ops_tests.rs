@@ -73,7 +73,7 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
     // The daemon starts before the kubelet: it serves HTTP but is not ready.
     let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
     let running = within("daemon ready", rx).await.expect("daemon ready");
-    let addr = running.http_addr.expect("http enabled");
+    let addr = running.probe().http_addr.expect("http enabled");
     assert_eq!(get(addr, "/healthz").await.0, 200);
     let (code, body) = get(addr, "/readyz").await;
     assert_eq!(code, 503, "{body}");
@@ -115,7 +115,7 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
             .is_err(),
         "an unknown ID is refused"
     );
-    let mut ledger = running.ledger.clone().expect("ledger").subscribe();
+    let mut ledger = running.probe().ledger.clone().expect("ledger").subscribe();
     let snapshot = wait_snapshot(&mut ledger, "ledger sees the allocation", |s| {
         s.allocated_ids(GPU).len() == 2
     })
@@ -128,6 +128,7 @@ async fn running_daemon_reports_ledger_metrics_and_probes() {
     assert_eq!(snapshot.drift, vec![], "emulator and plan agree");
 
     running
+        .probe()
         .store
         .set_health(&allocation.device_ids[0], Health::Unhealthy, "xid-79")
         .expect("known device");
@@ -299,7 +300,7 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
     let backend = Arc::new(SimBackend::open("mixed-a100").expect("profile"));
     let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
     let running = within("daemon ready", rx).await.expect("daemon ready");
-    let addr = running.http_addr.expect("http enabled");
+    let addr = running.probe().http_addr.expect("http enabled");
     let names: Vec<String> = running
         .plan
         .resources
@@ -318,7 +319,7 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
         .allocate_for(holder, MIG, 1)
         .await
         .expect("allocate");
-    let mut ledger = running.ledger.clone().expect("ledger").subscribe();
+    let mut ledger = running.probe().ledger.clone().expect("ledger").subscribe();
     wait_snapshot(&mut ledger, "ledger sees the MIG slice", |s| {
         s.allocated_ids(MIG).len() == 1
     })
@@ -327,7 +328,12 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
     // migStrategy none: the three MIG resources leave the plan.
     let mut reloads = running.reloads.clone();
     std::fs::write(&config_file, "version: v1\nflags: {migStrategy: none}\n").expect("rewrite");
-    running.reload.send(Cause::Request).await.expect("reload");
+    running
+        .probe()
+        .reload
+        .send(Cause::Request)
+        .await
+        .expect("reload");
     within("reload applied", reloads.wait_for(|s| s.applied == 1))
         .await
         .expect("daemon alive");
@@ -374,10 +380,10 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
 
     // The holder goes away: the ledger releases it in the store, so the spec no longer
     // keeps that slice.
-    assert!(running.store.current().held.ids().contains_key(MIG));
+    assert!(running.probe().store.current().held.ids().contains_key(MIG));
     emulator.release("keep", "holder");
     wait_until(STEP, || async {
-        (!running.store.current().held.ids().contains_key(MIG)).then_some(())
+        (!running.probe().store.current().held.ids().contains_key(MIG)).then_some(())
     })
     .await
     .expect("allocation log pruned");
@@ -388,7 +394,12 @@ async fn metrics_readiness_and_ledger_follow_a_reload() {
         "version: v1\nflags: {migStrategy: sideways}\n",
     )
     .expect("rewrite");
-    running.reload.send(Cause::Request).await.expect("reload");
+    running
+        .probe()
+        .reload
+        .send(Cause::Request)
+        .await
+        .expect("reload");
     within("reload refused", reloads.wait_for(|s| s.failed == 1))
         .await
         .expect("daemon alive");

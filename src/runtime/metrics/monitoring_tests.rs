@@ -175,7 +175,7 @@ async fn exported_families() -> BTreeSet<String> {
     let h = Node::launch(dir, emulator, settings, Arc::new(sim))
         .await
         .expect("daemon started");
-    let addr = h.running.http_addr.expect("http enabled");
+    let addr = h.running.probe().http_addr.expect("http enabled");
     // One held share: the per-holder families have series only while something is held.
     let pod = PodRef {
         namespace: "ml".into(),
@@ -255,7 +255,7 @@ async fn a_fresh_daemon_exposes_every_family_and_passes_promtool() {
     let shutdown = CancellationToken::new();
     let app = tokio::spawn(app::run(settings, backend, shutdown.clone()));
     let running = within("daemon ready", rx).await.expect("ready");
-    let addr = running.http_addr.expect("http");
+    let addr = running.probe().http_addr.expect("http");
     // Per-resource series follow the first publication, asynchronously.
     let body = wait_until(STEP, || async {
         let body = scrape(addr).await;

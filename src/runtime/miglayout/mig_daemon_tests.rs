@@ -96,7 +96,7 @@ async fn start(config_text: &str, mig_state: Option<&str>) -> Daemon {
 impl Daemon {
     /// Wait until the served plan has `count` devices of `resource` (0: no such resource).
     async fn wait_devices(&self, resource: &str, count: usize) {
-        let mut rx = self.h.running.store.subscribe();
+        let mut rx = self.h.running.probe().store.subscribe();
         within(
             &format!("{count} x {resource}"),
             rx.wait_for(|s| s.plan.resource(resource).map_or(0, |r| r.devices.len()) == count),
@@ -130,7 +130,7 @@ impl Daemon {
     }
 
     fn pending(&self, gpu: &str) -> Option<String> {
-        let text = self.h.running.metrics.encode_prometheus();
+        let text = self.h.running.probe().metrics.encode_prometheus();
         let prefix = format!("gpu_slicer_mig_layout_pending{{gpu=\"{gpu}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
@@ -187,7 +187,7 @@ async fn new_layout_on_idle_gpu_is_advertised_live_while_the_other_gpu_keeps_ser
     .expect("gpu 0 not pending");
     // The CDI spec names the new devices.
     let spec = d.h.cdi_spec();
-    let inv = d.h.running.store.current().inventory.clone();
+    let inv = d.h.running.probe().store.current().inventory.clone();
     let gpu0 = inv.gpu(GPU0).unwrap();
     assert_eq!(gpu0.mig_devices.len(), 7);
     assert!(
@@ -220,6 +220,7 @@ async fn busy_gpu_stays_pending_until_released_then_converges() {
     // Still pending a while later: the held slice keeps GPU 1 as it is.
     assert_eq!(
         d.h.running
+            .probe()
             .store
             .current()
             .plan
@@ -254,6 +255,7 @@ async fn failing_create_rolls_the_gpu_back_and_keeps_it_pending() {
     d.wait_listed("nvidia.com/mig-3g.20gb", 2).await;
     assert!(
         d.h.running
+            .probe()
             .store
             .current()
             .plan
@@ -278,7 +280,7 @@ async fn a_gpu_whose_mig_devices_dra_claims_make_is_left_alone() {
     .await
     .expect("gpu 0 converged, gpu 1 pending");
     // ... and keeps its instances: the round that set its metric has passed over it.
-    let now = d.h.running.store.current();
+    let now = d.h.running.probe().store.current();
     assert_eq!(
         now.plan
             .resource("nvidia.com/mig-2g.10gb")

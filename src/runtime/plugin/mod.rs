@@ -127,6 +127,31 @@ pub(crate) struct PluginContext {
 /// daemon on the first).
 pub(crate) type Failures = tokio::sync::mpsc::Receiver<PluginError>;
 
+/// The device-plugin front-end as the daemon runs it: sockets of resources an earlier run
+/// served and the current plan does not are removed, `kubelet.sock` is watched through the
+/// daemon's inotify instance `fs`, then [`spawn`] serves every planned resource. Returns the
+/// resource failures (the daemon stops on the first).
+pub(crate) fn start(
+    settings: PluginSettings,
+    held: HeldCheckpoint,
+    readiness: Arc<crate::runtime::http::Readiness>,
+    fs: &Arc<crate::platform::fswatch::DirWatch>,
+    ctx: &Context,
+) -> Result<Failures, WatchError> {
+    let planned = ctx.store.current().resource_names();
+    let stale = remove_stale_sockets(&settings.device_plugin_dir, &planned);
+    if !stale.is_empty() {
+        tracing::info!(sockets = ?stale, "removed sockets of resources no longer planned");
+    }
+    let watch = KubeletWatch::start(&settings.kubelet_socket, fs)?;
+    let peers = PluginPeers {
+        watch,
+        held,
+        readiness,
+    };
+    Ok(spawn(settings, peers, ctx).into_inner())
+}
+
 /// Keep one server per planned resource until the daemon stops: every new snapshot whose
 /// resource set differs starts servers for added resources and stops (and unlinks)
 /// removed ones. Changed resources keep their server: their streams send the new view.

@@ -78,6 +78,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     // A GPU event takes out every replica of that GPU and nothing else.
     let changed = h
         .running
+        .probe()
         .store
         .set_health(GPU3, Health::Unhealthy, "Xid 79")
         .unwrap();
@@ -96,6 +97,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     assert!(!mig.has_changed().unwrap());
     // Parent GPU 0 of seven 1g.10gb slices.
     h.running
+        .probe()
         .store
         .set_health(
             "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e00",
@@ -107,6 +109,7 @@ async fn list_and_watch_initial_frame_and_health_update() {
     assert_eq!(mig.borrow().iter().filter(|d| d.healthy).count(), 2);
     // Recovery.
     h.running
+        .probe()
         .store
         .set_health(GPU3, Health::Healthy, "")
         .unwrap();
@@ -177,6 +180,7 @@ async fn allocate_rule_unhealthy() {
     let mut gpu = h.emulator.devices("nvidia.com/gpu").unwrap();
     gpu.borrow_and_update();
     h.running
+        .probe()
         .store
         .set_health(&rep(GPU2, 2), Health::Unhealthy, "ECC error")
         .unwrap();

@@ -216,7 +216,7 @@ async fn an_allocated_device_stays_in_the_spec_after_it_leaves_the_node() {
         .collect();
     replace(&node, &edited);
     let before = d.running.reloads.borrow().clone();
-    d.running.reload.send(Cause::Request).await.unwrap();
+    d.running.probe().reload.send(Cause::Request).await.unwrap();
     let status = d.next_reload(&before).await;
     assert_eq!(status.applied, 1, "{status:?}");
     assert_eq!(
@@ -254,6 +254,7 @@ async fn health_survives_a_reload() {
     let d = start(dir, file.clone(), "mixed-a100").await;
     const GPU2: &str = "GPU-9d3e1a7c-5b2f-4c8d-a6e0-7f1b2c3d4e02";
     d.running
+        .probe()
         .store
         .set_health(GPU2, crate::domain::inventory::Health::Unhealthy, "XID 79")
         .unwrap();

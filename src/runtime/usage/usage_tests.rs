@@ -137,7 +137,7 @@ async fn usage_end_to_end(nvml: bool) {
     let h = Node::launch(dir, emulator, settings, backend)
         .await
         .expect("daemon started");
-    let addr = h.running.http_addr.expect("http");
+    let addr = h.running.probe().http_addr.expect("http");
 
     // Before anything is held: the device, capacity and reason families have series (the
     // share families get theirs with the first holder).
@@ -280,7 +280,7 @@ async fn a_sleeping_sampler_stops_at_once() {
         .await
         .expect("daemon started");
     // The first round runs at once.
-    let mut rx = h.running.usage.clone().expect("sampling on");
+    let mut rx = h.running.probe().usage.clone().expect("sampling on");
     within("first round", rx.wait_for(|d| d.report.sampled_at_ms > 0))
         .await
         .expect("sampler alive");
@@ -410,7 +410,7 @@ async fn dra_claims_are_attributed_to_the_pods_that_hold_them() {
     let h = Node::launch(dir, emulator, settings, Arc::new(sim))
         .await
         .expect("daemon");
-    let addr = h.running.http_addr.expect("http");
+    let addr = h.running.probe().http_addr.expect("http");
 
     let kubelet = within(
         "registration",
