@@ -98,6 +98,7 @@
 //! `ContainerAllocation`, the four error types, ...), so that no reachable type is
 //! unnameable. What only unit tests use stays `pub(crate)` or `#[cfg(test)]`.
 
+#[cfg(feature = "testkit")]
 pub mod bench;
 mod cli;
 mod domain;
