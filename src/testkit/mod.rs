@@ -7,8 +7,8 @@
 //! Kubernetes objects) and [`fixtures`] (nodes, configs, plans, stores).
 //!
 //! What a release build carries: `gpu-slicer demo` is a shipped command and runs against
-//! the kubelet emulator, so [`kubelet`] (device-plugin side and PodResources) and [`node`]
-//! are always built. Everything else here, the DRA kubelet side included, is built only with
+//! the kubelet emulator, so [`kubelet`] (device-plugin side and PodResources) and
+//! [`node`](mod@node) are always built. Everything else here, the DRA kubelet side included, is built only with
 //! the `testkit` feature, which the tests, benches and hack scripts turn on (the crate is its
 //! own dev-dependency with it: Cargo.toml).
 
