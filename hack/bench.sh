@@ -48,6 +48,9 @@ for bench in "${benches[@]}"; do
   cargo bench -q --bench "$bench" | tee -a "$wd/figures.log"
 done
 cargo build --release --bin gpu-slicer -q
+# `emulate` (the API server of the DRA start below) is test support, left out of the release
+# binary: a debug build with the testkit feature runs it; only the agent's figures are taken.
+cargo build --features testkit --bin gpu-slicer -q
 
 mkdir -p "$wd/dp" "$wd/cdi"
 # "VmRSS RssAnon RssFile Threads" of a pid, in KiB (threads a count).
@@ -71,7 +74,7 @@ read -r median anon file threads < <(printf '%s\n' "${samples[@]}" | sort -n | s
 # stays open until `quit`).
 mkfifo "$wd/emu.in"
 exec 8<>"$wd/emu.in"
-target/release/gpu-slicer emulate --dir "$wd/emu" <"$wd/emu.in" >"$wd/emu.out" 2>&1 &
+target/debug/gpu-slicer emulate --dir "$wd/emu" <"$wd/emu.in" >"$wd/emu.out" 2>&1 &
 emu_pid=$!
 for _ in $(seq 200); do [ -s "$wd/emu.out" ] && break; sleep 0.05; done
 dra_args=(--dra --node-name node-a --kubeconfig "$wd/emu/kubeconfig"

@@ -6,14 +6,16 @@
 # agent reads its clients leniently (platform::uds_authority) — then GetInfo,
 # NotifyRegistrationStatus, and NodePrepareResources / NodeUnprepareResources of a claim held
 # by `gpu-slicer emulate` (the API-server emulator) on the endpoint GetInfo names.
-#   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer
+#   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer (it
+#                        runs `emulate` too, so it must be built with `--features testkit`)
 set -u
 cd "$(dirname "$0")/.."
 
 command -v go >/dev/null || { echo "e2e-kubelet-dial: needs Go (hack/install-deps.sh)" >&2; exit 1; }
 BIN=${GPU_SLICER_BIN:-}
 if [ -z "$BIN" ]; then
-  cargo build --quiet --bin gpu-slicer || exit 1
+  # `emulate` is test support, built only with the testkit feature (as `cargo test` builds it).
+  cargo build --quiet --features testkit --bin gpu-slicer || exit 1
   BIN=$PWD/target/debug/gpu-slicer
 fi
 WD=$(mktemp -d)

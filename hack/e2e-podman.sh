@@ -17,7 +17,8 @@
 # Idempotent and self-cleaning: all state lives in a temp dir; the spec directories Podman
 # reads are bind-mounted inside a private mount namespace, so the host's /etc/cdi and
 # /run/cdi never see our files (see docs/src/podman.md).
-#   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer
+#   GPU_SLICER_BIN=path  use this binary instead of building target/debug/gpu-slicer (it
+#                        runs `emulate` too, so it must be built with `--features testkit`)
 #   FAKE_NVML_LIB=path   use this fake libnvidia-ml instead of building target/debug/libnvidia_ml.so
 #   FAKE_CUDA_LIB=path, FAKE_SMI_BIN=path   likewise for the fake libcuda and nvidia-smi stand-in
 set -u
@@ -39,7 +40,8 @@ fi
 
 BIN=${GPU_SLICER_BIN:-}
 if [ -z "$BIN" ]; then
-  cargo build --quiet --bin gpu-slicer || exit 1
+  # `emulate` is test support, built only with the testkit feature (as `cargo test` builds it).
+  cargo build --quiet --features testkit --bin gpu-slicer || exit 1
   BIN=$PWD/target/debug/gpu-slicer
 fi
 FAKE_LIB=${FAKE_NVML_LIB:-}

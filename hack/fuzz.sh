@@ -41,7 +41,8 @@ trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi; rm -rf "$w
 
 # One build for all targets (optimised, debug assertions on: cargo-fuzz's default). On a
 # fresh machine this is most of the smoke's time (it builds the crate again with sanitizer
-# flags), so it reports its progress every FUZZ_PROGRESS_SECONDS (30).
+# flags, without its `agent` feature: the domain and parsers, not tokio, tonic or kube:
+# fuzz/Cargo.toml), so it reports its progress every FUZZ_PROGRESS_SECONDS (30).
 every=${FUZZ_PROGRESS_SECONDS:-30}
 echo "fuzz: building ${#targets[@]} targets on $toolchain (the long part on a fresh machine, seconds once built)"
 t0=$(date +%s)

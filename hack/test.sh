@@ -13,9 +13,13 @@ phase "install dependencies" hack/install-deps.sh
 phase "cargo test --workspace" cargo test --workspace 2>&1
 # The book (docs/, mdBook) builds and every link and anchor in it and the README resolves;
 # the MSRV is named only as Cargo.toml declares it. Then the API docs, private items included
-# (they are most of them): no broken or ambiguous intra-doc link.
+# (they are most of them): no broken or ambiguous intra-doc link. The test support is
+# documented too (its feature, `testkit`, is on).
 phase "docs" hack/check-docs.sh
-phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
+phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --features gpu-slicer/testkit --quiet
+# The library without the node agent (no tokio, tonic, hyper, kube: what fuzz/ builds on)
+# compiles without a warning, also where the fuzz smoke is left out.
+phase "lean library" env RUSTFLAGS="-D warnings" cargo check --lib --no-default-features --quiet --target-dir target/lean
 # The end-to-end scripts take the binaries built with the tests' feature set: a plain
 # `cargo build` resolves features without the dev-dependencies (rustls gains aws-lc-rs, syn
 # more features through them) and would build a second copy of most of the tree.

@@ -97,20 +97,44 @@
 //! The types a public method returns are named too (`Allocation`, `Registered`,
 //! `ContainerAllocation`, the four error types, ...), so that no reachable type is
 //! unnameable. What only unit tests use stays `pub(crate)` or `#[cfg(test)]`.
+//!
+//! # Features
+//!
+//! - `agent` (default): everything but the pure core; without it the library is
+//!   [`fuzz`] over the domain and the platform readers it reaches (what `fuzz/` builds).
+//! - `testkit`: [`bench`](mod@bench) and the test kit beyond what `gpu-slicer demo` runs
+//!   (the kubelet emulator's device-plugin and PodResources sides and `Node` are always
+//!   built), and the hidden `emulate` command. Off in a plain or release build; the crate's
+//!   dev-dependency on itself turns it on for unit tests, `tests/` and `benches/`.
 
+// Without the `agent` feature (the fuzz build) the library is the domain, the platform
+// readers the fuzz targets reach and `fuzz`: most of the domain is then unused, which is
+// expected and not worth a warning per item.
+#![cfg_attr(
+    not(feature = "agent"),
+    allow(dead_code, unused_imports, unreachable_pub)
+)]
+
+#[cfg(feature = "testkit")]
 pub mod bench;
+#[cfg(feature = "agent")]
 mod cli;
 mod domain;
 pub mod fuzz;
 mod platform;
+#[cfg(feature = "agent")]
 pub mod proto;
+#[cfg(feature = "agent")]
 mod runtime;
+#[cfg(feature = "agent")]
 mod state;
+#[cfg(feature = "agent")]
 pub mod testkit;
 
 /// The `gpu-slicer` binary: parse the command line, set up logging, run the command, and
 /// map its error to the exit code (the one map, [`cli::error::Error::exit_code`]; the output
 /// policy is [`cli::logging`]'s).
+#[cfg(feature = "agent")]
 pub fn main() -> std::process::ExitCode {
     use cli::logging::{init_tracing, is_broken_pipe, report_fatal};
 

@@ -54,6 +54,7 @@ pub(crate) enum Error {
     #[error(transparent)]
     Demo(#[from] DemoError),
     /// `gpu-slicer emulate` (test support).
+    #[cfg(feature = "testkit")]
     #[error(transparent)]
     Emulate(#[from] crate::cli::emulate::EmulateError),
     /// `gpu-slicer top`.
@@ -171,10 +172,11 @@ impl Error {
             Error::Labels(crate::platform::labels_file::LabelsFileError::NotAFilePath {
                 ..
             }) => Class::Input,
+            #[cfg(feature = "testkit")]
+            Error::Emulate(_) => Class::Runtime,
             Error::Enforce(_)
             | Error::Labels(_)
             | Error::Demo(_)
-            | Error::Emulate(_)
             | Error::Runtime(_)
             | Error::Output(_)
             | Error::Encode(_) => Class::Runtime,

@@ -9,6 +9,7 @@ pub(crate) mod cdi_hook;
 pub(crate) mod demo;
 pub(crate) mod dra;
 pub(crate) mod dra_args;
+#[cfg(feature = "testkit")]
 pub(crate) mod emulate;
 pub(crate) mod env_errors;
 pub(crate) mod error;
@@ -91,6 +92,7 @@ pub(crate) enum Command {
     /// Turn measured usage (Prometheus or an export) into a partitioning plan as code and a report.
     Advise(Box<advise::AdviseArgs>),
     /// Test support: the API-server and kubelet DRA emulators, driven from stdin.
+    #[cfg(feature = "testkit")]
     #[command(hide = true)]
     Emulate(emulate::EmulateArgs),
 }
@@ -150,6 +152,7 @@ pub(crate) fn dispatch(cli: &Cli) -> Result<(), Error> {
         Command::Top(args) => Ok(top::run(args, &mut stdout)?),
         Command::Dra(cmd) => dra::run(cmd, &mut stdout),
         Command::Advise(args) => Ok(advise::run(args, &mut stdout)?),
+        #[cfg(feature = "testkit")]
         Command::Emulate(args) => block_on(emulate::emulate(args, &mut stdout)),
     }?;
     stdout.flush()?;

@@ -80,6 +80,7 @@ pub(crate) struct Computed {
 impl Snapshot {
     /// A snapshot serving `plan` (with no health events and nothing held): what a
     /// transition from the empty snapshot commits, minus the spec. For embedders and tests.
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn serving(config: Config, inventory: Inventory, plan: Plan) -> Self {
         let overlay = Overlay::default();
         let views = crate::domain::view::views(&plan, &overlay, &BTreeMap::new());

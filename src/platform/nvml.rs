@@ -51,6 +51,7 @@ impl NvmlBackend {
 
     /// Where to read `bus/pci/devices/<busid>/numa_node` when NVML reports no NUMA node
     /// (normally `/sys`; tests point it at an empty directory).
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn with_sys_root(mut self, sys_root: PathBuf) -> Self {
         self.sys_root = sys_root;
         self

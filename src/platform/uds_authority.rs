@@ -329,7 +329,8 @@ pub(crate) fn incoming(
 enum Side {
     /// Rewrite what is read (a server reading its client).
     Reads,
-    /// Rewrite what is written (a client dialling a server).
+    /// Rewrite what is written (a client dialling a server): the test kubelet's DRA side.
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
     Writes,
 }
 
@@ -350,6 +351,7 @@ impl<S> Lenient<S> {
     }
 
     /// A dialled connection whose header blocks are written with `fix` applied.
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn client(inner: S, fix: AuthorityFix) -> Self {
         Self::with(inner, Side::Writes, fix)
     }

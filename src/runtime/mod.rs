@@ -86,6 +86,7 @@ pub(crate) struct Context {
 
 impl Context {
     /// A context on `store` with a fresh registry, tracker and token (tests, embedders).
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn new(store: Store) -> Self {
         Self {
             store,

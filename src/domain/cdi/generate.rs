@@ -32,7 +32,8 @@ pub(crate) struct GenerateOptions {
 }
 
 impl GenerateOptions {
-    /// Options for `kind` without a dev root.
+    /// Options for `kind` without a dev root (tests and bench support).
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn new(kind: impl Into<String>) -> Self {
         Self {
             kind: kind.into(),
@@ -62,8 +63,10 @@ pub(crate) trait NodeProbe: fmt::Debug {
 
 /// A probe that finds nothing: nodes are emitted with their paths only.
 #[derive(Debug, Clone, Copy, Default)]
+#[cfg(any(test, feature = "testkit"))]
 pub(crate) struct NoProbe;
 
+#[cfg(any(test, feature = "testkit"))]
 impl NodeProbe for NoProbe {
     fn probe(&self, _host_path: &Path) -> Option<NodeInfo> {
         None

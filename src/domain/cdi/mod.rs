@@ -21,7 +21,10 @@ pub(crate) mod shares;
 pub(crate) mod validate;
 pub(crate) mod yaml;
 
-pub(crate) use generate::{GenerateOptions, NoProbe, generate};
+// `NoProbe` serves the tests and the bench support only.
+#[cfg(any(test, feature = "testkit"))]
+pub(crate) use generate::NoProbe;
+pub(crate) use generate::{GenerateOptions, generate};
 pub(crate) use validate::{minimum_version, validate};
 
 /// Spec versions we write or accept, oldest first. 0.1.0/0.2.0 are pre-release schemas that
@@ -257,7 +260,8 @@ pub(crate) struct Hook {
     pub(crate) timeout: Option<i64>,
 }
 
-/// Output encoding of a spec file.
+/// Output encoding of a spec file (`pub`: the bench support re-exports it).
+#[cfg_attr(not(feature = "testkit"), allow(unreachable_pub))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
     /// YAML (`.yaml`), the runtimes' own convention.

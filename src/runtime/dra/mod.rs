@@ -29,7 +29,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use crate::platform::claims::{ClaimSource, ClaimSourceError};
+pub(crate) use crate::platform::claims::ClaimSource;
+// Named through here by the DRA kubelet side of the test support only.
+#[cfg(any(test, feature = "testkit"))]
+pub(crate) use crate::platform::claims::ClaimSourceError;
 pub(crate) use driver::{Driver, DriverExtras};
 
 use crate::platform::dra_state::{DraFiles, LoadOutcome};
@@ -49,6 +52,7 @@ pub(crate) enum DraRuntimeError {
     State(#[from] crate::platform::dra_state::DraStateError),
     /// No inotify instance for the registration socket's watch.
     #[error("cannot watch {path}: {source}")]
+    #[cfg(any(test, feature = "testkit"))]
     Watch {
         path: String,
         #[source]
@@ -144,6 +148,7 @@ pub(crate) type DraHandle = crate::runtime::Handle<DraExposed>;
 /// bind and serve both sockets until the daemon stops it. The registration socket is
 /// followed through an inotify instance of its own; the daemon shares its one through
 /// [`spawn_watched`].
+#[cfg(any(test, feature = "testkit"))]
 pub(crate) async fn spawn(
     settings: DraSettings,
     claims: Arc<dyn ClaimSource>,

@@ -12,6 +12,7 @@
 //! Used by `gpu-slicer demo`, the integration tests and the benchmarks; talks to
 //! `crate::runtime::plugin` only over real unix sockets.
 
+#[cfg(feature = "testkit")]
 pub(crate) mod dra;
 mod pod_claims;
 mod pod_resources;
