@@ -78,7 +78,7 @@ fn fuzz_smoke_reports_build_progress_and_each_target() {
 case "$*" in
   "+nightly --version"|"+nightly fuzz --version") echo stub ;;
   "+nightly fuzz list --fuzz-dir fuzz") printf 'alpha\nbeta\n' ;;
-  "+nightly fuzz build --fuzz-dir fuzz")
+  "+nightly fuzz build --fuzz-dir fuzz --sanitizer none")
     for c in serde tokio gpu-slicer; do echo "   Compiling $c v1.0.0" >&2; sleep 1; done ;;
   "+nightly fuzz run"*) echo "stat::number_of_executed_units: 42"; echo "#9 cov: 7" ;;
   *) echo "unexpected: $*" >&2; exit 3 ;;
@@ -170,7 +170,7 @@ case "$*" in
   fuzz*) [ "$RUSTC_BOOTSTRAP" = 1 ] || {{ echo "no RUSTC_BOOTSTRAP: $*" >&2; exit 4; }}
     case "$*" in
       "fuzz list --fuzz-dir fuzz") echo alpha ;;
-      "fuzz build --fuzz-dir fuzz") ;;
+      "fuzz build --fuzz-dir fuzz --sanitizer none") ;;
       "fuzz run"*) echo "stat::number_of_executed_units: 5"; echo "#1 cov: 2" ;;
       *) echo "unexpected: $*" >&2; exit 3 ;;
     esac ;;
