@@ -22,6 +22,28 @@ use crate::testkit::node::wait_until;
 
 use super::{EmulateError, STEP, answer, next_line};
 
+/// Why one command got `error …` (the emulator goes on serving).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CommandError {
+    /// `allocate`'s count is not a number.
+    #[error("count `{0}` is not a number")]
+    Count(String),
+    /// A line that is no command.
+    #[error("unknown command `{0}`")]
+    Unknown(String),
+    /// The resource did not offer enough free devices within the wait.
+    #[error("resource {resource}: {count} devices wanted, {free} free after {secs}s")]
+    NotFree {
+        resource: String,
+        count: usize,
+        free: usize,
+        secs: u64,
+    },
+    /// The agent refused the allocation (or the call failed).
+    #[error(transparent)]
+    Allocate(#[from] crate::testkit::kubelet::EmulatorError),
+}
+
 /// File name of the PodResources socket in the emulator's folder.
 const POD_RESOURCES_SOCKET: &str = "pod-resources.sock";
 
@@ -38,7 +60,7 @@ pub(super) async fn serve(dir: &Path, out: &mut impl std::io::Write) -> Result<(
         let reply = match command(&kubelet, &words).await {
             Ok(text) if text.is_empty() => "ok".to_string(),
             Ok(text) => format!("ok {text}"),
-            Err(why) => format!("error {}", why.replace('\n', " ")),
+            Err(why) => format!("error {}", why.to_string().replace('\n', " ")),
         };
         answer(out, &reply)?;
     }
@@ -46,12 +68,12 @@ pub(super) async fn serve(dir: &Path, out: &mut impl std::io::Write) -> Result<(
     Ok(())
 }
 
-async fn command(kubelet: &KubeletEmulator, words: &[&str]) -> Result<String, String> {
+async fn command(kubelet: &KubeletEmulator, words: &[&str]) -> Result<String, CommandError> {
     match words {
         ["allocate", resource, namespace, pod, container, count] => {
             let count: usize = count
                 .parse()
-                .map_err(|_| format!("count `{count}` is not a number"))?;
+                .map_err(|_| CommandError::Count((*count).to_string()))?;
             let pod = PodRef {
                 namespace: (*namespace).into(),
                 name: (*pod).into(),
@@ -72,7 +94,7 @@ async fn command(kubelet: &KubeletEmulator, words: &[&str]) -> Result<String, St
             }
             Ok(out.join(" "))
         }
-        _ => Err(format!("unknown command `{}`", words.join(" "))),
+        _ => Err(CommandError::Unknown(words.join(" "))),
     }
 }
 
@@ -83,7 +105,7 @@ async fn allocate(
     pod: PodRef,
     resource: &str,
     count: usize,
-) -> Result<String, String> {
+) -> Result<String, CommandError> {
     let uid = pod_uid(&pod);
     let free = |k: &KubeletEmulator| {
         let held: usize = k
@@ -108,16 +130,14 @@ async fn allocate(
     })
     .await;
     if ready.is_none() {
-        return Err(format!(
-            "resource {resource}: {count} devices wanted, {} free after {}s",
-            free(kubelet),
-            STEP.as_secs()
-        ));
+        return Err(CommandError::NotFree {
+            resource: resource.to_string(),
+            count,
+            free: free(kubelet),
+            secs: STEP.as_secs(),
+        });
     }
-    let allocation = kubelet
-        .allocate_for(pod, resource, count)
-        .await
-        .map_err(|e| e.to_string())?;
+    let allocation = kubelet.allocate_for(pod, resource, count).await?;
     Ok(std::iter::once(uid)
         .chain(allocation.device_ids)
         .collect::<Vec<_>>()

@@ -110,9 +110,14 @@ pub(crate) struct DraModeSettings {
     pub(crate) publish: Option<publish::PublishSettings>,
 }
 
-/// The kubelet's last verdict on the driver's registration (`None`: none yet). The error is
-/// the kubelet's own text, relayed as it sent it: the driver makes no error here.
-pub(crate) type Verdict = Option<Result<(), String>>;
+/// The kubelet's last verdict on the driver's registration (`None`: none yet).
+pub(crate) type Verdict = Option<Result<(), RegistrationRefused>>;
+
+/// The kubelet refused the driver's registration: its own text, relayed as it sent it (the
+/// driver makes no error here).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the kubelet refused the registration: {0}")]
+pub(crate) struct RegistrationRefused(pub(crate) String);
 
 /// What a started driver exposes.
 #[derive(Debug, Clone)]

@@ -216,7 +216,8 @@ impl reg::registration_server::Registration for Registrar {
             self.status.send_replace(Some(Ok(())));
         } else {
             tracing::error!(driver = %self.driver, error = %s.error, "kubelet refused registration");
-            self.status.send_replace(Some(Err(s.error)));
+            self.status
+                .send_replace(Some(Err(super::RegistrationRefused(s.error))));
         }
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
