@@ -106,7 +106,21 @@ pub mod frame {
             if tag != DEVICES {
                 return prost::encoding::skip_field(wire_type, tag, buf, ctx);
             }
-            // Decoded to check it, then kept encoded (unknown fields of a device dropped).
+            prost::encoding::check_wire_type(WireType::LengthDelimited, wire_type)?;
+            // The device's bytes are kept as they came (length checked by skipping them);
+            // `devices()` decodes them. A client receiving a 512-device frame then copies it
+            // instead of decoding and encoding every device again.
+            let chunk = buf.chunk();
+            if chunk.len() == buf.remaining() {
+                let mut rest = chunk;
+                prost::encoding::skip_field(wire_type, tag, &mut rest, ctx)?;
+                let used = chunk.len() - rest.len();
+                prost::encoding::encode_key(DEVICES, wire_type, &mut self.encoded);
+                self.encoded.extend_from_slice(&chunk[..used]);
+                buf.advance(used);
+                return Ok(());
+            }
+            // A buffer in pieces: decoded to check it, then kept encoded.
             let mut device = Device::default();
             prost::encoding::message::merge(wire_type, &mut device, buf, ctx)?;
             prost::encoding::message::encode(DEVICES, &device, &mut self.encoded);
@@ -247,5 +261,11 @@ mod tests {
         assert_eq!(decoded.devices().unwrap(), vec![plain, numa]);
         assert_eq!(decoded, frame);
         assert!(ListAndWatchResponse::decode(&[0x0a, 40, 1][..]).is_err());
+        // Field 1 as a varint is no device list.
+        assert!(ListAndWatchResponse::decode(&[0x08, 1][..]).is_err());
+        // A buffer in two pieces takes the decoding path and gives the same frame.
+        let (a, b) = wire.split_at(5);
+        let chained = prost::bytes::Buf::chain(a, b);
+        assert_eq!(ListAndWatchResponse::decode(chained).unwrap(), frame);
     }
 }
