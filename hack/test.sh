@@ -16,7 +16,7 @@ phase "cargo test --workspace" cargo test --workspace 2>&1
 # (they are most of them): no broken or ambiguous intra-doc link. The test support is
 # documented too (its feature, `testkit`, is on).
 phase "docs" hack/check-docs.sh
-phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --features gpu-slicer/testkit --quiet
+phase "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --all-features --quiet
 # The library without the node agent (no tokio, tonic, hyper, kube: what fuzz/ builds on)
 # compiles without a warning, also where the fuzz smoke is left out.
 phase "lean library" env RUSTFLAGS="-D warnings" cargo check --lib --no-default-features --quiet --target-dir target/lean

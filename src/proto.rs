@@ -23,7 +23,7 @@ pub mod deviceplugin {
 /// ListAndWatch stream can build one from per-device fragments it keeps, instead of
 /// allocating three strings per device and encoding them again on every health change
 /// (the cost of an XID's frame on a 512-replica resource). Decoding (the tests' and the
-/// emulator's client side) keeps the same bytes; [`ListAndWatchResponse::devices`] reads them.
+/// emulator's client side) keeps the same bytes; [`ListAndWatchResponse::devices`](frame::ListAndWatchResponse::devices) reads them.
 pub mod frame {
     use prost::bytes::{Buf, BufMut};
     use prost::encoding::{DecodeContext, WireType};

@@ -146,7 +146,7 @@ impl MigPartedFile {
     }
 }
 
-/// Where in the file (the field's path) and what is wrong there; [`MigLayoutFile::parse`]
+/// Where in the file (the field's path) and what is wrong there; [`MigPartedFile::parse`]
 /// adds the file.
 type FieldError = (String, String);
 
