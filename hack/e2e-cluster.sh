@@ -504,8 +504,11 @@ for s in json.load(sys.stdin)["items"]:
   pod xid-after --claim gpu5
   avoided=0 broke=""
   for i in $(seq 1 120); do
-    t=$(taints)
+    # The pod's node first, then the taint: a taint still there after the pod was bound was
+    # there when it was bound. (Read the other way round, a recovery between the two reads
+    # looks like a pod bound onto a tainted GPU.)
     n=$(k -n "$NS" get pod xid-after -o jsonpath='{.spec.nodeName}')
+    t=$(taints)
     [ -n "$t" ] && [ -z "$n" ] && avoided=1
     [ -n "$t" ] && [ -n "$n" ] && broke="scheduled onto the tainted GPU"
     [ -z "$t" ] && break
