@@ -184,13 +184,22 @@ impl Fixture {
             ])
             .env("FAKE_NVML_NODE", &self.node)
             .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
-            .env("FAKE_NVML_WAIT_LOG", dir.join("wait.log"))
+            .env("FAKE_NVML_WAIT_LOG", wait_log(dir))
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true);
         cmd
     }
+}
+
+/// Where the fake logs its wait returns: a folder of its own, since the fake watches the
+/// event file's folder and a log line written there would wake its next wait at once, a
+/// spurious round of the fake's own work on the NVML thread that lands in the agent's part.
+fn wait_log(dir: &Path) -> PathBuf {
+    let logs = dir.join("fake-log");
+    std::fs::create_dir_all(&logs).expect("fake log dir");
+    logs.join("wait.log")
 }
 
 /// `libnvidia_ml.so` built beside this bench.
@@ -515,7 +524,7 @@ async fn xid_latency(
     frames.changed().await.expect("first frame");
     let events = daemon.dir.join("events");
     let tmp = daemon.dir.join("events.tmp");
-    let wait_log = daemon.dir.join("wait.log");
+    let wait_log = wait_log(&daemon.dir);
     let mut out = Vec::with_capacity(rounds);
     let mut own = Vec::with_capacity(rounds);
     for round in 0..rounds {

@@ -13,7 +13,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::domain::inventory::{Health, Inventory};
-use crate::domain::plan::{Device, Plan, Resource};
+use crate::domain::plan::{Device, Physical, Plan, Resource};
 
 /// Errors updating device state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +61,10 @@ pub(crate) struct Grouping {
     /// long prefixes (`<uuid>::n`), which makes every comparison of a search slow, and the
     /// kubelet sends hundreds of IDs per GetPreferredAllocation.
     pub(crate) index: HashMap<String, usize, BuildHasherDefault<Fnv>>,
+    /// Device indices by the UUID of the physical device or GPU behind them, ascending:
+    /// which devices an event on that UUID touches, found without comparing it with every
+    /// device's UUIDs (an XID on one GPU of eight would otherwise look at all 512 replicas).
+    pub(crate) backed: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>>,
 }
 
 /// 64-bit FNV-1a: fast for short keys and not exposed to untrusted input sizes that would
@@ -117,11 +121,34 @@ impl Grouping {
             .enumerate()
             .map(|(i, d)| (d.id.clone(), i))
             .collect();
+        let mut backed: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>> = HashMap::default();
+        for (i, d) in r.devices.iter().enumerate() {
+            backed.entry(d.physical.uuid.clone()).or_default().push(i);
+            if d.physical.gpu_uuid != d.physical.uuid {
+                backed
+                    .entry(d.physical.gpu_uuid.clone())
+                    .or_default()
+                    .push(i);
+            }
+        }
         Self {
             of_device,
             sizes,
             index,
+            backed,
         }
+    }
+
+    /// Indices of the devices `key` names (a kubelet ID) or backs (a physical device's or
+    /// a GPU's UUID): those an event or a drain on `key` can change. Each index once.
+    pub(crate) fn touched_by<'a>(&'a self, key: &str) -> impl Iterator<Item = usize> + 'a {
+        let backed = self.backed.get(key).map_or(&[][..], Vec::as_slice);
+        let own = self
+            .index
+            .get(key)
+            .copied()
+            .filter(|i| backed.binary_search(i).is_err());
+        own.into_iter().chain(backed.iter().copied())
     }
 }
 
@@ -204,7 +231,9 @@ impl Overlay {
         inventory: &Inventory,
         update: &HealthUpdate,
     ) -> Result<(), StateError> {
-        if !Self::knows(plan, &update.key) && inventory.gpu(&update.key).is_none() {
+        // A GPU UUID (what an XID names) is found among a few GPUs; only other keys need
+        // the plan's devices searched.
+        if inventory.gpu(&update.key).is_none() && !Self::knows(plan, &update.key) {
             return Err(StateError::UnknownKey {
                 key: update.key.clone(),
             });
@@ -256,6 +285,34 @@ impl Overlay {
         }
     }
 
+    /// [`Self::health_of`] through `last`, the answer for the replica looked at before: a
+    /// replica's health follows its own ID's event, else its physical device's (and its
+    /// GPU's), so the replicas of one GPU share one answer and one reason `Arc` instead
+    /// of each formatting its own (an XID on a GPU of 64 replicas: 64 strings).
+    fn health_shared<'p>(
+        &self,
+        d: &'p Device,
+        last: &mut Option<SharedHealth<'p>>,
+    ) -> DeviceHealth {
+        if d.replica.is_none() || self.overrides.contains_key(d.id.as_str()) {
+            return self.health_of(d);
+        }
+        if let Some(l) = last
+            && l.planned == d.health
+            && l.physical.uuid == d.physical.uuid
+            && l.physical.gpu_uuid == d.physical.gpu_uuid
+        {
+            return l.health.clone();
+        }
+        let health = self.health_of(d);
+        *last = Some(SharedHealth {
+            physical: &d.physical,
+            planned: d.health,
+            health: health.clone(),
+        });
+        health
+    }
+
     /// Current health of one device: unhealthy if the plan says so, any override on its
     /// ID, its physical device or its GPU says so (health events first: their reason is
     /// the one to show), or its GPU is drained.
@@ -297,6 +354,14 @@ impl Overlay {
     }
 }
 
+/// What [`Overlay::health_shared`] worked out for a replica not named by an event of its
+/// own: the same for every such replica of that physical device and planned health.
+struct SharedHealth<'p> {
+    physical: &'p Physical,
+    planned: Health,
+    health: DeviceHealth,
+}
+
 /// The views of every resource of `plan` under `overlay`, reusing `previous` views whose
 /// resource and health did not change (same `Arc`), so their ListAndWatch streams stay
 /// quiet.
@@ -308,8 +373,12 @@ pub(crate) fn views(
     plan.resources
         .iter()
         .map(|r| {
-            let health: Vec<DeviceHealth> =
-                r.devices.iter().map(|d| overlay.health_of(d)).collect();
+            let mut last = None;
+            let health: Vec<DeviceHealth> = r
+                .devices
+                .iter()
+                .map(|d| overlay.health_shared(d, &mut last))
+                .collect();
             let view = match previous.get(&r.name) {
                 Some(old) if *old.resource == *r && old.health == health => old.clone(),
                 Some(old) if *old.resource == *r => Arc::new(ResourceView {
@@ -344,11 +413,10 @@ pub(crate) fn under_overlay(
         .iter()
         .map(|(name, old)| {
             let mut health: Option<Vec<DeviceHealth>> = None;
-            for (i, d) in old.resource.devices.iter().enumerate() {
-                if !Overlay::touches(key, d) {
-                    continue;
-                }
-                let now = overlay.health_of(d);
+            let mut last = None;
+            for i in old.grouping.touched_by(key) {
+                let d = &old.resource.devices[i];
+                let now = overlay.health_shared(d, &mut last);
                 if old.health.get(i) != Some(&now) {
                     health.get_or_insert_with(|| old.health.clone())[i] = now;
                 }
@@ -441,10 +509,96 @@ mod tests {
                     "{name} at generation {generation}"
                 );
                 assert_eq!(view.grouping, want.grouping, "{name}");
+                // Shared answers are the answers each device gets on its own.
+                for (d, h) in view.resource.devices.iter().zip(&view.health) {
+                    assert_eq!(
+                        *h,
+                        overlay.health_of(d),
+                        "{} at generation {generation}",
+                        d.id
+                    );
+                }
                 let kept = Arc::ptr_eq(view, &current[name]);
                 assert_eq!(kept, Arc::ptr_eq(want, &current[name]), "{name}");
             }
             current = derived;
+        }
+    }
+
+    /// The index finds exactly the devices a key names or backs, each once, for every key
+    /// an event can carry (device IDs, MIG and GPU UUIDs), with replicas, MIG slices and
+    /// whole GPUs in the plan; and nothing for a key no device has.
+    #[test]
+    fn touched_by_finds_what_touches_finds() {
+        for (node, config) in [
+            (
+                "mixed-a100",
+                "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
+            ),
+            ("mixed-a100", "version: v1\nflags: {migStrategy: mixed}\n"),
+            ("mixed-a100", "version: v1\nflags: {migStrategy: none}\n"),
+            ("dgx-h100", "version: v1\n"),
+        ] {
+            let (_, _, plan) = crate::testkit::fixtures::planned(node, config);
+            for r in &plan.resources {
+                let grouping = Grouping::new(r);
+                let keys: BTreeSet<&str> = r
+                    .devices
+                    .iter()
+                    .flat_map(|d| [&d.id, &d.physical.uuid, &d.physical.gpu_uuid])
+                    .map(String::as_str)
+                    .collect();
+                for key in keys.into_iter().chain(["GPU-nobody"]) {
+                    let mut found: Vec<usize> = grouping.touched_by(key).collect();
+                    let n = found.len();
+                    found.sort_unstable();
+                    found.dedup();
+                    assert_eq!(found.len(), n, "{node} {} {key}: an index twice", r.name);
+                    let want: Vec<usize> = (0..r.devices.len())
+                        .filter(|&i| Overlay::touches(key, &r.devices[i]))
+                        .collect();
+                    assert_eq!(found, want, "{node} {} {key}", r.name);
+                }
+            }
+        }
+    }
+
+    /// An XID on a GPU of 4 replicas gives them one reason (one `Arc`, not four strings);
+    /// an event on one replica's own ID sets that replica apart, and the replicas after it
+    /// still share their GPU's answer.
+    #[test]
+    fn replicas_of_one_gpu_share_one_answer() {
+        let (inv, _, plan) = crate::testkit::fixtures::planned(
+            "dgx-h100",
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n",
+        );
+        let devices = &plan.resources[0].devices;
+        let gpu = devices[0].physical.gpu_uuid.clone();
+        let mut overlay = Overlay::default();
+        let before = views(&plan, &overlay, &BTreeMap::new());
+        overlay
+            .apply(&plan, &inv, &update(&gpu, Health::Unhealthy, "xid-79"))
+            .unwrap();
+        overlay
+            .apply(
+                &plan,
+                &inv,
+                &update(&devices[1].id, Health::Unhealthy, "mine"),
+            )
+            .unwrap();
+        for now in [
+            views(&plan, &overlay, &before),
+            under_overlay(&before, &overlay, &gpu),
+        ] {
+            let health = &now[&plan.resources[0].name].health;
+            let reason = |i: usize| health[i].reason.clone().expect("unhealthy");
+            assert_eq!(&*reason(0), format!("{gpu}: xid-79"));
+            assert_eq!(&*reason(1), "mine");
+            assert!(Arc::ptr_eq(&reason(0), &reason(2)));
+            assert!(Arc::ptr_eq(&reason(0), &reason(3)));
+            // The next GPU's replicas are healthy, and answered apart from the first's.
+            assert_eq!(health[4].health, Health::Healthy);
+            assert_ne!(devices[4].physical.gpu_uuid, gpu);
         }
     }
 
