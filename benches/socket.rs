@@ -34,9 +34,9 @@
 //! fake library (found as `libnvidia-ml.so.1` through `LD_LIBRARY_PATH`), node and config
 //! (`--config-file`: the same `sharing.timeSlicing` file), with `--kubelet-socket` on this
 //! bench's `kubelet.sock`. Its plugin socket's directory is fixed at
-//! `/var/lib/kubelet/device-plugins`, so it runs under `unshare -m` with a tmpfs on `/var/lib`
-//! and the daemon's own plugin directory bound there (root only); the wrapper's `sh` execs the
-//! plugin, so the pid, CPU and RSS are the plugin's. It writes no CDI spec (no on-disk start
+//! `/var/lib/kubelet/device-plugins`, so the child makes itself a private mount namespace
+//! before `exec` (a tmpfs on `/var/lib`, the daemon's own plugin directory bound there; root
+//! only), with no wrapper process in its start. It writes no CDI spec (no on-disk start
 //! row), and it never marks a device healthy again, so its XID rounds are one per GPU on each
 //! daemon (8 per run, no recovery wait), each waiting for the first frame with any of that
 //! GPU's replicas Unhealthy (it marks one replica per event, where gpu-slicer marks all 64).
@@ -227,35 +227,69 @@ struct Build {
 impl Fixture {
     /// NVIDIA's plugin on the same fake library, node and config, its plugin directory
     /// (`/var/lib/kubelet/device-plugins`, fixed in its code) bound to `dir/dp` in a private
-    /// mount namespace; `sh` execs it, so the child's pid is the plugin's.
+    /// mount namespace made in the child before `exec`: no wrapper process (`unshare`, `sh`,
+    /// `mount` would add ~14 ms of exec to its start here).
     fn nvidia_command(&self, exe: &str, dir: &Path) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new("unshare");
-        cmd.args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            "mount -t tmpfs tmpfs /var/lib && mkdir -p /var/lib/kubelet/device-plugins \
-             && mount --bind \"$0\" /var/lib/kubelet/device-plugins && exec \"$@\"",
-        ])
-        .arg(dir.join("dp"))
-        .arg(exe)
+        use std::os::unix::ffi::OsStrExt;
+        let dp = dir.join("dp");
+        let bound =
+            std::ffi::CString::new(dp.as_os_str().as_bytes()).expect("no NUL in a temp path");
+        let mut cmd = tokio::process::Command::new(exe);
         // Relative, from its working directory: gRPC-Go sends the dialled path as the
         // `:authority`, and this bench's (hyper) server refuses one with a `/` in it.
-        .args(["--kubelet-socket", "kubelet.sock"])
-        .current_dir(dir.join("dp"))
-        .arg("--config-file")
-        .arg(&self.config)
-        .env("LD_LIBRARY_PATH", &self.root)
-        .env("FAKE_NVML_NODE", &self.node)
-        .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
-        .env("FAKE_NVML_WAIT_LOG", dir.join("wait.log"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
+        cmd.args(["--kubelet-socket", "kubelet.sock", "--config-file"])
+            .arg(&self.config)
+            .current_dir(&dp)
+            .env("LD_LIBRARY_PATH", &self.root)
+            .env("FAKE_NVML_NODE", &self.node)
+            .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
+            .env("FAKE_NVML_WAIT_LOG", dir.join("wait.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        // SAFETY: `private_plugin_dir` runs between fork and exec and only makes system
+        // calls on C strings made before the fork (no allocation, no locks).
+        unsafe {
+            cmd.pre_exec(move || private_plugin_dir(&bound));
+        }
         cmd
     }
+}
+
+/// In the child before `exec`: a mount namespace of its own (private, so nothing propagates
+/// back), a tmpfs on `/var/lib` and `dp` bound to `/var/lib/kubelet/device-plugins`. Root only.
+fn private_plugin_dir(dp: &std::ffi::CStr) -> std::io::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::stat::Mode;
+    let none = None::<&std::ffi::CStr>;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    mount(
+        none,
+        c"/",
+        none,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        none,
+    )?;
+    mount(
+        Some(c"tmpfs"),
+        c"/var/lib",
+        Some(c"tmpfs"),
+        MsFlags::empty(),
+        none,
+    )?;
+    nix::unistd::mkdir(c"/var/lib/kubelet", Mode::from_bits_truncate(0o755))?;
+    nix::unistd::mkdir(
+        c"/var/lib/kubelet/device-plugins",
+        Mode::from_bits_truncate(0o755),
+    )?;
+    mount(
+        Some(dp),
+        c"/var/lib/kubelet/device-plugins",
+        none,
+        MsFlags::MS_BIND,
+        none,
+    )?;
+    Ok(())
 }
 
 /// This bench's kubelet: records when each Register arrives, and nothing else.
@@ -1178,7 +1212,7 @@ fn main() {
             println!("METHOD|{line}");
         }
         if let Some(exe) = &nvidia {
-            println!("METHOD|NVIDIA's plugin ({exe}): same fake library (LD_LIBRARY_PATH), node and config file, --kubelet-socket on the bench's kubelet.sock, its defaults otherwise (device-list-strategy envvar, no device specs, no CDI spec: no on-disk start); under `unshare --mount` + `sh` (a tmpfs on /var/lib, the daemon's plugin dir bound to /var/lib/kubelet/device-plugins), both counted in its start; it never marks a device healthy again, so its XID rounds are {} per run, one per GPU on the same daemon, each to the first frame with any of that GPU's replicas Unhealthy, no recovery wait", rounds.min(GPUS));
+            println!("METHOD|NVIDIA's plugin ({exe}): same fake library (LD_LIBRARY_PATH), node and config file, --kubelet-socket on the bench's kubelet.sock, its defaults otherwise (device-list-strategy envvar, no device specs, no CDI spec: no on-disk start); in a private mount namespace made by the child before exec (a tmpfs on /var/lib, the daemon's plugin dir bound to /var/lib/kubelet/device-plugins), no wrapper process; it never marks a device healthy again, so its XID rounds are {} per run, one per GPU on the same daemon, each to the first frame with any of that GPU's replicas Unhealthy, no recovery wait", rounds.min(GPUS));
         }
         let this = &runs_of[0];
         let pooled = |f: &dyn Fn(&RunFigures) -> &Vec<Duration>| -> Vec<Duration> { this.iter().flat_map(|r| f(r).iter().copied()).collect() };
