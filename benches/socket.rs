@@ -28,6 +28,18 @@
 //! `BENCH_BASELINE=<another gpu-slicer build>` measures that build too, alternating with this
 //! one (start by start, run by run), and prints both with their ratio in one table;
 //! `BENCH_RUNS=<n>` sets the runs per build (default 3, 1 with `BENCH_QUICK`).
+//!
+//! `BENCH_NVIDIA=<nvidia-device-plugin binary>` (NVIDIA's k8s-device-plugin, built apart
+//! from this project) adds it as a further column of the same interleaved run, on the same
+//! fake library (found as `libnvidia-ml.so.1` through `LD_LIBRARY_PATH`), node and config
+//! (`--config-file`: the same `sharing.timeSlicing` file), with `--kubelet-socket` on this
+//! bench's `kubelet.sock`. Its plugin socket's directory is fixed at
+//! `/var/lib/kubelet/device-plugins`, so the child makes itself a private mount namespace
+//! before `exec` (a tmpfs on `/var/lib`, the daemon's own plugin directory bound there; root
+//! only), with no wrapper process in its start. It writes no CDI spec (no on-disk start
+//! row), and it never marks a device healthy again, so its XID rounds are one per GPU on each
+//! daemon (8 per run, no recovery wait), each waiting for the first frame with any of that
+//! GPU's replicas Unhealthy (it marks one replica per event, where gpu-slicer marks all 64).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -213,6 +225,82 @@ fn fake_lib() -> PathBuf {
         .unwrap_or_else(|| panic!("libnvidia_ml.so not found near {}", exe.display()))
 }
 
+/// One column of the table: a daemon binary and which agent it is.
+#[derive(Clone)]
+struct Build {
+    exe: String,
+    /// NVIDIA's k8s-device-plugin (`BENCH_NVIDIA`) rather than a gpu-slicer build.
+    nvidia: bool,
+}
+
+impl Fixture {
+    /// NVIDIA's plugin on the same fake library, node and config, its plugin directory
+    /// (`/var/lib/kubelet/device-plugins`, fixed in its code) bound to `dir/dp` in a private
+    /// mount namespace made in the child before `exec`: no wrapper process (`unshare`, `sh`,
+    /// `mount` would add ~14 ms of exec to its start here).
+    fn nvidia_command(&self, exe: &str, dir: &Path) -> tokio::process::Command {
+        use std::os::unix::ffi::OsStrExt;
+        let dp = dir.join("dp");
+        let bound =
+            std::ffi::CString::new(dp.as_os_str().as_bytes()).expect("no NUL in a temp path");
+        let mut cmd = tokio::process::Command::new(exe);
+        // Relative, from its working directory: gRPC-Go sends the dialled path as the
+        // `:authority`, and this bench's (hyper) server refuses one with a `/` in it.
+        cmd.args(["--kubelet-socket", "kubelet.sock", "--config-file"])
+            .arg(&self.config)
+            .current_dir(&dp)
+            .env("LD_LIBRARY_PATH", &self.root)
+            .env("FAKE_NVML_NODE", &self.node)
+            .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
+            .env("FAKE_NVML_WAIT_LOG", dir.join("wait.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        // SAFETY: `private_plugin_dir` runs between fork and exec and only makes system
+        // calls on C strings made before the fork (no allocation, no locks).
+        unsafe {
+            cmd.pre_exec(move || private_plugin_dir(&bound));
+        }
+        cmd
+    }
+}
+
+/// In the child before `exec`: a mount namespace of its own (private, so nothing propagates
+/// back), a tmpfs on `/var/lib` and `dp` bound to `/var/lib/kubelet/device-plugins`. Root only.
+fn private_plugin_dir(dp: &std::ffi::CStr) -> std::io::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::stat::Mode;
+    let none = None::<&std::ffi::CStr>;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    mount(
+        none,
+        c"/",
+        none,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        none,
+    )?;
+    mount(
+        Some(c"tmpfs"),
+        c"/var/lib",
+        Some(c"tmpfs"),
+        MsFlags::empty(),
+        none,
+    )?;
+    nix::unistd::mkdir(c"/var/lib/kubelet", Mode::from_bits_truncate(0o755))?;
+    nix::unistd::mkdir(
+        c"/var/lib/kubelet/device-plugins",
+        Mode::from_bits_truncate(0o755),
+    )?;
+    mount(
+        Some(dp),
+        c"/var/lib/kubelet/device-plugins",
+        none,
+        MsFlags::MS_BIND,
+        none,
+    )?;
+    Ok(())
+}
+
 /// This bench's kubelet: records when each Register arrives, and nothing else.
 #[derive(Clone, Default)]
 struct Kubelet {
@@ -273,11 +361,7 @@ struct Daemon {
 
 impl Daemon {
     async fn start(fx: &Fixture, name: &str, program: &[&str]) -> Self {
-        Self::start_exe(fx, name, program, &fx.exe).await
-    }
-
-    async fn start_exe(fx: &Fixture, name: &str, program: &[&str], exe: &str) -> Self {
-        Self::start_with(fx, name, program, exe, false).await
+        Self::start_with(fx, name, program, &fx.exe, false).await
     }
 
     /// `on_disk`: the CDI spec goes to the temp dir's filesystem instead of the tmpfs.
@@ -289,12 +373,28 @@ impl Daemon {
         on_disk: bool,
     ) -> Self {
         let dir = fx.root.join(name);
+        let cmd = fx.command(program, exe, &dir, &fx.cdi_dir(name, on_disk));
+        Self::spawn(dir, cmd)
+    }
+
+    /// A daemon of `build` (NVIDIA's plugin writes no spec: `on_disk` is gpu-slicer's).
+    async fn start_build(fx: &Fixture, name: &str, build: &Build, on_disk: bool) -> Self {
+        if build.nvidia {
+            let dir = fx.root.join(name);
+            let cmd = fx.nvidia_command(&build.exe, &dir);
+            Self::spawn(dir, cmd)
+        } else {
+            Self::start_with(fx, name, &[], &build.exe, on_disk).await
+        }
+    }
+
+    /// Serves the kubelet socket under `dir/dp`, then spawns `cmd`.
+    fn spawn(dir: PathBuf, mut cmd: tokio::process::Command) -> Self {
         let kubelet = Kubelet::default();
         let token = CancellationToken::new();
         kubelet.serve(&dir.join("dp"), &token);
-        let mut cmd = fx.command(program, exe, &dir, &fx.cdi_dir(name, on_disk));
         let started = Instant::now();
-        let child = cmd.spawn().expect("spawn gpu-slicer");
+        let child = cmd.spawn().expect("spawn the daemon");
         Self {
             dir,
             child,
@@ -416,10 +516,11 @@ fn wall_us() -> u128 {
         .as_micros()
 }
 
+/// The latest ListAndWatch frame's arrival and unhealthy IDs.
+type Frames = tokio::sync::watch::Receiver<(Arrival, BTreeSet<String>)>;
+
 /// Follows the ListAndWatch stream; the latest frame's arrival and unhealthy IDs.
-fn follow(
-    mut stream: tonic::Streaming<pb::ListAndWatchResponse>,
-) -> tokio::sync::watch::Receiver<(Arrival, BTreeSet<String>)> {
+fn follow(mut stream: tonic::Streaming<pb::ListAndWatchResponse>) -> Frames {
     let now = Arrival {
         at: Instant::now(),
         wall_us: wall_us(),
@@ -509,24 +610,39 @@ async fn rpcs(
 /// first frame with all its replicas Unhealthy; then wait for the recovery frame. Returns the
 /// whole latency and the agent's own part: from the fake's `nvmlEventSetWait` handing out the
 /// event (its `FAKE_NVML_WAIT_LOG`, wall clock) to the frame's arrival.
+///
+/// `nvidia`: NVIDIA's plugin marks one replica per event and never recovers, so a round
+/// waits for the first frame with any of the GPU's replicas Unhealthy and no recovery (the
+/// caller keeps to one round per GPU). Also returns how many of the GPU's replicas that
+/// frame showed Unhealthy. `held`: a stream already followed past its first frame, else one
+/// is opened here.
 async fn xid_latency(
     daemon: &Daemon,
+    held: Option<Frames>,
     devices: &[String],
     rounds: usize,
-) -> (Vec<Duration>, Vec<Duration>) {
-    let mut client = daemon.client().await;
-    let stream = client
-        .list_and_watch(pb::Empty {})
-        .await
-        .expect("list-and-watch")
-        .into_inner();
-    let mut frames = follow(stream);
-    frames.changed().await.expect("first frame");
+    nvidia: bool,
+) -> (Vec<Duration>, Vec<Duration>, Vec<usize>) {
+    let mut frames = match held {
+        Some(frames) => frames,
+        None => {
+            let mut client = daemon.client().await;
+            let stream = client
+                .list_and_watch(pb::Empty {})
+                .await
+                .expect("list-and-watch")
+                .into_inner();
+            let mut frames = follow(stream);
+            frames.changed().await.expect("first frame");
+            frames
+        }
+    };
     let events = daemon.dir.join("events");
     let tmp = daemon.dir.join("events.tmp");
     let wait_log = wait_log(&daemon.dir);
     let mut out = Vec::with_capacity(rounds);
     let mut own = Vec::with_capacity(rounds);
+    let mut marked = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let gpu = round % GPUS;
         let ids: BTreeSet<String> = devices[gpu * REPLICAS..(gpu + 1) * REPLICAS]
@@ -540,13 +656,22 @@ async fn xid_latency(
         .expect("event");
         let t = Instant::now();
         std::fs::rename(&tmp, &events).expect("rename event");
-        let wait = frames.wait_for(|(_, down)| ids.is_subset(down));
-        let at = tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .expect("unhealthy frame in time")
-            .expect("stream open")
-            .0;
+        let wait = frames.wait_for(|(_, down)| {
+            if nvidia {
+                !ids.is_disjoint(down)
+            } else {
+                ids.is_subset(down)
+            }
+        });
+        let (at, count) = {
+            let frame = tokio::time::timeout(Duration::from_secs(30), wait)
+                .await
+                .expect("unhealthy frame in time")
+                .expect("stream open");
+            (frame.0, ids.intersection(&frame.1).count())
+        };
         out.push(at.at - t);
+        marked.push(count);
         let log = std::fs::read_to_string(&wait_log).expect("the fake's wait log");
         let returned: u128 = log
             .lines()
@@ -556,13 +681,16 @@ async fn xid_latency(
         own.push(Duration::from_micros(
             u64::try_from(at.wall_us.saturating_sub(returned)).unwrap_or(u64::MAX),
         ));
+        if nvidia {
+            continue;
+        }
         let recovered = frames.wait_for(|(_, down)| down.is_empty());
         tokio::time::timeout(Duration::from_secs(30), recovered)
             .await
             .expect("recovery frame in time")
             .expect("stream open");
     }
-    (out, own)
+    (out, own, marked)
 }
 
 /// Driver discovery on this host's root (`/`, its whole `ld.so.cache`), as start-up runs it
@@ -608,6 +736,13 @@ fn in_process(devices: &[String], calls: usize) -> (Vec<Duration>, Vec<Duration>
 }
 
 async fn device_ids(client: &mut DevicePluginClient<Channel>) -> Vec<String> {
+    first_frame(client).await.0
+}
+
+/// The device IDs of a new ListAndWatch stream's first frame, sorted, and the stream.
+async fn first_frame(
+    client: &mut DevicePluginClient<Channel>,
+) -> (Vec<String>, tonic::Streaming<pb::ListAndWatchResponse>) {
     let mut stream = client
         .list_and_watch(pb::Empty {})
         .await
@@ -622,7 +757,7 @@ async fn device_ids(client: &mut DevicePluginClient<Channel>) -> Vec<String> {
         .collect();
     ids.sort();
     assert_eq!(ids.len(), GPUS * REPLICAS);
-    ids
+    (ids, stream)
 }
 
 /// Instructions per Allocate and per no-op in the daemon, under callgrind.
@@ -687,7 +822,7 @@ async fn callgrind(fx: &Fixture, out: &Path, calls: usize) {
     // XID rounds: the agent's path from the event wait's return to the frame (and back).
     control(&["-z"]);
     control(&["-i", "on"]);
-    xid_latency(&daemon, &devices, GPUS).await;
+    xid_latency(&daemon, None, &devices, GPUS, false).await;
     control(&["-i", "off"]);
     control(&["--dump", "xid"]);
     daemon.stop().await;
@@ -702,33 +837,51 @@ struct RunFigures {
     rpcs: Rpcs,
     xid: Vec<Duration>,
     xid_own: Vec<Duration>,
+    /// The XID's GPU's replicas shown Unhealthy in the frame each round waited for.
+    xid_marked: Vec<usize>,
     rss: u64,
     threads: u64,
     /// The device IDs it listed, sorted.
     devices: Vec<String>,
 }
 
-/// One daemon of `exe`: idle RSS once registered, the RPC rounds, then the XID rounds.
+/// One daemon of `build`: idle RSS once registered, the RPC rounds, then the XID rounds
+/// (NVIDIA's plugin: one per GPU, as it never recovers).
 async fn measure_run(
     fx: &Fixture,
-    exe: &str,
+    build: &Build,
     name: &str,
     calls: usize,
     rounds: usize,
 ) -> RunFigures {
-    let daemon = Daemon::start_exe(fx, name, &[], exe).await;
+    let daemon = Daemon::start_build(fx, name, build, false).await;
     let mut client = daemon.client().await;
-    let devices = device_ids(&mut client).await;
+    // NVIDIA's plugin hands each health change to one of its ListAndWatch streams, a closed
+    // one included (it notices only when its send fails): it keeps the one stream it lists
+    // the devices on, as the kubelet does.
+    let (devices, held) = if build.nvidia {
+        let (devices, stream) = first_frame(&mut client).await;
+        (devices, Some(follow(stream)))
+    } else {
+        (device_ids(&mut client).await, None)
+    };
     // Idle: registered, one ListAndWatch open, blocking threads past their 1 s keep-alive.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (rss, threads) = rss_threads(daemon.pid());
     let rpcs = rpcs(&mut client, &devices, daemon.pid(), calls).await;
-    let (xid, xid_own) = xid_latency(&daemon, &devices, rounds).await;
+    let rounds = if build.nvidia {
+        rounds.min(GPUS)
+    } else {
+        rounds
+    };
+    let (xid, xid_own, xid_marked) =
+        xid_latency(&daemon, held, &devices, rounds, build.nvidia).await;
     daemon.stop().await;
     RunFigures {
         rpcs,
         xid,
         xid_own,
+        xid_marked,
         rss,
         threads,
         devices,
@@ -746,14 +899,18 @@ struct Starts {
     wall_disk: Vec<Duration>,
 }
 
-/// `starts` fresh daemons of each build, alternating, so both see the same machine noise.
-async fn measure_starts(fx: &Fixture, exes: &[&str], starts: usize) -> Vec<Starts> {
-    let mut out: Vec<Starts> = exes.iter().map(|_| Starts::default()).collect();
+/// `starts` fresh daemons of each build, alternating, so both see the same machine noise
+/// (NVIDIA's plugin writes no CDI spec: no on-disk starts).
+async fn measure_starts(fx: &Fixture, builds: &[Build], starts: usize) -> Vec<Starts> {
+    let mut out: Vec<Starts> = builds.iter().map(|_| Starts::default()).collect();
     for k in 0..starts {
-        for (which, exe) in exes.iter().enumerate() {
+        for (which, build) in builds.iter().enumerate() {
             for on_disk in [false, true] {
+                if on_disk && build.nvidia {
+                    continue;
+                }
                 let name = format!("start{k}-{which}-{on_disk}");
-                let daemon = Daemon::start_with(fx, &name, &[], exe, on_disk).await;
+                let daemon = Daemon::start_build(fx, &name, build, on_disk).await;
                 let (at, _) = daemon.kubelet.first().await;
                 let cpu = cpu_since(daemon.pid(), &Default::default());
                 if on_disk {
@@ -784,16 +941,26 @@ struct Row {
     name: &'static str,
     unit: &'static str,
     values: Vec<String>,
-    ratio: Option<f64>,
+    /// The figure per build that the ratios divide: this build's by each other build's.
+    basis: Vec<f64>,
     target: &'static str,
+}
+
+/// A figure with one decimal, or `-` where a build has none (NVIDIA's on-disk start).
+fn one_decimal(x: f64) -> String {
+    if x.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{x:.1}")
+    }
 }
 
 fn row(name: &'static str, unit: &'static str, target: &'static str, v: &[f64]) -> Row {
     Row {
         name,
         unit,
-        values: v.iter().map(|x| format!("{x:.1}")).collect(),
-        ratio: (v.len() == 2).then(|| v[0] / v[1]),
+        values: v.iter().copied().map(one_decimal).collect(),
+        basis: v.to_vec(),
         target,
     }
 }
@@ -803,13 +970,14 @@ fn pair_row(name: &'static str, unit: &'static str, target: &'static str, v: &[(
         name,
         unit,
         values: v.iter().map(|(a, b)| format!("{a:.0} / {b:.0}")).collect(),
-        ratio: (v.len() == 2).then(|| v[0].0 / v[1].0),
+        basis: v.iter().map(|(a, _)| *a).collect(),
         target,
     }
 }
 
 /// The table: medians over the runs of each build (and the ratio this / baseline).
-fn table(runs: &[Vec<RunFigures>], starts: &[Starts]) -> Vec<Row> {
+/// `nvidia`: NVIDIA's plugin is a column; adds the rows only that comparison needs.
+fn table(runs: &[Vec<RunFigures>], starts: &[Starts], nvidia: bool) -> Vec<Row> {
     let per = |f: &dyn Fn(&RunFigures) -> f64| -> Vec<f64> {
         runs.iter()
             .map(|r| median(r.iter().map(f).collect()))
@@ -820,7 +988,18 @@ fn table(runs: &[Vec<RunFigures>], starts: &[Starts]) -> Vec<Row> {
         .into_iter()
         .zip(per(&|r| us(pct(&r.rpcs.alloc1, 0.99))))
         .collect();
-    vec![
+    let four_p50_p99: Vec<(f64, f64)> = per(&|r| us(pct(&r.rpcs.alloc4, 0.5)))
+        .into_iter()
+        .zip(per(&|r| us(pct(&r.rpcs.alloc4, 0.99))))
+        .collect();
+    let disk_ms = |s: &Starts| {
+        if s.wall_disk.is_empty() {
+            f64::NAN
+        } else {
+            us(pct(&s.wall_disk, 0.5)) / 1e3
+        }
+    };
+    let mut rows = vec![
         pair_row(
             "Allocate, 1 replica of 512: p50 / p99 over the socket",
             "µs",
@@ -882,10 +1061,7 @@ fn table(runs: &[Vec<RunFigures>], starts: &[Starts]) -> Vec<Row> {
             "  same, CDI dir on disk (spec and dir fsync'ed first)",
             "ms",
             "-",
-            &starts
-                .iter()
-                .map(|s| us(pct(&s.wall_disk, 0.5)) / 1e3)
-                .collect::<Vec<_>>(),
+            &starts.iter().map(disk_ms).collect::<Vec<_>>(),
         ),
         row(
             "daemon CPU from spawn to first Register p50",
@@ -914,38 +1090,79 @@ fn table(runs: &[Vec<RunFigures>], starts: &[Starts]) -> Vec<Row> {
             "-",
             &per(&|r| r.rss as f64 / 1024.0),
         ),
-    ]
+    ];
+    if nvidia {
+        rows.insert(
+            1,
+            pair_row(
+                "Allocate, 4 replicas of one GPU: p50 / p99",
+                "µs",
+                "-",
+                &four_p50_p99,
+            ),
+        );
+        rows.push(row(
+            "replicas of the XID's GPU Unhealthy in that frame",
+            "of 64",
+            "-",
+            &per(&|r| {
+                let mut v = r.xid_marked.clone();
+                v.sort_unstable();
+                v.get(v.len() / 2).map_or(f64::NAN, |&n| n as f64)
+            }),
+        ));
+    }
+    rows
 }
 
-fn print_table(rows: &[Row], builds: &[&str]) {
+/// The table, with one ratio column (this build / that one) per other build: headed
+/// `ratio` when there is at most one, else `/` and the build's short name.
+fn print_table(rows: &[Row], builds: &[(&str, &str)]) {
+    let others = builds.len().saturating_sub(1).max(1);
+    let heads: String = (0..others)
+        .map(|j| match builds.get(j + 1) {
+            Some((_, short)) if builds.len() > 2 => format!("  {:>7}", format!("/{short}")),
+            _ => "  ratio".to_string(),
+        })
+        .collect();
     println!();
     println!(
-        "{:<56} {:>5} {}  ratio  target",
+        "{:<56} {:>5} {}{heads}  target",
         "figure (medians of the runs)",
         "unit",
         builds
             .iter()
-            .map(|b| format!("{b:>16}"))
+            .map(|(b, _)| format!("{b:>16}"))
             .collect::<String>()
     );
+    let width = if builds.len() > 2 { 7 } else { 5 };
     for r in rows {
-        let ratio = r
-            .ratio
-            .map_or_else(|| "-".to_string(), |x| format!("{x:.2}"));
+        let ratios: Vec<String> = (0..others)
+            .map(|j| match r.basis.get(j + 1) {
+                Some(other) if (r.basis[0] / other).is_finite() => {
+                    format!("{:.2}", r.basis[0] / other)
+                }
+                _ => "-".to_string(),
+            })
+            .collect();
         println!(
-            "{:<56} {:>5} {}  {ratio:>5}  {}",
+            "{:<56} {:>5} {}{}  {}",
             r.name,
             r.unit,
             r.values
                 .iter()
                 .map(|v| format!("{v:>16}"))
                 .collect::<String>(),
+            ratios
+                .iter()
+                .map(|x| format!("  {x:>width$}"))
+                .collect::<String>(),
             r.target
         );
         // Collected by hack/bench.sh into its figure table.
         let mut value = format!("{} {}", r.values[0], r.unit);
-        if let Some(base) = r.values.get(1) {
-            value = format!("{value} (baseline {base}, ratio {ratio})");
+        for ((other, (name, _)), ratio) in r.values.iter().zip(builds).skip(1).zip(&ratios) {
+            value = format!("{value} ({name} {other}, ratio {ratio})");
         }
         println!("FIGURE|{}|{value}", r.name);
     }
@@ -974,15 +1191,21 @@ fn main() {
         );
         // With BENCH_BASELINE=<another build>, every measurement alternates the two builds
         // (starts one by one, RPC and XID rounds run by run), so both see the same noise.
+        // BENCH_NVIDIA=<NVIDIA's plugin> joins the same alternation as a further column.
         let baseline = std::env::var("BENCH_BASELINE").ok();
-        let exes: Vec<&str> = std::iter::once(fx.exe.as_str()).chain(baseline.as_deref()).collect();
-        let start = measure_starts(&fx, &exes, starts).await;
-        let mut runs_of: Vec<Vec<RunFigures>> = exes.iter().map(|_| Vec::new()).collect();
+        let nvidia = std::env::var("BENCH_NVIDIA").ok();
+        let gpu_slicer = |exe: &str| Build { exe: exe.to_string(), nvidia: false };
+        let builds: Vec<Build> = std::iter::once(gpu_slicer(&fx.exe))
+            .chain(baseline.as_deref().map(gpu_slicer))
+            .chain(nvidia.iter().map(|exe| Build { exe: exe.clone(), nvidia: true }))
+            .collect();
+        let start = measure_starts(&fx, &builds, starts).await;
+        let mut runs_of: Vec<Vec<RunFigures>> = builds.iter().map(|_| Vec::new()).collect();
         for k in 0..runs {
             // Alternate which build goes first, so neither always runs on a warmer machine.
-            let order: Vec<usize> = if k % 2 == 0 { (0..exes.len()).collect() } else { (0..exes.len()).rev().collect() };
+            let order: Vec<usize> = if k % 2 == 0 { (0..builds.len()).collect() } else { (0..builds.len()).rev().collect() };
             for which in order {
-                let figures = measure_run(&fx, exes[which], &format!("rpc{k}-{which}"), calls, rounds).await;
+                let figures = measure_run(&fx, &builds[which], &format!("rpc{k}-{which}"), calls, rounds).await;
                 runs_of[which].push(figures);
             }
         }
@@ -996,6 +1219,9 @@ fn main() {
             format!("XID: event line renamed into the fake's event file -> first frame with the GPU's replicas Unhealthy, {rounds} rounds per run; agent's part from the fake's wait return (FAKE_NVML_WAIT_LOG, wall clock)"),
         ] {
             println!("METHOD|{line}");
+        }
+        if let Some(exe) = &nvidia {
+            println!("METHOD|NVIDIA's plugin ({exe}): same fake library (LD_LIBRARY_PATH), node and config file, --kubelet-socket on the bench's kubelet.sock, its defaults otherwise (device-list-strategy envvar, no device specs, no CDI spec: no on-disk start); in a private mount namespace made by the child before exec (a tmpfs on /var/lib, the daemon's plugin dir bound to /var/lib/kubelet/device-plugins), no wrapper process; it never marks a device healthy again, so its XID rounds are {} per run, one per GPU on the same daemon, each to the first frame with any of that GPU's replicas Unhealthy, no recovery wait", rounds.min(GPUS));
         }
         let this = &runs_of[0];
         let pooled = |f: &dyn Fn(&RunFigures) -> &Vec<Duration>| -> Vec<Duration> { this.iter().flat_map(|r| f(r).iter().copied()).collect() };
@@ -1015,7 +1241,10 @@ fn main() {
         report("  driver discovery on / (whole ld.so.cache, in-process)", &host, "-");
         report("  in-process Allocate answer, 1 replica", &in1, "-");
         report("  in-process Allocate answer, 4 replicas", &in4, "-");
-        let builds: Vec<&str> = if exes.len() == 2 { vec!["this build", "baseline"] } else { vec!["this build"] };
-        print_table(&table(&runs_of, &start), &builds);
+        let names: Vec<(&str, &str)> = std::iter::once(("this build", "this"))
+            .chain(baseline.as_ref().map(|_| ("baseline", "base")))
+            .chain(nvidia.as_ref().map(|_| ("NVIDIA plugin", "nvidia")))
+            .collect();
+        print_table(&table(&runs_of, &start, nvidia.is_some()), &names);
     });
 }

@@ -22,6 +22,10 @@
 # BENCH_BASELINE=<another gpu-slicer build> (e.g. main's, built in release) makes the socket bench
 # measure that build too, alternating with this one start by start and run by run, and print
 # the issue-24 table with both columns and their ratio; BENCH_RUNS=<n> sets the runs per build.
+# BENCH_NVIDIA=<nvidia-device-plugin binary> (NVIDIA's k8s-device-plugin, built apart from this
+# project, never vendored) adds it as a further column of the same alternating run, on the same
+# fake NVML, node and time-slicing config (root: it runs in a private mount namespace so its fixed
+# plugin directory can be bound to the bench's).
 # BENCH_CALLGRIND=<dir> cargo bench --bench socket: instruction profiles of the start path to the
 # first Register, of Allocate (1 and 4 replicas), a no-op RPC and XID rounds, under callgrind.
 # BENCH_QUICK=1 runs fewer calls, only the socket bench's end-to-end figures and the idle RSS
