@@ -252,7 +252,7 @@ impl Fixture {
             .env("LD_LIBRARY_PATH", &self.root)
             .env("FAKE_NVML_NODE", &self.node)
             .env("FAKE_NVML_EVENT_FILE", dir.join("events"))
-            .env("FAKE_NVML_WAIT_LOG", dir.join("wait.log"))
+            .env("FAKE_NVML_WAIT_LOG", wait_log(dir))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true);

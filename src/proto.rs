@@ -25,6 +25,8 @@ pub mod deviceplugin {
 /// (the cost of an XID's frame on a 512-replica resource). Decoding (the tests' and the
 /// emulator's client side) keeps the same bytes; [`ListAndWatchResponse::devices`](frame::ListAndWatchResponse::devices) reads them.
 pub mod frame {
+    use std::sync::Arc;
+
     use prost::bytes::{Buf, BufMut};
     use prost::encoding::{DecodeContext, WireType};
 
@@ -33,11 +35,55 @@ pub mod frame {
     /// Field number of `repeated Device devices` in `ListAndWatchResponse`.
     const DEVICES: u32 = 1;
 
-    /// A ListAndWatch frame, encoded.
-    #[derive(Clone, PartialEq, Eq, Default, Debug)]
+    /// A ListAndWatch frame, encoded: its bytes (encoded at once, or kept as received), or
+    /// one encoding per device picked from a table the stream keeps.
+    #[derive(Clone, Default, Debug)]
     pub struct ListAndWatchResponse {
         encoded: Vec<u8>,
+        /// When set, the frame is these picks and `encoded` is empty.
+        picked: Option<Picked>,
     }
+
+    /// A frame picked from a table of device encodings (healthy or unhealthy, or the
+    /// device left out): written straight into the encoder's buffer, so a health change
+    /// costs one pick per device and one copy of the bytes, and no frame-sized buffer.
+    #[derive(Clone, Debug)]
+    struct Picked {
+        table: Arc<Vec<[Vec<u8>; 2]>>,
+        picks: Vec<Pick>,
+        len: usize,
+    }
+
+    impl Picked {
+        fn write(&self, buf: &mut impl BufMut) {
+            for (t, p) in self.table.iter().zip(&self.picks) {
+                match p {
+                    Pick::Healthy => buf.put_slice(&t[0]),
+                    Pick::Unhealthy => buf.put_slice(&t[1]),
+                    Pick::Left => {}
+                }
+            }
+        }
+    }
+
+    /// Which of a device's encodings a frame carries.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Pick {
+        /// The first (healthy) encoding.
+        Healthy,
+        /// The second (unhealthy) encoding.
+        Unhealthy,
+        /// Not listed.
+        Left,
+    }
+
+    impl PartialEq for ListAndWatchResponse {
+        fn eq(&self, other: &Self) -> bool {
+            self.bytes() == other.bytes()
+        }
+    }
+
+    impl Eq for ListAndWatchResponse {}
 
     impl ListAndWatchResponse {
         /// The frame listing `devices`.
@@ -46,19 +92,48 @@ pub mod frame {
             for d in devices {
                 encoded.extend_from_slice(&fragment(d));
             }
-            Self { encoded }
+            Self {
+                encoded,
+                picked: None,
+            }
         }
 
-        /// A frame from device fragments made by [`fragment`].
-        pub(crate) fn from_fragments<'a>(
-            fragments: impl IntoIterator<Item = &'a [u8]>,
-            capacity: usize,
-        ) -> Self {
-            let mut encoded = Vec::with_capacity(capacity);
-            for f in fragments {
-                encoded.extend_from_slice(f);
+        /// A frame picking, for each device of `table` (made by [`fragment`]: healthy,
+        /// then unhealthy), the encoding `picks` names; `picks` runs parallel to `table`.
+        pub(crate) fn picked(table: Arc<Vec<[Vec<u8>; 2]>>, picks: Vec<Pick>) -> Self {
+            let len = table
+                .iter()
+                .zip(&picks)
+                .map(|(t, p)| match p {
+                    Pick::Healthy => t[0].len(),
+                    Pick::Unhealthy => t[1].len(),
+                    Pick::Left => 0,
+                })
+                .sum();
+            Self {
+                encoded: Vec::new(),
+                picked: Some(Picked { table, picks, len }),
             }
-            Self { encoded }
+        }
+
+        /// The frame's bytes (its `devices` fields, in order).
+        fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+            match &self.picked {
+                None => std::borrow::Cow::Borrowed(&self.encoded),
+                Some(p) => {
+                    let mut out = Vec::with_capacity(p.len);
+                    p.write(&mut out);
+                    std::borrow::Cow::Owned(out)
+                }
+            }
+        }
+
+        /// The bytes to append received fields to (a picked frame is written out first).
+        fn encoded_mut(&mut self) -> &mut Vec<u8> {
+            if let Some(p) = self.picked.take() {
+                p.write(&mut self.encoded);
+            }
+            &mut self.encoded
         }
 
         /// The devices the frame lists.
@@ -66,7 +141,8 @@ pub mod frame {
         /// # Errors
         /// When the bytes are not a valid frame (only frames decoded from a peer can be).
         pub fn devices(&self) -> Result<Vec<Device>, prost::DecodeError> {
-            let mut buf = self.encoded.as_slice();
+            let bytes = self.bytes();
+            let mut buf = &bytes[..];
             let mut out = Vec::new();
             while buf.has_remaining() {
                 let (tag, wire_type) = prost::encoding::decode_key(&mut buf)?;
@@ -93,7 +169,10 @@ pub mod frame {
 
     impl prost::Message for ListAndWatchResponse {
         fn encode_raw(&self, buf: &mut impl BufMut) {
-            buf.put_slice(&self.encoded);
+            match &self.picked {
+                None => buf.put_slice(&self.encoded),
+                Some(p) => p.write(buf),
+            }
         }
 
         fn merge_field(
@@ -115,24 +194,26 @@ pub mod frame {
                 let mut rest = chunk;
                 prost::encoding::skip_field(wire_type, tag, &mut rest, ctx)?;
                 let used = chunk.len() - rest.len();
-                prost::encoding::encode_key(DEVICES, wire_type, &mut self.encoded);
-                self.encoded.extend_from_slice(&chunk[..used]);
+                let encoded = self.encoded_mut();
+                prost::encoding::encode_key(DEVICES, wire_type, encoded);
+                encoded.extend_from_slice(&chunk[..used]);
                 buf.advance(used);
                 return Ok(());
             }
             // A buffer in pieces: decoded to check it, then kept encoded.
             let mut device = Device::default();
             prost::encoding::message::merge(wire_type, &mut device, buf, ctx)?;
-            prost::encoding::message::encode(DEVICES, &device, &mut self.encoded);
+            prost::encoding::message::encode(DEVICES, &device, self.encoded_mut());
             Ok(())
         }
 
         fn encoded_len(&self) -> usize {
-            self.encoded.len()
+            self.picked.as_ref().map_or(self.encoded.len(), |p| p.len)
         }
 
         fn clear(&mut self) {
             self.encoded.clear();
+            self.picked = None;
         }
     }
 }
@@ -267,5 +348,45 @@ mod tests {
         let (a, b) = wire.split_at(5);
         let chained = prost::bytes::Buf::chain(a, b);
         assert_eq!(ListAndWatchResponse::decode(chained).unwrap(), frame);
+    }
+
+    /// A frame picked from a table of device encodings is, on the wire and decoded, the
+    /// frame of the picked devices encoded one by one; a device left out is absent; and
+    /// its length is what it writes.
+    #[test]
+    fn a_picked_frame_is_the_frame_of_its_picks() {
+        use super::frame::{Pick, fragment};
+        let device = |id: &str, health: &str| Device {
+            id: id.into(),
+            health: health.into(),
+            topology: Some(TopologyInfo {
+                nodes: vec![NumaNode { id: 0 }],
+            }),
+        };
+        let ids = ["GPU-a::0", "GPU-a::1", "GPU-b::0"];
+        let table: Vec<[Vec<u8>; 2]> = ids
+            .iter()
+            .map(|id| {
+                [
+                    fragment(&device(id, "Healthy")),
+                    fragment(&device(id, "Unhealthy")),
+                ]
+            })
+            .collect();
+        let picked = ListAndWatchResponse::picked(
+            std::sync::Arc::new(table),
+            vec![Pick::Unhealthy, Pick::Left, Pick::Healthy],
+        );
+        let want = [device(ids[0], "Unhealthy"), device(ids[2], "Healthy")];
+        let plain = ListAndWatchResponse::from_devices(&want);
+        let wire = picked.encode_to_vec();
+        assert_eq!(wire, plain.encode_to_vec());
+        assert_eq!(picked.encoded_len(), wire.len());
+        assert_eq!(picked.devices().unwrap(), want);
+        assert_eq!(picked, plain);
+        // Fields merged into a picked frame come after its picks.
+        let mut merged = picked.clone();
+        merged.merge(plain.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(merged.devices().unwrap().len(), 4);
     }
 }

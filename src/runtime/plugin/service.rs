@@ -22,6 +22,7 @@ use crate::domain::allocate::{self, AllocateError, ContainerAllocation, ErrorCla
 use crate::domain::inventory::Health;
 use crate::domain::plan::Resource;
 use crate::proto::deviceplugin as pb;
+use crate::proto::frame::Pick;
 use crate::runtime::held::HeldCheckpoint;
 use crate::runtime::metrics::Metrics;
 use crate::state::{Snapshot, Store};
@@ -185,13 +186,14 @@ pub(crate) fn frame(view: &ResourceView) -> pb::ListAndWatchResponse {
 }
 
 /// Each device of one planned resource encoded as it appears in a frame, healthy and
-/// unhealthy: a frame is then these bytes concatenated, with no per-device allocation or
-/// encoding when a health event changes a few of 512 devices. Rebuilt only when the plan's
-/// resource changes (a reload), found by identity.
+/// unhealthy: a frame then picks one of the two per device (or leaves a drained GPU's out),
+/// with no per-device allocation or encoding when a health event changes a few of 512
+/// devices, and the picked bytes are written once, into the encoder's buffer. Rebuilt only
+/// when the plan's resource changes (a reload), found by identity.
 struct Fragments {
     resource: Arc<Resource>,
     /// `[healthy, unhealthy]` per device, in the resource's device order.
-    encoded: Vec<[Vec<u8>; 2]>,
+    encoded: Arc<Vec<[Vec<u8>; 2]>>,
 }
 
 impl Fragments {
@@ -215,24 +217,22 @@ impl Fragments {
             .collect();
         Self {
             resource: resource.clone(),
-            encoded,
+            encoded: Arc::new(encoded),
         }
     }
 
     /// The frame of `view`, whose resource must be this one.
     fn frame(&self, view: &ResourceView) -> pb::ListAndWatchResponse {
-        let listed = || {
-            view.health
-                .iter()
-                .zip(&self.encoded)
-                .filter(|(h, _)| !h.drained)
-                .map(|(h, e)| match h.health {
-                    Health::Healthy => e[0].as_slice(),
-                    Health::Unhealthy => e[1].as_slice(),
-                })
-        };
-        let len = listed().map(<[u8]>::len).sum();
-        pb::ListAndWatchResponse::from_fragments(listed(), len)
+        let picks = view
+            .health
+            .iter()
+            .map(|h| match (h.drained, h.health) {
+                (true, _) => Pick::Left,
+                (false, Health::Healthy) => Pick::Healthy,
+                (false, Health::Unhealthy) => Pick::Unhealthy,
+            })
+            .collect();
+        pb::ListAndWatchResponse::picked(self.encoded.clone(), picks)
     }
 }
 
