@@ -121,15 +121,19 @@ impl Grouping {
             .enumerate()
             .map(|(i, d)| (d.id.clone(), i))
             .collect();
+        // Built from runs of consecutive devices on one UUID (a GPU's replicas sit
+        // together), so a UUID is hashed and copied once per run, not once per device.
         let mut backed: HashMap<String, Vec<usize>, BuildHasherDefault<Fnv>> = HashMap::default();
-        for (i, d) in r.devices.iter().enumerate() {
-            backed.entry(d.physical.uuid.clone()).or_default().push(i);
-            if d.physical.gpu_uuid != d.physical.uuid {
-                backed
-                    .entry(d.physical.gpu_uuid.clone())
-                    .or_default()
-                    .push(i);
-            }
+        let physical = runs(r, |d| Some(d.physical.uuid.as_str()));
+        let gpus = runs(r, |d| {
+            (d.physical.gpu_uuid != d.physical.uuid).then_some(d.physical.gpu_uuid.as_str())
+        });
+        for (uuid, devices) in physical.into_iter().chain(gpus) {
+            backed.entry(uuid.to_string()).or_default().extend(devices);
+        }
+        for devices in backed.values_mut() {
+            devices.sort_unstable();
+            devices.dedup();
         }
         Self {
             of_device,
@@ -150,6 +154,22 @@ impl Grouping {
             .filter(|i| backed.binary_search(i).is_err());
         own.into_iter().chain(backed.iter().copied())
     }
+}
+
+/// The indices of `r`'s devices in runs of consecutive devices with the same `key`.
+fn runs<'r>(
+    r: &'r Resource,
+    key: impl Fn(&'r Device) -> Option<&'r str>,
+) -> Vec<(&'r str, Vec<usize>)> {
+    let mut out: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, d) in r.devices.iter().enumerate() {
+        let Some(k) = key(d) else { continue };
+        match out.last_mut() {
+            Some((last, devices)) if *last == k => devices.push(i),
+            _ => out.push((k, vec![i])),
+        }
+    }
+    out
 }
 
 impl ResourceView {
