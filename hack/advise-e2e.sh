@@ -9,6 +9,7 @@
 # Usage: hack/advise-e2e.sh [path to gpu-slicer] (default: target/debug/gpu-slicer, built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/prometheus.sh
 bin=${1:-}
 if [ -z "$bin" ]; then
   cargo build -q --bin gpu-slicer
@@ -55,22 +56,7 @@ PY
 for f in dcgm own; do
   promtool tsdb create-blocks-from openmetrics "$wd/$f.om" "$wd/data" >/dev/null
 done
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-printf 'global:\n  scrape_interval: 1h\nscrape_configs: []\n' >"$wd/prometheus.yml"
-prometheus --config.file="$wd/prometheus.yml" --storage.tsdb.path="$wd/data" \
-  --storage.tsdb.retention.time=10y --web.listen-address="127.0.0.1:$port" >"$wd/prometheus.log" 2>&1 &
-prom_pid=$!
-# Ready when /-/ready answers 200 (python: curl is not among the dependencies).
-python3 - "$port" <<'PY' || { cat "$wd/prometheus.log" >&2; exit 1; }
-import sys, time, urllib.request
-for _ in range(150):
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/-/ready", timeout=1)
-        sys.exit(0)
-    except Exception:
-        time.sleep(0.2)
-sys.exit("prometheus did not become ready")
-PY
+start_prometheus "$wd" 150
 for metrics in dcgm gpu-slicer; do
   "$bin" advise --prometheus "http://127.0.0.1:$port" --metrics "$metrics" --window 2d --at "$end" \
     --summary-json "$wd/$metrics.json" --output "$wd/plan-$metrics" >"$wd/$metrics.txt"

@@ -10,6 +10,7 @@
 # Usage: hack/advise-prom-bench.sh [path to gpu-slicer] (default: target/release/gpu-slicer, built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/prometheus.sh
 bin=${1:-}
 if [ -z "$bin" ]; then
   cargo build -q --release --bin gpu-slicer
@@ -72,21 +73,7 @@ for f in "$wd"/om-*.txt; do
   rm -f "$f"
 done
 t2=$(date +%s.%N)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-printf 'global:\n  scrape_interval: 1h\nscrape_configs: []\n' >"$wd/prometheus.yml"
-prometheus --config.file="$wd/prometheus.yml" --storage.tsdb.path="$wd/data" \
-  --storage.tsdb.retention.time=10y --web.listen-address="127.0.0.1:$port" >"$wd/prometheus.log" 2>&1 &
-prom_pid=$!
-python3 - "$port" <<'PY' || { cat "$wd/prometheus.log" >&2; exit 1; }
-import sys, time, urllib.request
-for _ in range(600):
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/-/ready", timeout=1)
-        sys.exit(0)
-    except Exception:
-        time.sleep(0.2)
-sys.exit("prometheus did not become ready")
-PY
+start_prometheus "$wd" 600
 # A Prometheus that has run a while has compacted its 2-hour blocks: wait for its start-up
 # compactions to end (the number of loaded blocks steady for 10 s) before timing advise.
 t3=$(date +%s.%N)

@@ -82,14 +82,16 @@ fn code(text: &str) -> String {
         {
             break;
         }
-        let without_comment = match line.find("//") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        out.push_str(without_comment);
-        out.push('\n');
+        push_code(&mut out, line);
     }
     out
+}
+
+/// Append `line` without its `//` comment.
+fn push_code(out: &mut String, line: &str) {
+    let code = line.find("//").map_or(line, |i| &line[..i]);
+    out.push_str(code);
+    out.push('\n');
 }
 
 /// The source without comments and without any `#[cfg(test)]` item (a one-line `mod x;`, or
@@ -118,12 +120,7 @@ fn production_code(text: &str) -> String {
             }
             continue;
         }
-        let without_comment = match line.find("//") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        out.push_str(without_comment);
-        out.push('\n');
+        push_code(&mut out, line);
     }
     out
 }

@@ -163,24 +163,27 @@ impl Stream for ViewStream {
             }
             self.last = Some(view.clone());
             let view = view.clone();
+            // The table is made again only when a reload changed the resource.
             if !self
                 .fragments
                 .as_ref()
                 .is_some_and(|f| Arc::ptr_eq(&f.resource, &view.resource))
             {
-                self.fragments = Some(Fragments::of(&view.resource));
+                self.fragments = None;
             }
             let frame = self
                 .fragments
-                .as_ref()
-                .map_or_else(|| frame(&view), |f| f.frame(&view));
+                .get_or_insert_with(|| Fragments::of(&view.resource))
+                .frame(&view);
             tracing::trace!(resource = %self.resource, devices = view.health.len(), "list-and-watch frame");
             return Poll::Ready(Some(Ok(frame)));
         }
     }
 }
 
-/// The ListAndWatch frame of a view: every device but those of a drained GPU.
+/// The ListAndWatch frame of a view: every device but those of a drained GPU (what a
+/// stream sends, made here without a stream's table, for tests).
+#[cfg(test)]
 pub(crate) fn frame(view: &ResourceView) -> pb::ListAndWatchResponse {
     Fragments::of(&view.resource).frame(view)
 }
